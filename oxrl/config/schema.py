@@ -1,0 +1,173 @@
+"""Typed configuration: one pydantic model per section.
+
+Every field is documented (the docs' config reference is generated from these descriptions by
+`oxrl config-reference`). Unknown keys are errors (`extra="forbid"`) and the loader suggests the
+closest valid key. Batch sizes name their scope and are never rewritten after validation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("oxrl-run", description="Run name; the run directory is `<output_dir>/<name>`.")
+    output_dir: str = Field(
+        "runs",
+        description="Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default.",
+    )
+    seed: int = Field(0, description="Seed for python, numpy and torch RNGs, data order and mixing.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when available.")
+    resume: bool | str = Field(
+        False,
+        description="`true` resumes from the latest checkpoint in the run directory; a path resumes from that checkpoint.",
+    )
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(
+        ...,
+        description="Hub id, local HF folder, path to a `.gguf` file, or a bundled alias (`smollm2-135m-instruct`).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Parameter dtype: `auto` is float32 on CPU and bfloat16 on GPU."
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub to run. Off unless you trust it.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
+    chat_template: str | None = Field(None, description="Jinja chat template that overrides the tokenizer's.")
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (peft) instead of all weights.")
+    rank: int = Field(16, gt=0, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or `all-linear`."
+    )
+    save: Literal["merged", "adapter"] = Field(
+        "merged", description="`merged` saves a plain HF model; `adapter` saves only the peft adapter."
+    )
+
+
+class DatasetSpec(Section):
+    path: str = Field(
+        ...,
+        description="Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. "
+        "Relative paths are looked up in `OXRL_DATA_DIR` first when it is set.",
+    )
+    format: Literal["auto", "messages", "prompt_response", "text", "preference", "kto"] = Field(
+        "auto", description="Row format; `auto` picks it from the columns."
+    )
+    split: str = Field("train", description="Split to read from a HF dataset folder or hub dataset.")
+    weight: float | None = Field(
+        None, gt=0, description="Mixing ratio; when any dataset sets one, all ratios are normalised to sum to 1."
+    )
+    max_rows: int | None = Field(None, gt=0, description="Read at most this many rows.")
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="Rename columns to oxRL's names, e.g. `{question: prompt, answer: response}`."
+    )
+    chat_template: bool = Field(
+        True, description="Render `prompt`/`response` rows with the tokenizer's chat template (else plain text)."
+    )
+    name: str | None = Field(None, description="Name used in logs; defaults to the file name.")
+
+
+class DataConfig(Section):
+    train: list[DatasetSpec] = Field(..., min_length=1, description="Training datasets (mixed by `weight`).")
+    validation: list[DatasetSpec] = Field(default_factory=list, description="Validation datasets.")
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="Hold out this fraction of the training rows for validation (when `validation` is empty)."
+    )
+    num_examples: int | None = Field(
+        None, gt=0, description="Size of the training mixture; default: the sum of the dataset sizes."
+    )
+    max_length: int = Field(2048, gt=1, description="Maximum tokens per sequence.")
+    truncation: Literal["right", "left", "drop", "error"] = Field(
+        "right",
+        description="Longer sequences: `right` cuts the end, `left` cuts the start (keeps the answer), "
+        "`drop` skips the row (counted), `error` stops with the row's location.",
+    )
+    skip_invalid_rows: bool = Field(
+        False, description="Skip malformed rows (and report how many) instead of stopping before training."
+    )
+    shuffle: bool = Field(True, description="Shuffle the training examples each epoch (deterministic by seed).")
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (not applied to biases and norms).")
+    schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="Learning-rate schedule after warmup.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 over this many optimizer steps.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warmup as a fraction of total steps (when warmup_steps is 0).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr` (linear/cosine).")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
+
+
+class TrainConfig(Section):
+    global_batch_size: int = Field(8, gt=0, description="Examples per optimizer step, summed over devices and accumulation.")
+    micro_batch_size_per_device: int = Field(
+        1, gt=0, description="Examples packed into one forward pass on one device."
+    )
+    epochs: float = Field(1.0, gt=0, description="Passes over the training mixture (fractions allowed).")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
+    eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
+    mixed_precision: Literal["auto", "no", "bf16"] = Field(
+        "auto", description="`auto`: bf16 autocast on GPU, none on CPU."
+    )
+
+
+class AlgorithmConfig(Section):
+    name: str = Field(..., description="Training objective, e.g. `sft`, `cpt`.")
+
+
+class CheckpointConfig(Section):
+    every: int | None = Field(None, gt=0, description="Save every N optimizer steps (and always at the end).")
+    keep_last: int = Field(2, gt=0, description="Keep the newest N step checkpoints.")
+    save_final: bool = Field(True, description="Save the final model to `<run dir>/final`.")
+
+
+class LoggingConfig(Section):
+    every: int = Field(1, gt=0, description="Log metrics every N optimizer steps.")
+    progress_bar: bool = Field(True, description="Show a progress bar with loss, lr, tokens/s and ETA.")
+    mlflow: bool = Field(False, description="Also log to MLflow.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
+    )
+    plot: bool = Field(True, description="Write `curves.png` of the logged metrics at the end of the run.")
+    samples: list[str] = Field(
+        default_factory=list, description="Prompts to answer before and after training (shown and saved)."
+    )
+    sample_max_new_tokens: int = Field(48, gt=0, description="Tokens generated for each sample prompt.")
+
+
+class Config(Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
+    model: ModelConfig = Field(..., description="The model to train.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+    data: DataConfig = Field(..., description="Datasets.")
+    algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
+
+    @model_validator(mode="after")
+    def _batch_sizes_divide(self) -> "Config":
+        if self.train.global_batch_size % self.train.micro_batch_size_per_device:
+            raise ValueError(
+                f"train.global_batch_size ({self.train.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size_per_device ({self.train.micro_batch_size_per_device})"
+            )
+        return self

@@ -1,0 +1,113 @@
+"""The data contract between `oxrl.data` and the training loops.
+
+A row of a dataset becomes one `Example`: one or more token `Sequence`s that must be trained
+together (SFT/CPT: one; a preference pair: chosen then rejected). Micro-batches are
+`PackedBatch`es: several whole examples laid end to end in a single row, padding-free, with
+position ids restarting at 0 for each sequence so that attention stays within a sequence
+(transformers derives the block-diagonal mask from the position ids when no attention mask is
+given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Sequence:
+    input_ids: list[int]
+    # loss_mask[t] is True when token t is trained, i.e. predicted from tokens < t. The first
+    # token of a sequence has no prediction and is always False.
+    loss_mask: list[bool]
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise ValueError(f"input_ids ({len(self.input_ids)}) and loss_mask ({len(self.loss_mask)}) differ in length")
+        if self.loss_mask and self.loss_mask[0]:
+            raise ValueError("the first token of a sequence cannot be trained: nothing predicts it")
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Example:
+    sequences: list[Sequence]
+    # Per-example scalars an objective needs (e.g. KTO's `label`); the same keys for every
+    # example of a dataset.
+    fields: dict[str, float] = field(default_factory=dict)
+    source: str = ""  # dataset name, for counts and error messages
+    row: int = -1  # row number in its source file (1-based)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(sum(s.loss_mask) for s in self.sequences)
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [1, T] long
+    position_ids: torch.Tensor  # [1, T] long, restarting at 0 for each sequence
+    loss_mask: torch.Tensor  # [1, T] bool
+    seq_index: torch.Tensor  # [T] long: index of the sequence each token belongs to
+    seq_example: torch.Tensor  # [S] long: index of the example each sequence belongs to
+    seq_role: torch.Tensor  # [S] long: position of the sequence inside its example (0 = chosen, 1 = rejected)
+    fields: dict[str, torch.Tensor]  # per-example tensors [E]
+    num_examples: int
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.seq_example.numel())
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        return PackedBatch(
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            loss_mask=self.loss_mask.to(device),
+            seq_index=self.seq_index.to(device),
+            seq_example=self.seq_example.to(device),
+            seq_role=self.seq_role.to(device),
+            fields={k: v.to(device) for k, v in self.fields.items()},
+            num_examples=self.num_examples,
+        )
+
+
+def pack(examples: list[Example]) -> PackedBatch:
+    """Lay whole examples end to end in one row (no padding)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    mask: list[bool] = []
+    seq_index: list[int] = []
+    seq_example: list[int] = []
+    seq_role: list[int] = []
+    for e_idx, example in enumerate(examples):
+        for role, seq in enumerate(example.sequences):
+            s_idx = len(seq_example)
+            ids.extend(seq.input_ids)
+            pos.extend(range(len(seq)))
+            mask.extend(seq.loss_mask)
+            seq_index.extend([s_idx] * len(seq))
+            seq_example.append(e_idx)
+            seq_role.append(role)
+    keys = examples[0].fields.keys() if examples else ()
+    fields = {k: torch.tensor([float(e.fields[k]) for e in examples]) for k in keys}
+    return PackedBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([pos], dtype=torch.long),
+        loss_mask=torch.tensor([mask], dtype=torch.bool),
+        seq_index=torch.tensor(seq_index, dtype=torch.long),
+        seq_example=torch.tensor(seq_example, dtype=torch.long),
+        seq_role=torch.tensor(seq_role, dtype=torch.long),
+        fields=fields,
+        num_examples=len(examples),
+    )

