@@ -1,0 +1,5 @@
+import sys
+
+from oxrl.cli import main
+
+sys.exit(main())

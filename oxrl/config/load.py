@@ -1,0 +1,113 @@
+"""YAML + dotted overrides -> validated `Config`, with errors that name the key and suggest fixes."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from oxrl.config.schema import Config
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the person who wrote the config."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`train.optim.lr=1e-6` -> (['train', 'optim', 'lr'], 1e-6). Values are parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like `section.key=value`")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key part")
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_override(tree: dict, keys: list[str], value: Any) -> None:
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set `{'.'.join(keys)}`: `{key}` is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _fields_at(location: tuple, model: type[BaseModel] = Config) -> list[str]:
+    """The valid field names of the section at `location` (for suggestions)."""
+    current: Any = model
+    for part in location:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return []
+        annotation = current.model_fields[part].annotation
+        current = _model_in(annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside `Section`, `list[Section]` or `Section | None`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def describe_errors(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for item in error.errors():
+        location = tuple(item["loc"])
+        dotted = ".".join(str(p) for p in location)
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            name = str(location[-1])
+            valid = _fields_at(location[:-1])
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f" Did you mean `{'.'.join(str(p) for p in location[:-1] + (close[0],))}`?" if close else ""
+            lines.append(f"  - unknown key `{dotted}`.{hint} Valid keys here: {', '.join(valid)}")
+        elif kind == "missing":
+            lines.append(f"  - missing required key `{dotted}`")
+        else:
+            value = item.get("input")
+            lines.append(f"  - `{dotted}` = {value!r}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict | None = None) -> Config:
+    """Read a YAML file (or start from `base`), apply `a.b=c` overrides, validate."""
+    tree: dict = dict(base or {})
+    source = "overrides"
+    if path is not None:
+        source = str(path)
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {file}")
+        loaded = yaml.safe_load(file.read_text())
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        tree.update(loaded)
+    for override in overrides:
+        keys, value = parse_override(override)
+        apply_override(tree, keys, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(describe_errors(error, source)) from None
+
+
+def save_config(config: Config, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

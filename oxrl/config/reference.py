@@ -1,0 +1,57 @@
+"""Markdown reference of every config field, generated from the schema (never hand-maintained)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from oxrl.config.load import _model_in
+from oxrl.config.schema import Config
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    return text or str(annotation).replace("typing.", "")
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "**required**"
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return "(section)" if isinstance(value, BaseModel) else f"`{value!r}`"
+    return f"`{field.default!r}`"
+
+
+def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+    rows = []
+    nested = []
+    for name, field in model.model_fields.items():
+        inner = _model_in(field.annotation)
+        key = f"{prefix}{name}"
+        if inner is not None and not str(field.annotation).startswith("list"):
+            nested.append((key, inner, field))
+            continue
+        if inner is not None:  # a list of sections
+            nested.append((f"{key}[]", inner, field))
+        type_text = _type_name(field.annotation).replace("|", "\\|")
+        rows.append(f"| `{key}` | {type_text} | {_default(field)} | {field.description or ''} |")
+    if rows:
+        out.append(f"\n### `{prefix.rstrip('.') or 'top level'}`\n")
+        out.append("| key | type | default | description |\n|---|---|---|---|")
+        out.extend(rows)
+    for key, inner, field in nested:
+        _section(inner, f"{key}.", out)
+
+
+def config_reference() -> str:
+    out = [
+        "# Config reference",
+        "",
+        "Generated from `oxrl/config/schema.py` by `oxrl config-reference`; do not edit by hand.",
+        "Set any field in the YAML file or on the command line as a dotted override, e.g. `train.optim.lr=1e-6`.",
+    ]
+    _section(Config, "", out)
+    return "\n".join(out) + "\n"

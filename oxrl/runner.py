@@ -1,0 +1,98 @@
+"""One run, start to finish: config -> run directory -> tokenizer -> data -> model -> loop -> save.
+
+Everything that can fail on bad input (config, algorithm name, data rows) fails before the model
+is loaded or any step is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oxrl.config.load import save_config
+from oxrl.config.schema import Config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    final_model_dir: Path | None
+    losses: list[float]
+    final_metrics: dict[str, float]
+    samples: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run.device is `cuda` but no CUDA device is available (see `oxrl doctor`)")
+    return torch.device(name)
+
+
+def run_dir_for(cfg: Config) -> Path:
+    parent = os.environ.get("OXRL_CHECKPOINT_DIR") if cfg.run.output_dir == "runs" else None
+    return Path(parent or cfg.run.output_dir) / cfg.run.name
+
+
+def run(cfg: Config) -> RunResult:
+    from oxrl.logging.setup import setup_logging
+
+    setup_logging()
+    from oxrl.loops.objectives import get_objective
+
+    objective = get_objective(cfg.algorithm.name)  # unknown names fail here, before any loading
+    run_dir = run_dir_for(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
+    set_seed(cfg.run.seed)
+    device = pick_device(cfg.run.device)
+
+    from oxrl.data.build import load_examples
+    from oxrl.models.load import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
+    logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
+
+    model = load_model(cfg.model, device, cfg.lora)
+    from oxrl.engine.strategy import SingleDevice
+    from oxrl.loops.samples import generate_samples
+    from oxrl.loops.sl import train_offline
+
+    strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+    samples: dict[str, list[dict]] = {}
+    if cfg.logging.samples:
+        samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+    result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir)
+    final_dir = None
+    if cfg.checkpoint.save_final:
+        from oxrl.models.save import save_hf_folder
+
+        final_dir = save_hf_folder(model, tokenizer, run_dir / "final", lora_save=cfg.lora.save)
+    if cfg.logging.samples:
+        samples["after"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+        (run_dir / "samples.json").write_text(json.dumps(samples, indent=1))
+        for before, after in zip(samples["before"], samples["after"]):
+            logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
+    if cfg.logging.plot:
+        from oxrl.logging.plot import plot_curves
+
+        plot_curves(run_dir)
+    return RunResult(run_dir, final_dir, result.losses, result.final_metrics, samples)
