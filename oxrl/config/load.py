@@ -13,6 +13,20 @@ from pydantic import BaseModel, ValidationError
 from oxrl.config.schema import Config
 
 
+# Names users bring from other libraries, mapped to ours (difflib cannot guess these).
+SYNONYMS = {
+    "learning_rate": "lr",
+    "batch_size": "global_batch_size",
+    "per_device_train_batch_size": "micro_batch_size_per_device",
+    "num_train_epochs": "epochs",
+    "model_name_or_path": "name_or_path",
+    "lora_r": "rank",
+    "r": "rank",
+    "lora_alpha": "alpha",
+    "warmup": "warmup_steps",
+}
+
+
 class ConfigError(ValueError):
     """A configuration problem, worded for the person who wrote the config."""
 
@@ -74,7 +88,7 @@ def describe_errors(error: ValidationError, source: str) -> str:
         if kind == "extra_forbidden":
             name = str(location[-1])
             valid = _fields_at(location[:-1])
-            close = difflib.get_close_matches(name, valid, n=1)
+            close = [SYNONYMS[name]] if SYNONYMS.get(name) in valid else difflib.get_close_matches(name, valid, n=1)
             hint = f" Did you mean `{'.'.join(str(p) for p in location[:-1] + (close[0],))}`?" if close else ""
             lines.append(f"  - unknown key `{dotted}`.{hint} Valid keys here: {', '.join(valid)}")
         elif kind == "missing":

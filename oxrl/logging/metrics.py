@@ -17,6 +17,8 @@ class MetricsLogger:
                  progress_bar: bool = True, mlflow_uri: str | None = None, run_name: str = "", params: dict | None = None):
         self.enabled = enabled  # False on ranks other than 0
         self.path = Path(run_dir) / "metrics.jsonl"
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.bar = None
         self.mlflow = None
         if not enabled:

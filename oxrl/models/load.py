@@ -98,6 +98,6 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
     if lora is not None and lora.enabled:
         from oxrl.models.lora import add_lora
 
-        model = add_lora(model, lora)
+        model = add_lora(model, lora, cfg.gradient_checkpointing)
     logger.info("loaded %s (%s, %.1fM parameters)", cfg.name_or_path, dtype, sum(p.numel() for p in model.parameters()) / 1e6)
     return model

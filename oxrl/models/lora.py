@@ -5,7 +5,7 @@ from __future__ import annotations
 from oxrl.config.schema import LoraConfig
 
 
-def add_lora(model, cfg: LoraConfig):
+def add_lora(model, cfg: LoraConfig, gradient_checkpointing: bool = False):
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -16,7 +16,7 @@ def add_lora(model, cfg: LoraConfig):
         target_modules=cfg.target_modules,
         task_type="CAUSAL_LM",
     )
-    if getattr(model, "is_gradient_checkpointing", False):
+    if gradient_checkpointing:
         # Frozen embeddings give checkpointed blocks inputs without grad; peft's hook fixes that.
         model.enable_input_require_grads()
     return get_peft_model(model, peft_config)

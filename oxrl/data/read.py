@@ -1,0 +1,192 @@
+"""Read a dataset's rows, each with its 1-based row number, from wherever `DatasetSpec.path` points.
+
+Where a path is looked up, in order:
+  1. `bundled:<file>` -> a file shipped in `oxrl/data/bundled/` (e.g. `bundled:chat_sft.jsonl`);
+  2. a relative path -> `$OXRL_DATA_DIR/<path>` when that variable is set and the file exists there,
+     else `<path>` relative to the working directory;
+  3. anything else that is not on disk -> a Hugging Face hub dataset name (`load_dataset(name, split)`).
+
+Local files are read with `datasets` by suffix (.json/.jsonl/.csv/.parquet/.arrow); a folder is a
+`save_to_disk` dataset (the configured split of a DatasetDict) or a folder of data files.
+
+Row numbers count records from 1 in file order: in a JSON Lines file row N is the N-th non-blank
+line, in a CSV file the N-th line after the header.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from oxrl.config.schema import DatasetSpec
+from oxrl.data.errors import DataError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+BUNDLED_PREFIX = "bundled:"
+# File suffix -> the `datasets` builder that reads it.
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+@dataclass
+class Row:
+    number: int  # 1-based, see the module docstring
+    values: dict[str, Any]
+    # Set when the record could not even be parsed (a broken JSON line); `values` is then empty.
+    error: DataError | None = None
+
+
+@dataclass
+class RawDataset:
+    name: str  # for logs and mixing counts
+    location: str  # what error messages call the source: the resolved file or the hub name
+    columns: list[str]  # after renames
+    rows: list[Row]
+
+
+def dataset_name(spec: DatasetSpec) -> str:
+    return spec.name or Path(spec.path.removeprefix(BUNDLED_PREFIX)).name
+
+
+def resolve_local(path: str) -> Path | None:
+    """The local file or folder `path` names, or None when it names none (then it may be a hub name)."""
+    if path.startswith(BUNDLED_PREFIX):
+        bundled = BUNDLED_DIR / path.removeprefix(BUNDLED_PREFIX)
+        if not bundled.exists():
+            available = sorted(p.name for p in BUNDLED_DIR.glob("*.jsonl"))
+            raise DataError(path, None, None, f"no such bundled dataset; bundled datasets are {available}")
+        return bundled
+    candidate = Path(path).expanduser()
+    data_dir = os.environ.get("OXRL_DATA_DIR")
+    if data_dir and not candidate.is_absolute() and (Path(data_dir) / candidate).exists():
+        return Path(data_dir) / candidate
+    return candidate if candidate.exists() else None
+
+
+def read_dataset(spec: DatasetSpec) -> RawDataset:
+    """All rows of one dataset (at most `spec.max_rows`), columns renamed per `spec.columns`."""
+    local = resolve_local(spec.path)
+    if local is None:
+        if Path(spec.path).suffix.lower() in FILE_BUILDERS:
+            # It looks like a file, so it is a missing file, not a hub name.
+            where = "the working directory" + (f" and OXRL_DATA_DIR={os.environ['OXRL_DATA_DIR']}" if os.environ.get("OXRL_DATA_DIR") else "")
+            raise DataError(spec.path, None, None, f"file not found (looked in {where})")
+        location, loaded = spec.path, _load_from_hub(spec)
+    elif local.is_dir():
+        location, loaded = str(local), _load_folder(local, spec.split)
+    else:
+        location, loaded = str(local), _load_file(local)
+
+    if isinstance(loaded, list):
+        columns = list(dict.fromkeys(key for row in loaded for key in row.values))
+        rows = loaded[: spec.max_rows] if spec.max_rows else loaded
+    else:
+        columns = list(loaded.column_names)
+        if spec.max_rows is not None and len(loaded) > spec.max_rows:
+            loaded = loaded.select(range(spec.max_rows))
+        rows = [Row(number, values) for number, values in enumerate(loaded.to_list(), start=1)]
+    columns, rows = _rename_columns(columns, rows, spec.columns, location)
+    logger.info("read %d rows from %s", len(rows), location)
+    return RawDataset(dataset_name(spec), location, columns, rows)
+
+
+def _rename_columns(columns: list[str], rows: list[Row], renames: dict[str, str], location: str) -> tuple[list[str], list[Row]]:
+    if not renames:
+        return columns, rows
+    for old, new in renames.items():
+        if old not in columns:
+            raise DataError(location, None, old, f"cannot rename column {old!r} to {new!r}: no such column; the columns are {columns}")
+        if new in columns and new not in renames:
+            raise DataError(location, None, old, f"cannot rename column {old!r} to {new!r}: the file already has a column {new!r}")
+    renamed = [Row(row.number, {renames.get(k, k): v for k, v in row.values.items()}, row.error) for row in rows]
+    return [renames.get(c, c) for c in columns], renamed
+
+
+def _load_from_hub(spec: DatasetSpec) -> Dataset:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(spec.path, split=spec.split)
+    except OSError as error:  # ConnectionError and DatasetNotFoundError are OSErrors
+        raise DataError(
+            spec.path,
+            None,
+            None,
+            "is not a local file or folder and could not be fetched from the Hugging Face hub (no network?): "
+            f"{type(error).__name__}: {error}",
+        ) from error
+
+
+def _load_folder(folder: Path, split: str) -> Dataset:
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    if (folder / "dataset_dict.json").exists() or (folder / "state.json").exists():
+        saved = load_from_disk(str(folder))
+        if isinstance(saved, DatasetDict):
+            if split not in saved:
+                raise DataError(str(folder), None, None, f"no split {split!r}; the splits are {list(saved)} (set `split`)")
+            return saved[split]
+        return saved
+    # A plain folder of data files (train.jsonl, test.jsonl, ...): `datasets` maps files to splits.
+    return load_dataset(str(folder), split=split)
+
+
+def _load_file(path: Path) -> Dataset | list[Row]:
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    suffix = path.suffix.lower()
+    builder = FILE_BUILDERS.get(suffix)
+    if builder is None:
+        raise DataError(str(path), None, None, f"unknown file type {suffix!r}; expected one of {sorted(FILE_BUILDERS)}")
+    if builder == "csv":
+        # CSV cells are text: read every column as a string so "42" stays "42" and "NA" stays "NA".
+        with path.open(newline="", encoding="utf-8") as handle:
+            header = next(csv.reader(handle), [])
+        from datasets import Features, Value
+
+        features = Features({name: Value("string") for name in header})
+        return load_dataset("csv", data_files=str(path), split="train", features=features, na_filter=False)
+    try:
+        return load_dataset(builder, data_files=str(path), split="train")
+    except DatasetGenerationError as error:
+        if builder != "json":
+            raise
+        # pyarrow could not parse the file as a whole (a broken line); parse it record by record
+        # so that the broken records get their own row numbers.
+        logger.info("%s: datasets could not read it (%s); reading it record by record", path, error.__cause__ or error)
+        return _read_json_records(path)
+
+
+def _read_json_records(path: Path) -> list[Row]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(str(path), None, None, f"not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from error
+        return [_record_row(str(path), number, record) for number, record in enumerate(records, start=1)]
+    rows = []
+    for number, line in enumerate((line for line in text.splitlines() if line.strip()), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            rows.append(Row(number, {}, DataError(str(path), number, None, f"not valid JSON: {error.msg} (column {error.colno})")))
+            continue
+        rows.append(_record_row(str(path), number, record))
+    return rows
+
+
+def _record_row(location: str, number: int, record: Any) -> Row:
+    if not isinstance(record, dict):
+        return Row(number, {}, DataError(location, number, None, f"expected a JSON object, got {type(record).__name__}"))
+    return Row(number, record)

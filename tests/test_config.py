@@ -1,0 +1,64 @@
+"""Config errors name the key, the bad value and the fix."""
+
+import pytest
+
+from oxrl.cli import main
+from oxrl.config.load import ConfigError, load_config
+from oxrl.config.reference import config_reference
+
+BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name_or_path: m}\ndata: {train: [{path: a.jsonl}]}\nalgorithm: {name: sft}\ntrain: {optim: {lr: 1.0e-4}}\n")
+    cfg = load_config(path, ["train.optim.lr=2e-6", "train.global_batch_size=16", "run.name=x"])
+    assert cfg.train.optim.lr == 2e-6 and cfg.train.global_batch_size == 16 and cfg.run.name == "x"
+    assert cfg.data.train[0].path == "a.jsonl"
+
+
+def test_unknown_key_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"unknown key `train.optim.learning_rate`.*Did you mean `train.optim.lr`\?"):
+        load_config(None, BASE + ["train.optim.learning_rate=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown key `data.train.0.wieght`.*Did you mean `data.train.0.weight`"):
+        load_config(None, ["model.name_or_path=m", "data.train=[{path: a, wieght: 2}]", "algorithm.name=sft"])
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"`train.global_batch_size` = 'eight'.*integer"):
+        load_config(None, BASE + ["train.global_batch_size=eight"])
+
+
+def test_bad_choice_lists_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"`train.optim.schedule` = 'cosin'.*'constant', 'linear' or 'cosine'"):
+        load_config(None, BASE + ["train.optim.schedule=cosin"])
+
+
+def test_missing_required_field():
+    with pytest.raises(ConfigError, match=r"missing required key `model.name_or_path`"):
+        load_config(None, ["model.dtype=auto", "data.train=[{path: a}]", "algorithm.name=sft"])
+
+
+def test_batch_sizes_must_divide():
+    with pytest.raises(ConfigError, match=r"global_batch_size \(10\) must be a multiple of .*micro_batch_size_per_device \(4\)"):
+        load_config(None, BASE + ["train.global_batch_size=10", "train.micro_batch_size_per_device=4"])
+
+
+def test_missing_file_and_bad_override():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent.yaml")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["no_equals_sign"])
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name_or_path: m}\ndata: {train: [{path: a.jsonl}]}\nalgorithm: {name: sft}\n")
+    assert main(["train", str(path), "train.optm.lr=1"]) == 2
+    assert main(["train", str(path), "algorithm.name=dpoo"]) == 2
+
+
+def test_reference_covers_every_field():
+    text = config_reference()
+    for key in ("run.seed", "model.name_or_path", "data.train[].weight", "train.optim.lr", "lora.rank", "checkpoint.keep_last"):
+        assert f"`{key}`" in text
