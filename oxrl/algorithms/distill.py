@@ -24,7 +24,7 @@ mixed in; LLM distillation (GKD, TRL) uses T = 1 and no factor. A caller that wa
 The teacher is a constant: its logits are detached. Logits must be finite (a -inf logit makes
 0 * log 0 terms NaN). Reduction: `loss` is the SUM over masked tokens of the per-token
 divergence; the caller divides by the number of trained tokens in the whole optimizer step
-(`count/tokens` is this call's share). Memory: one log_softmax per model, in float32, per chunk;
+(`count/tokens` is this call's share). Memory: one log_softmax per model, in (at least) float32, per chunk;
 with `chunk_size` set and gradients on, each chunk is recomputed in backward
 (torch.utils.checkpoint), so no [N, V] float32 intermediates outlive their chunk.
 """
@@ -96,6 +96,11 @@ def _jsd_rows(log_student: Tensor, log_teacher: Tensor, params: DistillParams) -
     return beta * _kl(log_teacher, log_mixture) + (1.0 - beta) * _kl(log_student, log_mixture)
 
 
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    """At least float32 (bf16 log-probs are too coarse for a KL); float64 stays float64."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
 RowDivergence = Callable[[Tensor, Tensor, DistillParams], Tensor]
 
 
@@ -104,7 +109,8 @@ def _chunk_divergence(
 ) -> Tensor:
     """Per-token divergence of the selected rows [n]. The rows are gathered here, inside the
     (possibly checkpointed) function, so that no chunk copy is saved for backward."""
-    student, teacher = student_logits[rows].float(), teacher_logits[rows].float()  # [n, V]
+    dtype = _compute_dtype(student_logits)
+    student, teacher = student_logits[rows].to(dtype), teacher_logits[rows].to(dtype)  # [n, V]
     if params.temperature != 1.0:  # skip a needless [n, V] copy at T = 1
         student, teacher = student / params.temperature, teacher / params.temperature
     return divergence(torch.log_softmax(student, dim=-1), torch.log_softmax(teacher, dim=-1), params)
@@ -117,7 +123,7 @@ def _masked_divergence_sum(batch: DistillInput, params: DistillParams, divergenc
     chunk = params.chunk_size or max(n, 1)
     recompute = params.chunk_size is not None and torch.is_grad_enabled() and batch.student_logits.requires_grad
     # Empty mask: a zero that is still attached to the graph, so backward() works.
-    total = batch.student_logits[:0].float().sum()
+    total = batch.student_logits[:0].to(_compute_dtype(batch.student_logits)).sum()
     for start in range(0, n, chunk):
         chunk_rows = rows[start : start + chunk]
         if recompute:

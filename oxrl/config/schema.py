@@ -83,7 +83,10 @@ class DatasetSpec(Section):
 
 
 class DataConfig(Section):
-    train: list[DatasetSpec] = Field(..., min_length=1, description="Training datasets (mixed by `weight`).")
+    train: list[DatasetSpec] = Field(
+        default_factory=list,
+        description="Training datasets (mixed by `weight`). Required except for RL on a generated task (`rl.task`).",
+    )
     validation: list[DatasetSpec] = Field(default_factory=list, description="Validation datasets.")
     validation_fraction: float = Field(
         0.0, ge=0, lt=1, description="Hold out this fraction of the training rows for validation (when `validation` is empty)."
@@ -130,7 +133,75 @@ class TrainConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    name: str = Field(..., description="Training objective, e.g. `sft`, `cpt`.")
+    name: str = Field(
+        ...,
+        description="Training objective: offline `sft`, `cpt`; RL `grpo`, `dr_grpo`, `dapo`, `rloo`, "
+        "`reinforce_pp`, `cispo`, `gspo` (presets of the `rl` section).",
+    )
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf"] = Field("hf", description="Rollout engine: `hf` (transformers generate, built in).")
+    n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
+    max_new_tokens: int = Field(256, gt=0, description="Maximum completion length in tokens.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (kept in the completion).")
+    max_batch_size: int = Field(64, gt=0, description="Completions generated together in one `generate` call.")
+
+
+class RewardSpec(Section):
+    name: str = Field(
+        ...,
+        description="Built-in reward (`math`, `format`, `code`, `reasoning_gym`), a dotted path "
+        "(`pkg.module:function`) or a file path (`rewards.py:function`).",
+    )
+    weight: float = Field(1.0, description="Weight in the total reward.")
+    kwargs: dict = Field(default_factory=dict, description="Keyword arguments for the reward.")
+
+
+class RLConfig(Section):
+    task: str | None = Field(
+        None,
+        description="Generated task instead of `data.train` files: `arithmetic` or a reasoning-gym dataset "
+        "name (`basic_arithmetic`, `countdown`, ...).",
+    )
+    task_size: int = Field(2000, gt=0, description="Training prompts generated for `task`.")
+    validation_size: int = Field(100, ge=0, description="Held-out prompts (generated with another seed or split off).")
+    prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    rewards: list[RewardSpec] = Field(
+        default_factory=list, description="Rewards and weights; default: the task's own reward."
+    )
+    on_reward_error: Literal["raise", "zero"] = Field(
+        "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
+    )
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] | None = Field(
+        None, description="Advantage estimator; default from the algorithm preset."
+    )
+    std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
+    policy_loss: Literal["ppo", "cispo", "gspo"] | None = Field(None, description="Policy loss; default from the preset.")
+    eps_low: float | None = Field(None, ge=0, description="Clip below (ratio >= 1 - eps_low); default from the preset.")
+    eps_high: float | None = Field(None, ge=0, description="Clip above (DAPO clip-higher uses 0.28); default from the preset.")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages; null = off.")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
+        None, description="Loss aggregation; default from the preset (token_mean)."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference); 0 builds no reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the loss term.")
+    kl_in_reward: bool = Field(False, description="Apply the KL as a k1 reward penalty instead of a loss term.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass (the rollout batch is split).")
+    strict_on_policy: bool = Field(
+        False,
+        description="Fail unless the first update is exactly on-policy: the engine's log-probs match the trainer's "
+        "(within `on_policy_tolerance`) and the first ratio is 1.",
+    )
+    on_policy_tolerance: float = Field(1e-3, gt=0, description="Tolerance of `strict_on_policy` (mean absolute log-prob difference).")
+    validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
+    system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
 
 
 class CheckpointConfig(Section):
@@ -159,6 +230,7 @@ class Config(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     data: DataConfig = Field(..., description="Datasets.")
     algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL with verifiable rewards (RL algorithms only).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")

@@ -1,0 +1,320 @@
+"""Policy-gradient losses: PPO-clip, CISPO, GSPO, with one aggregation and one set of extras.
+
+Every loss is `POLICY_LOSSES[name](PolicyLossInput, PolicyLossParams) -> (loss, metrics)`:
+the loss builds a per-token objective [B, T]; then, in one place (`_finish`), the
+optional truncated-importance-sampling weight multiplies it, `aggregate` reduces it,
+and the KL-to-reference and entropy terms are added:
+
+    loss = aggregate(tis_weight * per_token_pg)
+           + kl_coef * aggregate(KL_est(logp, logp_ref))
+           - entropy_coef * aggregate(entropy)
+
+Normalisation (why `normaliser` is an input): the returned loss is this micro-batch's
+SHARE of the optimizer step's loss: per-token sums divided by a count over the WHOLE
+step (all micro-batches, all data-parallel ranks). Summing the losses of the step's
+micro-batches then gives exactly the loss of one big batch, so accumulation 8 x 1 ==
+1 x 8. Use `local_normaliser(mask, aggregation)` on every micro-batch, sum (and
+all-reduce) them. DDP/FSDP average gradients over ranks, so the strategy multiplies
+the loss by the world size to turn that average back into the sum.
+
+Metrics are detached 0-dim tensors (no GPU sync here; the logger calls .item()) and,
+like the loss, ADDITIVE over the step's micro-batches and ranks: each is this
+micro-batch's share of a step-wide mean, divided by the same `normaliser`. Under
+token_mean that is a mean over the step's tokens; under the two seq_* modes a mean
+over sequences of per-sequence token means. Sum them; don't average them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from oxrl.algorithms.kl import KL_ESTIMATORS, k3, kl_estimate
+
+
+@dataclass
+class PolicyLossInput:
+    logprobs: Tensor  # [B, T] current policy, sampled tokens, with grad
+    old_logprobs: Tensor  # [B, T] behaviour policy as recomputed by the trainer, no grad
+    advantages: Tensor  # [B, T] (0 off-mask; `broadcast_to_tokens` for outcome advantages)
+    mask: Tensor  # [B, T] bool or 0/1: tokens that are trained
+    normaliser: float  # step-wide count, see `aggregate` / `local_normaliser`
+    ref_logprobs: Tensor | None = None  # [B, T] reference policy, for the KL term/metric
+    entropy: Tensor | None = None  # [B, T] per-token entropy of the current policy
+    behaviour_logprobs: Tensor | None = None  # [B, T] inference-engine logprobs (vLLM), for TIS
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.logprobs.shape)
+        for name in ("old_logprobs", "advantages", "mask", "ref_logprobs", "entropy", "behaviour_logprobs"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape:
+                raise ValueError(f"PolicyLossInput.{name} has shape {tuple(value.shape)}, expected {shape} like logprobs")
+
+
+@dataclass(frozen=True)
+class PolicyLossParams:
+    eps_low: float = 0.2  # PPO/GSPO-token clip below: ratio >= 1 - eps_low
+    eps_high: float = 0.2  # clip above: ratio <= 1 + eps_high (DAPO clip-higher, arXiv:2503.14476: 0.28)
+    dual_clip: float | None = None  # Dual-clip PPO c > 1 (arXiv:1912.09729), A < 0 only; None = off
+    # CISPO: MiniMax-M1 imposes no lower bound (eps_low large) and tunes only eps_high;
+    # its value is not published. 4.0 is a loose cap chosen here; tune it.
+    cispo_eps_low: float = 1.0
+    cispo_eps_high: float = 4.0
+    gspo_eps_low: float = 3e-4  # GSPO paper (arXiv:2507.18071 sec. 5.1): 3e-4 / 4e-4
+    gspo_eps_high: float = 4e-4
+    aggregation: str = "token_mean"  # one of AGGREGATIONS
+    max_len: int | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO)
+    kl_coef: float = 0.0  # weight of the KL(pi || pi_ref) loss term; needs ref_logprobs
+    kl_estimator: str = "k3"  # one of KL_ESTIMATORS (GRPO uses k3)
+    entropy_coef: float = 0.0  # entropy bonus weight; needs entropy
+    tis_cap: float | None = None  # truncated IS cap C (Yao et al. 2025); needs behaviour_logprobs
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; valid: {sorted(AGGREGATIONS)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
+        if self.aggregation == "seq_mean_token_sum_norm" and not (self.max_len and self.max_len > 0):
+            raise ValueError("aggregation 'seq_mean_token_sum_norm' needs max_len > 0 (e.g. the max response length)")
+        for name in ("eps_low", "eps_high", "cispo_eps_low", "cispo_eps_high", "gspo_eps_low", "gspo_eps_high"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 (or None), got {self.tis_cap}")
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def _token_sum(values: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    return values.sum(dim=1)
+
+
+def _token_mean(values: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    return values.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def _token_sum_over_max_len(values: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    assert max_len is not None  # checked by PolicyLossParams / aggregate
+    return values.sum(dim=1) / max_len
+
+
+# Each maps masked per-token values [B, T] to per-sequence contributions [B]; the
+# contributions are then summed and divided by the step-wide `normaliser`.
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int | None], Tensor]] = {
+    # DAPO (arXiv:2503.14476 eq. 8): every token of the step weighs the same.
+    # normaliser = number of trained tokens in the step.
+    "token_mean": _token_sum,
+    # Original GRPO (arXiv:2402.03300 eq. 3): mean over each sequence's tokens, then
+    # mean over sequences. normaliser = number of sequences in the step.
+    "seq_mean_token_mean": _token_mean,
+    # Dr. GRPO (arXiv:2503.20783 sec. 3.2): per-sequence token SUM over a constant
+    # (max_len) - no length bias. normaliser = number of sequences in the step.
+    "seq_mean_token_sum_norm": _token_sum_over_max_len,
+}
+
+
+def aggregate(
+    values: Tensor, mask: Tensor, mode: str, normaliser: float, max_len: int | None = None
+) -> Tensor:
+    """Reduce per-token values [B, T] over trained tokens to a scalar; see AGGREGATIONS.
+
+    Off-mask values are ignored even if they are inf/NaN (selected away, not multiplied by 0).
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; valid: {sorted(AGGREGATIONS)}")
+    if mode == "seq_mean_token_sum_norm" and not (max_len and max_len > 0):
+        raise ValueError("aggregation 'seq_mean_token_sum_norm' needs max_len > 0")
+    if normaliser <= 0:
+        raise ValueError(f"normaliser must be > 0, got {normaliser}")
+    trained = mask.bool()
+    masked = torch.where(trained, values, torch.zeros_like(values))
+    return AGGREGATIONS[mode](masked, trained, max_len).sum() / normaliser
+
+
+def local_normaliser(mask: Tensor, mode: str) -> float:
+    """This micro-batch's part of the step-wide normaliser: trained tokens for token_mean,
+    sequences with at least one trained token otherwise (all-padding rows don't count).
+    Sum it over the step's micro-batches and ranks before calling a loss."""
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; valid: {sorted(AGGREGATIONS)}")
+    trained = mask.bool()
+    count = trained.sum() if mode == "token_mean" else trained.any(dim=1).sum()
+    return float(count)
+
+
+# ----------------------------------------------------------------------------- shared plumbing
+
+
+def _metric(values: Tensor, inp: PolicyLossInput, params: PolicyLossParams) -> Tensor:
+    """This micro-batch's additive share of the step-wide mean of a per-token quantity."""
+    # seq_mean_token_sum_norm's /max_len would turn a fraction into a length-dependent
+    # number; metrics use the plain per-sequence mean with the same normaliser instead.
+    mode = "token_mean" if params.aggregation == "token_mean" else "seq_mean_token_mean"
+    return aggregate(values.detach().float(), inp.mask, mode, inp.normaliser).detach()
+
+
+def _clipped_surrogate(
+    ratio: Tensor, inp: PolicyLossInput, params: PolicyLossParams, eps_low: float, eps_high: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) per token [B, T], and the fractions of
+    tokens whose clip is active (zero gradient): high (A > 0, r > 1 + eps_high), low (A < 0, r < 1 - eps_low)."""
+    advantages = inp.advantages.detach()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
+    metrics = {
+        "clip_frac_high": _metric(((advantages > 0) & (ratio > 1 + eps_high)).float(), inp, params),
+        "clip_frac_low": _metric(((advantages < 0) & (ratio < 1 - eps_low)).float(), inp, params),
+    }
+    return -torch.minimum(unclipped, clipped), metrics
+
+
+def _log_ratio(inp: PolicyLossInput, trained: Tensor) -> Tensor:
+    """log(pi / pi_old) per token, 0 off-mask so padding garbage can't overflow exp()."""
+    log_ratio = inp.logprobs - inp.old_logprobs.detach()
+    return torch.where(trained, log_ratio, torch.zeros_like(log_ratio))
+
+
+def _finish(
+    inp: PolicyLossInput,
+    params: PolicyLossParams,
+    per_token_pg: Tensor,  # [B, T] the loss's objective, to be minimised
+    ratio: Tensor,  # [B, T] the importance ratio the loss used (for metrics)
+    metrics: dict[str, Tensor],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """TIS weight, aggregation, KL and entropy terms, shared metrics: one home for all losses."""
+    trained = inp.mask.bool()
+    agg = dict(mode=params.aggregation, normaliser=inp.normaliser, max_len=params.max_len)
+
+    if inp.behaviour_logprobs is not None:
+        # Log the train/inference mismatch always (DESIGN sec. 7); correct it only on request.
+        behaviour_kl = k3(inp.behaviour_logprobs, inp.old_logprobs)  # KL(behaviour || old), y ~ behaviour
+        metrics["behaviour_kl"] = _metric(behaviour_kl, inp, params)
+    if params.tis_cap is not None:
+        if inp.behaviour_logprobs is None:
+            raise ValueError("tis_cap is set but PolicyLossInput.behaviour_logprobs is None")
+        # Truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+        # Off-Policy RL Training", fengyao.notion.site/off-policy-rl): tokens were sampled
+        # by the inference engine, not by the trainer's pi_old; reweight by
+        # w = min(pi_old / pi_behaviour, C), detached. Computed in log space: no overflow.
+        log_w = (inp.old_logprobs - inp.behaviour_logprobs).detach()
+        log_w = torch.where(trained, log_w, torch.zeros_like(log_w))
+        tis_weight = torch.exp(log_w.clamp(max=math.log(params.tis_cap)))
+        per_token_pg = per_token_pg * tis_weight
+        metrics["tis_weight_mean"] = _metric(tis_weight, inp, params)
+        metrics["tis_capped_frac"] = _metric((log_w > math.log(params.tis_cap)).float(), inp, params)
+
+    pg_loss = aggregate(per_token_pg, inp.mask, **agg)
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss.detach()
+
+    if inp.ref_logprobs is not None:
+        # Padding is zeroed first: garbage there could overflow exp() and poison gradients with NaN.
+        logprobs = torch.where(trained, inp.logprobs, torch.zeros_like(inp.logprobs))
+        ref_logprobs = torch.where(trained, inp.ref_logprobs.detach(), torch.zeros_like(logprobs))
+        kl_to_ref = kl_estimate(params.kl_estimator, logprobs, ref_logprobs)  # [B, T]
+        metrics["kl_ref"] = _metric(kl_to_ref, inp, params)
+        if params.kl_coef != 0:
+            loss = loss + params.kl_coef * aggregate(kl_to_ref, inp.mask, **agg)
+    elif params.kl_coef != 0:
+        raise ValueError("kl_coef is set but PolicyLossInput.ref_logprobs is None")
+
+    if inp.entropy is not None:
+        metrics["entropy"] = _metric(inp.entropy, inp, params)
+        if params.entropy_coef != 0:
+            loss = loss - params.entropy_coef * aggregate(inp.entropy, inp.mask, **agg)
+    elif params.entropy_coef != 0:
+        raise ValueError("entropy_coef is set but PolicyLossInput.entropy is None")
+
+    # KL(old || new) by k3 with y ~ old: how far this update has moved the policy.
+    metrics["approx_kl"] = _metric(k3(inp.old_logprobs, inp.logprobs.detach()), inp, params)
+    metrics["ratio_mean"] = _metric(ratio.detach(), inp, params)
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def ppo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate (Schulman et al., arXiv:1707.06347 eq. 7), with asymmetric clip
+    (DAPO clip-higher, arXiv:2503.14476) and optional dual clip (Ye et al., arXiv:1912.09729):
+
+        r_t  = exp(logp_t - logp_old_t)
+        L_t  = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)
+        dual clip, A_t < 0 only:  L_t = min(L_t, -c A_t)   (caps the loss at c |A_t|)
+
+    Clipped tokens (A > 0 and r > 1 + eps_high; A < 0 and r < 1 - eps_low; dual: A < 0
+    and r > c) get zero gradient. Metrics: clip_frac_high, clip_frac_low, dual_clip_frac.
+    """
+    ratio = torch.exp(_log_ratio(inp, inp.mask.bool()))  # [B, T]
+    per_token, metrics = _clipped_surrogate(ratio, inp, params, params.eps_low, params.eps_high)
+    if params.dual_clip is not None:
+        negative = inp.advantages < 0
+        capped = torch.minimum(per_token, -params.dual_clip * inp.advantages.detach())
+        per_token = torch.where(negative, capped, per_token)
+        metrics["dual_clip_frac"] = _metric((negative & (ratio > params.dual_clip)).float(), inp, params)
+    return _finish(inp, params, per_token, ratio, metrics)
+
+
+def cispo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585 eqs. 4-5): clip the importance-sampling WEIGHT,
+    not the update, and stop its gradient:
+
+        w_t = sg(clip(r_t, 1 - cispo_eps_low, 1 + cispo_eps_high))
+        L_t = -w_t A_t logp_t          grad L_t = -w_t A_t grad logp_t
+
+    Every token keeps a gradient (PPO zeroes clipped ones, which in long reasoning are
+    often the rare "fork" tokens). The loss VALUE contains logp, so it is not comparable
+    with PPO's. Metrics: clip_frac_high/low = weight truncated above/below (any sign of A).
+    """
+    trained = inp.mask.bool()
+    ratio = torch.exp(_log_ratio(inp, trained)).detach()
+    weight = ratio.clamp(1 - params.cispo_eps_low, 1 + params.cispo_eps_high)
+    logprobs = torch.where(trained, inp.logprobs, torch.zeros_like(inp.logprobs))
+    per_token = -weight * inp.advantages.detach() * logprobs
+    metrics = {
+        "clip_frac_high": _metric((ratio > 1 + params.cispo_eps_high).float(), inp, params),
+        "clip_frac_low": _metric((ratio < 1 - params.cispo_eps_low).float(), inp, params),
+    }
+    return _finish(inp, params, per_token, ratio, metrics)
+
+
+def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al., arXiv:2507.18071), token-level form "GSPO-token" (eqs. 13-14):
+
+        s_i    = exp( 1/|y_i| sum_t (logp_{i,t} - logp_old_{i,t}) )      sequence ratio
+        s_i,t  = sg(s_i) * pi(y_t) / sg(pi(y_t))                          value = s_i
+        L_i,t  = -min(s_i,t A_i,t, clip(s_i,t, 1 - gspo_eps_low, 1 + gspo_eps_high) A_i,t)
+
+    grad s_i,t = s_i grad logp_t, so with a per-sequence advantage and the paper's
+    per-sequence mean (aggregation "seq_mean_token_mean") this is exactly GSPO; other
+    aggregations weigh sequences by length. A whole sequence is clipped or not.
+    """
+    trained = inp.mask.bool()
+    log_ratio = _log_ratio(inp, trained)  # [B, T]
+    seq_log_ratio = log_ratio.sum(dim=1) / trained.sum(dim=1).clamp(min=1)  # [B]
+    # Adding the detached sequence term last keeps the value exact (verl#2775).
+    token_log_ratio = inp.logprobs - inp.logprobs.detach() + seq_log_ratio.detach()[:, None]
+    token_log_ratio = torch.where(trained, token_log_ratio, torch.zeros_like(token_log_ratio))
+    ratio = torch.exp(token_log_ratio)  # [B, T], value s_i on every trained token
+    per_token, metrics = _clipped_surrogate(ratio, inp, params, params.gspo_eps_low, params.gspo_eps_high)
+    return _finish(inp, params, per_token, ratio, metrics)
+
+
+PolicyLoss = Callable[[PolicyLossInput, PolicyLossParams], tuple[Tensor, dict[str, Tensor]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo, "cispo": cispo, "gspo": gspo}
+
+
+def policy_loss(
+    name: str, inp: PolicyLossInput, params: PolicyLossParams = PolicyLossParams()
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`POLICY_LOSSES[name](inp, params)`; unknown names raise listing the valid ones."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name](inp, params)

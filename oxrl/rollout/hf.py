@@ -1,0 +1,96 @@
+"""Built-in rollout engine on transformers `generate` (batched, KV cache), colocated with the trainer.
+
+It samples from the training model object itself, so weights are always current and
+`sync_weights` has nothing to copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oxrl.rollout.base import Completion, SamplingParams
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, max_batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.eos_ids = self._eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    @staticmethod
+    def _eos_ids(model, tokenizer) -> set[int]:
+        ids = {tokenizer.eos_token_id}
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured:
+            ids.update(configured)
+        return {i for i in ids if i is not None}
+
+    def sync_weights(self, model) -> None:
+        if model is not self.model:
+            raise ValueError("HFEngine samples from the training model itself; pass that same model object")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        requests = [(index, ids) for index, ids in enumerate(prompts) for _ in range(params.n)]
+        out: list[Completion] = []
+        for start in range(0, len(requests), self.max_batch_size):
+            out.extend(self._generate_batch(requests[start : start + self.max_batch_size], params))
+        return out
+
+    def _generate_batch(self, requests: list[tuple[int, list[int]]], params: SamplingParams) -> list[Completion]:
+        model, tok = self.model, self.tokenizer
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        width = max(len(ids) for _, ids in requests)
+        pad = self.pad_id
+        input_ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, (_, ids) in enumerate(requests):  # left padding, so every row ends where generation starts
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        sampling = params.temperature > 0
+        generated = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else None,
+            top_p=params.top_p if sampling else None,
+            top_k=params.top_k if sampling and params.top_k > 0 else None,
+            stop_strings=params.stop or None,
+            tokenizer=tok if params.stop else None,
+            pad_token_id=pad,
+            eos_token_id=sorted(self.eos_ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        model.train(was_training)
+        new_tokens = generated.sequences[:, width:].cpu()  # [B, L]
+        # Raw logits of each step -> log-prob of the sampled token under softmax(logits / T).
+        logits = torch.stack(generated.logits, dim=1).float().cpu()  # [B, L, V]
+        scale = params.temperature if sampling else 1.0
+        token_logprobs = torch.log_softmax(logits / scale, -1).gather(-1, new_tokens[..., None])[..., 0]
+        return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params)
+                for row, (index, ids) in enumerate(requests)]
+
+    def _completion(self, index: int, prompt_ids: list[int], tokens: torch.Tensor, logprobs: torch.Tensor,
+                    params: SamplingParams) -> Completion:
+        ids = tokens.tolist()
+        length, reason = len(ids), "length"
+        for position, token in enumerate(ids):
+            if token in self.eos_ids:
+                length, reason = position + 1, "eos"
+                break
+        ids = ids[:length]
+        if reason == "length":
+            while ids and ids[-1] == self.pad_id:  # a row ended by a stop string is padded while others finish
+                ids.pop()
+            if params.stop and any(stop in self.tokenizer.decode(ids) for stop in params.stop):
+                reason = "stop"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(index, list(prompt_ids), ids, logprobs[: len(ids)].tolist(), reason, text)
