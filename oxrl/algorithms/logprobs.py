@@ -12,11 +12,15 @@ import torch.nn.functional as F
 from oxrl.data.types import PackedBatch
 
 
-def forward_logits(model, batch: PackedBatch) -> torch.Tensor:
+def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
     """Logits [T, V] of a packed row. No attention mask and no KV cache, so transformers builds
-    the per-sequence (block-diagonal causal) mask from the restarting position ids."""
+    the per-sequence (block-diagonal causal) mask from the restarting position ids.
+
+    RL divides by the sampling temperature so that the trainer's log-probs describe the same
+    distribution the rollout engine sampled from."""
     out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
-    return out.logits[0]
+    logits = out.logits[0]
+    return logits / temperature if temperature != 1.0 else logits
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:

@@ -228,7 +228,7 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
     model: ModelConfig = Field(..., description="The model to train.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
-    data: DataConfig = Field(..., description="Datasets.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
     algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL with verifiable rewards (RL algorithms only).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")

@@ -1,0 +1,273 @@
+"""RL with verifiable rewards: the algorithm box.
+
+    for each step:
+        prompts      <- the step's prompts (deterministic by seed, resumable from the step)
+        completions  <- engine.generate(prompts, n per prompt)         exact sampled token ids
+        rewards      <- reward functions(prompt, completion, row fields)
+        old_logp     <- policy log-probs of the samples (trainer, no grad); ref_logp if KL is on
+        advantages   <- estimator(rewards, groups)                      e.g. Dr. GRPO: r - mean(group)
+        for epoch in rl.epochs, for mini-batch in rl.mini_batches:
+            loss     <- policy loss(logp, old_logp, advantages) / step-wide normaliser
+            backward per micro-batch; optimizer step
+        engine.sync_weights(model)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from oxrl.algorithms.advantages import compute_advantages
+from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, policy_loss
+from oxrl.config.schema import Config, RLConfig
+from oxrl.data.sampler import StepSampler, micro_batches
+from oxrl.data.types import pack
+from oxrl.engine.checkpoint import load_checkpoint, save_checkpoint
+from oxrl.engine.optim import build_optimizer, build_scheduler
+from oxrl.logging.metrics import MetricsLogger
+from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
+from oxrl.loops.rl_presets import advantage_params, loss_params
+from oxrl.loops.sl import _mlflow_uri, _resume_path
+from oxrl.rollout.base import Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class OffPolicyError(RuntimeError):
+    """`strict_on_policy` found the samples were not drawn from the policy being trained."""
+
+
+@dataclass
+class RLPromptBatch:
+    prompt_ids: list[list[int]]
+    prompt_texts: list[str]
+    fields: list[dict]
+    origins: list[str]
+
+
+@dataclass
+class Rollouts:
+    completions: list[Completion]
+    rewards: torch.Tensor  # [N]
+    group_ids: torch.Tensor  # [N]
+    old_logprobs: list[torch.Tensor]  # per completion [len]
+    ref_logprobs: list[torch.Tensor] | None
+    advantages: torch.Tensor | None = None  # [N]
+
+
+def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
+    r = rl.rollout
+    if greedy:
+        return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop=r.stop)
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=r.stop)
+
+
+@torch.no_grad()
+def score_logprobs(model, completions: list[Completion], micro_size: int, temperature: float) -> list[torch.Tensor]:
+    """Per-completion token log-probs under `model` (packed micro-batches, no grad)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    for chunk in micro_batches(completions, micro_size):
+        logprobs, _, valid = policy_rows(model, pack([completion_example(c) for c in chunk]).to(device), temperature, False)
+        out.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
+    model.train(was_training)
+    return out
+
+
+def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch) -> tuple[Rollouts, dict[str, float]]:
+    """Generate, score, and compute the frozen quantities of one step (old/ref log-probs, advantages)."""
+    timings = {}
+    started = time.perf_counter()
+    completions = engine.generate(batch.prompt_ids, sampling_params(rl))
+    timings["time/generate"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    scored = reward_fn([batch.prompt_texts[c.prompt_index] for c in completions], [c.text for c in completions],
+                       [batch.fields[c.prompt_index] for c in completions], [batch.origins[c.prompt_index] for c in completions])
+    timings["time/reward"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    temperature = rl.rollout.temperature or 1.0
+    micro = cfg.train.micro_batch_size_per_device
+    old = score_logprobs(model, completions, micro, temperature)
+    ref = score_logprobs(reference, completions, micro, temperature) if reference is not None else None
+    rewards = torch.tensor(scored.totals, dtype=torch.float32)
+    if ref is not None and rl.kl_in_reward:
+        # k1 penalty on the outcome reward: r - beta * sum_t (log pi - log pi_ref) over the sequence.
+        rewards = rewards - rl.kl_coef * torch.stack([(o - r).sum() for o, r in zip(old, ref)])
+    group_ids = torch.tensor([c.prompt_index for c in completions])
+    rollouts = Rollouts(completions, rewards, group_ids, old, ref)
+    rollouts.advantages = compute_advantages(rl.advantage, rewards, group_ids, advantage_params(rl))
+    timings["time/logprobs"] = time.perf_counter() - started
+    quality = {"accuracy": accuracy_of(scored.components)}
+    return rollouts, {**scored.metrics("reward"), **quality, **timings, **rollout_metrics(rollouts, rl)}
+
+
+def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
+    lengths = torch.tensor([len(c.completion_ids) for c in r.completions], dtype=torch.float32)
+    engine_gap = torch.cat([torch.tensor(c.logprobs) - o for c, o in zip(r.completions, r.old_logprobs)])
+    metrics = {
+        "reward/mean": float(r.rewards.mean()),
+        "reward/std": float(r.rewards.std()) if r.rewards.numel() > 1 else 0.0,
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "truncated_fraction": sum(c.finish_reason == "length" for c in r.completions) / len(r.completions),
+        "advantage/mean": float(r.advantages.mean()),
+        "advantage/std": float(r.advantages.std()) if r.advantages.numel() > 1 else 0.0,
+        "advantage/abs_max": float(r.advantages.abs().max()),
+        # Engine vs trainer log-probs of the same samples: how off-policy the samples are.
+        "logprob_mismatch/mean_abs": float(engine_gap.abs().mean()) if engine_gap.numel() else 0.0,
+    }
+    if r.ref_logprobs is not None:
+        kl = torch.cat([o - f for o, f in zip(r.old_logprobs, r.ref_logprobs)])
+        metrics["kl_ref/k1_mean"] = float(kl.mean()) if kl.numel() else 0.0
+    return metrics
+
+
+def check_on_policy(rollouts: Rollouts, tolerance: float) -> None:
+    """Raise unless the engine sampled from the policy being trained."""
+    gaps = torch.cat([torch.tensor(c.logprobs) - o for c, o in zip(rollouts.completions, rollouts.old_logprobs)])
+    gap = float(gaps.abs().mean()) if gaps.numel() else 0.0
+    if not gap <= tolerance:
+        raise OffPolicyError(
+            f"strict_on_policy: the rollout engine's log-probs differ from the trainer's by {gap:.3g} on average "
+            f"(tolerance {tolerance}); the engine is sampling from stale or different weights"
+        )
+
+
+def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first_check: bool) -> dict[str, float]:
+    """rl.epochs x rl.mini_batches optimizer steps on one step's rollouts; returns summed metrics (per step mean)."""
+    params = loss_params(rl)
+    order = list(range(len(rollouts.completions)))
+    per_mini = math.ceil(len(order) / rl.mini_batches)
+    totals: dict[str, float] = {}
+    updates = 0
+    for epoch in range(rl.epochs):
+        for mini in micro_batches(order, per_mini):
+            sums = _mini_batch_step(cfg, rl, model, strategy, rollouts, mini, params, check=first_check and updates == 0)
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + value
+            updates += 1
+    return {key: value / updates for key, value in totals.items()}
+
+
+def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list[int], params, check: bool) -> dict[str, float]:
+    temperature = rl.rollout.temperature or 1.0
+    micro = [indices[i : i + cfg.train.micro_batch_size_per_device] for i in range(0, len(indices), cfg.train.micro_batch_size_per_device)]
+    lengths = [len(rollouts.completions[i].completion_ids) for i in indices]
+    local = local_normaliser(pad_rows([torch.ones(n) for n in lengths], max(lengths)), params.aggregation)
+    normaliser = strategy.all_reduce_sum(float(local))
+    sums: dict[str, float] = {}
+    for mb in micro:
+        batch = pack([completion_example(rollouts.completions[i]) for i in mb]).to(strategy.device)
+        with strategy.autocast():
+            logprobs, entropy, valid = policy_rows(model, batch, temperature, with_entropy=True)
+        width = valid.shape[1]
+        old = pad_rows([rollouts.old_logprobs[i] for i in mb], width).to(logprobs.device)
+        ref = pad_rows([rollouts.ref_logprobs[i] for i in mb], width).to(logprobs.device) if rollouts.ref_logprobs is not None and params.kl_coef > 0 else None
+        if check:
+            ratio_gap = float(((logprobs.detach().float() - old).abs() * valid).max())
+            if ratio_gap > rl.on_policy_tolerance:
+                raise OffPolicyError(f"strict_on_policy: the first update's ratio is not 1 (max |log ratio| = {ratio_gap:.3g})")
+        advantages = rollouts.advantages[mb].to(logprobs.device)[:, None] * valid
+        inp = PolicyLossInput(
+            logprobs=logprobs.float(), old_logprobs=old, advantages=advantages, mask=valid, normaliser=normaliser,
+            ref_logprobs=ref, entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
+        )
+        loss, metrics = policy_loss(rl.policy_loss, inp, params)
+        strategy.backward(loss)
+        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    sums["grad_norm"] = strategy.step()
+    return sums
+
+
+def accuracy_of(scored_components: dict[str, list[float]]) -> float:
+    """Fraction of samples with full marks on the first (correctness) reward."""
+    first = next(iter(scored_components.values()), [])
+    return sum(score >= 1.0 for score in first) / len(first) if first else 0.0
+
+
+def evaluate(engine, reward_fn, batch: RLPromptBatch, rl: RLConfig) -> dict[str, float]:
+    """Greedy held-out accuracy: one completion per prompt at temperature 0."""
+    if not batch.prompt_ids:
+        return {}
+    completions = engine.generate(batch.prompt_ids, sampling_params(rl, greedy=True))
+    scored = reward_fn([batch.prompt_texts[c.prompt_index] for c in completions], [c.text for c in completions],
+                       [batch.fields[c.prompt_index] for c in completions], [batch.origins[c.prompt_index] for c in completions])
+    return {"val/accuracy": accuracy_of(scored.components), "val/reward": sum(scored.totals) / len(scored.totals)}
+
+
+def subset(batch: RLPromptBatch, indices: list[int]) -> RLPromptBatch:
+    return RLPromptBatch([batch.prompt_ids[i] for i in indices], [batch.prompt_texts[i] for i in indices],
+                         [batch.fields[i] for i in indices], [batch.origins[i] for i in indices])
+
+
+@dataclass
+class RLResult:
+    steps: int
+    rewards: list[float]  # mean reward per step
+    accuracy_before: float | None
+    accuracy_after: float | None
+    final_metrics: dict[str, float]
+
+
+def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, train: RLPromptBatch, val: RLPromptBatch,
+             strategy, run_dir: Path, reference=None) -> RLResult:
+    sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
+    total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
+    optimizer = build_optimizer(model, cfg.train.optim)
+    scheduler = build_scheduler(optimizer, total_steps * rl.epochs * rl.mini_batches, cfg.train.optim)
+    strategy.prepare(model, optimizer, scheduler)
+    model.train()
+    start_step = 0
+    resume_from = _resume_path(cfg, run_dir)
+    if resume_from is not None:
+        start_step = load_checkpoint(resume_from, model, optimizer, scheduler)["step"]
+        engine.sync_weights(model)
+    metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
+                                progress_bar=cfg.logging.progress_bar, mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name)
+    evaluate_now = rl.validation_every is not None and val.prompt_ids
+    before = evaluate(engine, reward_fn, val, rl) if evaluate_now and start_step == 0 else {}
+    if before:
+        metrics_log.log(start_step, before, advance=False)
+        logger.info("held-out accuracy before training: %.3f", before["val/accuracy"])
+    rewards: list[float] = []
+    metrics: dict[str, float] = {}
+    last_eval = before
+    try:
+        for step in range(start_step, total_steps):
+            started = time.perf_counter()
+            batch = subset(train, sampler.step_indices(step))
+            rollouts, metrics = collect(cfg, rl, engine, reward_fn, model, reference, batch)
+            if rl.strict_on_policy:
+                check_on_policy(rollouts, rl.on_policy_tolerance)
+            train_started = time.perf_counter()
+            metrics.update(update(cfg, rl, model, strategy, rollouts, first_check=rl.strict_on_policy))
+            engine.sync_weights(model)
+            metrics["time/train"] = time.perf_counter() - train_started
+            elapsed = time.perf_counter() - started
+            generated = sum(len(c.completion_ids) for c in rollouts.completions)
+            metrics.update({"lr": scheduler.get_last_lr()[0], "time/step": elapsed,
+                            "completions_per_s": len(rollouts.completions) / elapsed, "tokens_per_s": generated / elapsed})
+            rewards.append(metrics["reward/mean"])
+            done = step + 1
+            if evaluate_now and (done % rl.validation_every == 0 or done == total_steps):
+                last_eval = evaluate(engine, reward_fn, val, rl)
+                metrics.update(last_eval)
+            if done % cfg.logging.every == 0 or done == total_steps:
+                metrics_log.log(done, metrics)
+            if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps) and strategy.is_main:
+                save_checkpoint(run_dir, done, model, tokenizer, optimizer, scheduler, {}, cfg.checkpoint.keep_last, cfg.lora.save)
+    finally:
+        metrics_log.close()
+    return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics)
