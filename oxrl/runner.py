@@ -56,7 +56,9 @@ def run(cfg: Config) -> RunResult:
     setup_logging()
     from oxrl.loops.objectives import get_objective
 
-    objective = get_objective(cfg.algorithm.name)  # unknown names fail here, before any loading
+    objective = get_objective(cfg.algorithm.name, cfg.preference)  # unknown names fail here, before any loading
+    if not cfg.data.train:
+        raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
     run_dir = run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
@@ -65,22 +67,24 @@ def run(cfg: Config) -> RunResult:
     device = pick_device(cfg.run.device)
 
     from oxrl.data.build import load_examples
-    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.models.load import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
     logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
 
-    model = load_model(cfg.model, device, cfg.lora)
+    model = _load_trained_model(cfg, tokenizer, device)
     from oxrl.engine.strategy import SingleDevice
     from oxrl.loops.samples import generate_samples
     from oxrl.loops.sl import train_offline
 
     strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+    reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
     samples: dict[str, list[dict]] = {}
     if cfg.logging.samples:
         samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
-    result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir)
+    result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
+    del reference  # free a frozen copy or teacher before saving
     final_dir = None
     if cfg.checkpoint.save_final:
         from oxrl.models.save import save_hf_folder
@@ -96,3 +100,27 @@ def run(cfg: Config) -> RunResult:
 
         plot_curves(run_dir)
     return RunResult(run_dir, final_dir, result.losses, result.final_metrics, samples)
+
+
+def _load_trained_model(cfg: Config, tokenizer, device: torch.device):
+    """The model the objective trains: a causal LM, or for `rm` a one-output sequence classifier."""
+    if cfg.algorithm.name == "rm":
+        from oxrl.models.reward_model import load_reward_model
+
+        return load_reward_model(cfg.model, device, tokenizer.pad_token_id)
+    from oxrl.models.load import load_model
+
+    return load_model(cfg.model, device, cfg.lora)
+
+
+def _fixed_model(cfg: Config, objective, model, examples, strategy):
+    """The reference model (DPO family, KTO) or teacher (KD) the objective needs; None when it needs none,
+    so reference-free objectives (SimPO, ORPO, RM, SFT) never build or hold one."""
+    if not objective.needs_reference:
+        return None
+    from oxrl.loops.preference_objectives import DISTILL_OBJECTIVES
+    from oxrl.models.reference import build_reference, load_teacher
+
+    if cfg.algorithm.name in DISTILL_OBJECTIVES:
+        return load_teacher(cfg.preference.teacher, cfg.model, model, strategy.device)
+    return build_reference(cfg.preference.reference, model, examples, cfg.train.micro_batch_size_per_device, strategy)

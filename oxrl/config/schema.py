@@ -135,8 +135,41 @@ class TrainConfig(Section):
 class AlgorithmConfig(Section):
     name: str = Field(
         ...,
-        description="Training objective: offline `sft`, `cpt`; RL `grpo`, `dr_grpo`, `dapo`, `rloo`, "
+        description="Training objective: offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, `hinge`, `ipo`, "
+        "`simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, `kd_jsd` "
+        "(hyper-parameters in the `preference` section); RL `grpo`, `dr_grpo`, `dapo`, `rloo`, "
         "`reinforce_pp`, `cispo`, `gspo` (presets of the `rl` section).",
+    )
+
+
+class PreferenceConfig(Section):
+    beta: float = Field(
+        0.1, gt=0, description="Inverse temperature of the implicit reward (DPO/rDPO/hinge/KTO; IPO's tau). "
+        "SimPO uses it on mean token log-probs (its paper: 2-2.5). ORPO, RM and KD ignore it.",
+    )
+    label_smoothing: float = Field(0.0, ge=0, le=0.5, description="`dpo` only: cDPO's assumed label-flip probability.")
+    rdpo_epsilon: float = Field(0.1, ge=0, lt=0.5, description="`rdpo`: known label-flip rate eps (the loss divides by 1 - 2 eps).")
+    simpo_gamma: float = Field(0.5, description="`simpo`: target reward margin gamma (the margin itself, not gamma/beta).")
+    orpo_lambda: float = Field(0.1, ge=0, description="`orpo`: weight of the odds-ratio term beside the chosen NLL.")
+    ipo_length_normalise: bool = Field(
+        False, description="`ipo`: use mean token log-probs (TRL's choice) instead of sums (the paper's)."
+    )
+    kto_desirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_D, weight of desirable examples.")
+    kto_undesirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_U, weight of undesirable examples.")
+    reference: Literal["frozen_copy", "lora_disabled", "precomputed"] = Field(
+        "frozen_copy",
+        description="Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` "
+        "keeps a frozen copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs "
+        "`lora.enabled`, no second copy); `precomputed` scores the whole dataset once before training and keeps only "
+        "the sequence log-probs (not `kto`, whose mismatched pairs change every batch).",
+    )
+    teacher: str | None = Field(
+        None, description="`kd_*`: the teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."
+    )
+    temperature: float = Field(1.0, gt=0, description="`kd_*`: softmax temperature of student and teacher (no T^2 factor).")
+    jsd_beta: float = Field(0.5, gt=0, lt=1, description="`kd_jsd`: GKD's beta, the teacher's weight in the mixture.")
+    rm_margin_field: str | None = Field(
+        None, description="`rm`: per-example field holding the required score margin (Llama 2); null = plain Bradley-Terry."
     )
 
 
@@ -230,6 +263,9 @@ class Config(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
     algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
+    preference: PreferenceConfig = Field(
+        default_factory=PreferenceConfig, description="Preference, KTO, reward-model and distillation objectives."
+    )
     rl: RLConfig = Field(default_factory=RLConfig, description="RL with verifiable rewards (RL algorithms only).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
@@ -242,4 +278,23 @@ class Config(Section):
                 f"train.global_batch_size ({self.train.global_batch_size}) must be a multiple of "
                 f"train.micro_batch_size_per_device ({self.train.micro_batch_size_per_device})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _preference_settings_fit(self) -> "Config":
+        name, pref = self.algorithm.name, self.preference
+        if name.startswith("kd_") and pref.teacher is None:
+            raise ValueError(f"algorithm `{name}` distils a teacher: set preference.teacher")
+        if pref.reference == "lora_disabled" and not self.lora.enabled:
+            raise ValueError("preference.reference `lora_disabled` needs lora.enabled: true (the reference is the base model)")
+        if name == "kto" and pref.reference == "precomputed":
+            raise ValueError("preference.reference `precomputed` cannot serve `kto`: its mismatched KL pairs change every "
+                             "micro-batch; use frozen_copy or lora_disabled")
+        if name == "kto" and self.train.micro_batch_size_per_device < 2:
+            raise ValueError("`kto` estimates its KL reference point from mismatched pairs inside each micro-batch: "
+                             "set train.micro_batch_size_per_device >= 2")
+        if name == "rm" and self.lora.enabled:
+            raise ValueError("`rm` with LoRA is not supported yet (the score head must be trained in full): set lora.enabled: false")
+        if name == "rm" and self.logging.samples:
+            raise ValueError("`rm` trains a reward model, which scores text but does not generate: remove logging.samples")
         return self

@@ -76,9 +76,10 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
     """All rows of one dataset (at most `spec.max_rows`), columns renamed per `spec.columns`."""
     local = resolve_local(spec.path)
     if local is None:
-        if Path(spec.path).suffix.lower() in FILE_BUILDERS:
-            # It looks like a file, so it is a missing file, not a hub name.
-            where = "the working directory" + (f" and OXRL_DATA_DIR={os.environ['OXRL_DATA_DIR']}" if os.environ.get("OXRL_DATA_DIR") else "")
+        if Path(spec.path).suffix.lower() in FILE_BUILDERS or spec.path.startswith(("/", "./", "../", "~")):
+            # It looks like a file system path, so it is a missing file, not a hub name.
+            data_dir = os.environ.get("OXRL_DATA_DIR")
+            where = f"OXRL_DATA_DIR={data_dir} and the working directory" if data_dir else "the working directory"
             raise DataError(spec.path, None, None, f"file not found (looked in {where})")
         location, loaded = spec.path, _load_from_hub(spec)
     elif local.is_dir():
@@ -95,18 +96,20 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
             loaded = loaded.select(range(spec.max_rows))
         rows = [Row(number, values) for number, values in enumerate(loaded.to_list(), start=1)]
     columns, rows = _rename_columns(columns, rows, spec.columns, location)
-    logger.info("read %d rows from %s", len(rows), location)
     return RawDataset(dataset_name(spec), location, columns, rows)
 
 
-def _rename_columns(columns: list[str], rows: list[Row], renames: dict[str, str], location: str) -> tuple[list[str], list[Row]]:
+def _rename_columns(
+    columns: list[str], rows: list[Row], renames: dict[str, str], location: str
+) -> tuple[list[str], list[Row]]:
     if not renames:
         return columns, rows
     for old, new in renames.items():
+        cannot = f"cannot rename column {old!r} to {new!r}"
         if old not in columns:
-            raise DataError(location, None, old, f"cannot rename column {old!r} to {new!r}: no such column; the columns are {columns}")
+            raise DataError(location, None, old, f"{cannot}: no such column; the columns are {columns}")
         if new in columns and new not in renames:
-            raise DataError(location, None, old, f"cannot rename column {old!r} to {new!r}: the file already has a column {new!r}")
+            raise DataError(location, None, old, f"{cannot}: the file already has a column {new!r}")
     renamed = [Row(row.number, {renames.get(k, k): v for k, v in row.values.items()}, row.error) for row in rows]
     return [renames.get(c, c) for c in columns], renamed
 
@@ -141,7 +144,7 @@ def _load_folder(folder: Path, split: str) -> Dataset:
 
 
 def _load_file(path: Path) -> Dataset | list[Row]:
-    from datasets import load_dataset
+    from datasets import Features, Value, load_dataset
     from datasets.exceptions import DatasetGenerationError
 
     suffix = path.suffix.lower()
@@ -150,15 +153,13 @@ def _load_file(path: Path) -> Dataset | list[Row]:
         raise DataError(str(path), None, None, f"unknown file type {suffix!r}; expected one of {sorted(FILE_BUILDERS)}")
     if builder == "csv":
         # CSV cells are text: read every column as a string so "42" stays "42" and "NA" stays "NA".
-        with path.open(newline="", encoding="utf-8") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: as pandas, ignore a BOM
             header = next(csv.reader(handle), [])
-        from datasets import Features, Value
-
         features = Features({name: Value("string") for name in header})
         return load_dataset("csv", data_files=str(path), split="train", features=features, na_filter=False)
     try:
         return load_dataset(builder, data_files=str(path), split="train")
-    except DatasetGenerationError as error:
+    except (DatasetGenerationError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         if builder != "json":
             raise
         # pyarrow could not parse the file as a whole (a broken line); parse it record by record
@@ -173,14 +174,16 @@ def _read_json_records(path: Path) -> list[Row]:
         try:
             records = json.loads(text)
         except json.JSONDecodeError as error:
-            raise DataError(str(path), None, None, f"not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from error
+            problem = f"not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+            raise DataError(str(path), None, None, problem) from error
         return [_record_row(str(path), number, record) for number, record in enumerate(records, start=1)]
     rows = []
     for number, line in enumerate((line for line in text.splitlines() if line.strip()), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            rows.append(Row(number, {}, DataError(str(path), number, None, f"not valid JSON: {error.msg} (column {error.colno})")))
+            problem = f"not valid JSON: {error.msg} (column {error.colno})"
+            rows.append(Row(number, {}, DataError(str(path), number, None, problem)))
             continue
         rows.append(_record_row(str(path), number, record))
     return rows

@@ -17,6 +17,7 @@ import torch
 
 from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
+from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import PackedBatch
 
 
@@ -49,9 +50,18 @@ OBJECTIVES: dict[str, Objective] = {
 }
 
 
-def get_objective(name: str) -> Objective:
-    if name not in OBJECTIVES:
-        close = difflib.get_close_matches(name, list(OBJECTIVES), n=1)
+def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Objective]:
+    """The token objectives above plus the preference / KTO / RM / KD ones, built with `preference`'s
+    hyper-parameters (defaults when None)."""
+    from oxrl.loops.preference_objectives import preference_objectives  # late: it imports `Objective` from here
+
+    return {**OBJECTIVES, **preference_objectives(preference)}
+
+
+def get_objective(name: str, preference: PreferenceConfig | None = None) -> Objective:
+    objectives = all_objectives(preference)
+    if name not in objectives:
+        close = difflib.get_close_matches(name, list(objectives), n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise ValueError(f"unknown algorithm.name `{name}`.{hint} Valid: {', '.join(sorted(OBJECTIVES))}")
-    return OBJECTIVES[name]
+        raise ValueError(f"unknown algorithm.name `{name}`.{hint} Valid: {', '.join(sorted(objectives))}")
+    return objectives[name]

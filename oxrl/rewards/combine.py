@@ -1,0 +1,273 @@
+"""Several rewards, weighted, as one function of a batch; failures stop the run or are counted, never hidden.
+
+    reward_fn = build_reward_fn([RewardSpec("math"), RewardSpec("format", weight=0.1)])
+    out = reward_fn(prompts, completions, fields=[{"answer": "19"}, ...])
+    out.totals        # [N] sum over rewards of weight * score, what the advantage estimator uses
+    out.components    # {"math": [N], "format": [N]}: unweighted scores, for metrics
+    out.metrics()     # {"reward/total": mean, "reward/math": mean, "reward/math/failures": 0, ...}
+
+Spec `kwargs` are passed unchanged to every call (e.g. `{"cpu_seconds": 2}` for `code`); row fields
+are passed per sample (as lists for `@batched` rewards). A name that is both a kwarg and a row field
+is an error, not a silent override.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from oxrl.rewards.base import RewardError, RewardFn, RewardLoadError, is_batched, load_reward_fn
+from oxrl.rewards.code_reward import code_reward
+from oxrl.rewards.format_reward import format_reward
+from oxrl.rewards.gym_reward import reasoning_gym_reward
+from oxrl.rewards.math_reward import math_reward
+
+logger = logging.getLogger(__name__)
+
+# Built-in rewards by config name. Anything else is loaded as a dotted or file path.
+REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+    "format": format_reward,
+    "code": code_reward,
+    "reasoning_gym": reasoning_gym_reward,
+}
+
+EXCERPT_CHARS = 300
+
+
+@dataclass
+class RewardSpec:
+    """One reward in the mix: `name` is a built-in (`REWARDS`) or a reference (`pkg.mod:fn`, `file.py:fn`)."""
+
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # "raise": a failing reward stops the run with a RewardError showing the sample.
+    # "zero": it scores 0 for that sample; failures are counted in the metrics and logged.
+    on_error: Literal["raise", "zero"] = "raise"
+    label: str | None = None  # metric name; default: the built-in name or the function's name
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "zero"):
+            raise ValueError(f"reward {self.name!r}: on_error must be 'raise' or 'zero', got {self.on_error!r}")
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward {self.name!r}: weight must be a finite number, got {self.weight}")
+
+
+@dataclass
+class RewardOutput:
+    totals: list[float]  # [N] weighted sum per sample
+    components: dict[str, list[float]]  # label -> [N] unweighted scores
+    failures: dict[str, int]  # label -> samples scored 0 because the reward raised (on_error="zero")
+    seconds: dict[str, float]  # label -> wall time spent in that reward
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        out = {f"{prefix}/total": _mean(self.totals)}
+        for label, scores in self.components.items():
+            out[f"{prefix}/{label}"] = _mean(scores)
+            out[f"{prefix}/{label}/failures"] = float(self.failures[label])
+            out[f"{prefix}/{label}/seconds"] = self.seconds[label]
+        return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+class CombinedReward:
+    """Callable returned by `build_reward_fn`: `(prompts, completions, fields, origins) -> RewardOutput`."""
+
+    def __init__(self, rewards: list[BoundReward]):
+        self.rewards = rewards
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        fields: Sequence[dict[str, Any]] | None = None,
+        origins: Sequence[str] | None = None,
+    ) -> RewardOutput:
+        """Score a batch. `fields[i]` is sample i's row fields; `origins[i]` (e.g. "gsm8k.jsonl row 12") goes into error messages."""
+        rows = list(fields) if fields is not None else [{} for _ in prompts]
+        if not len(prompts) == len(completions) == len(rows) or (origins is not None and len(origins) != len(prompts)):
+            raise ValueError(
+                f"prompts ({len(prompts)}), completions ({len(completions)}), fields ({len(rows)}) "
+                f"and origins ({'-' if origins is None else len(origins)}) must have the same length"
+            )
+        batch = _Batch(list(prompts), list(completions), rows, list(origins) if origins is not None else None)
+        totals = [0.0] * len(batch.prompts)
+        components, failures, seconds = {}, {}, {}
+        for reward in self.rewards:
+            start = time.perf_counter()
+            scores, failures[reward.label] = reward.score(batch)
+            seconds[reward.label] = time.perf_counter() - start
+            components[reward.label] = scores
+            totals = [total + reward.weight * score for total, score in zip(totals, scores)]
+        return RewardOutput(totals, components, failures, seconds)
+
+
+def build_reward_fn(specs: Sequence[RewardSpec | dict[str, Any] | str]) -> CombinedReward:
+    """Resolve every reward now (typos and missing files fail before any compute is spent)."""
+    if not specs:
+        raise ValueError("no rewards given: name at least one (built-ins: " + ", ".join(sorted(REWARDS)) + ")")
+    bound = [BoundReward.from_spec(_as_spec(spec)) for spec in specs]
+    labels = [reward.label for reward in bound]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"several rewards are called {duplicates}: give each a distinct `label`")
+    return CombinedReward(bound)
+
+
+def _as_spec(spec: RewardSpec | dict[str, Any] | str) -> RewardSpec:
+    if isinstance(spec, RewardSpec):
+        return spec
+    if isinstance(spec, str):
+        return RewardSpec(name=spec)
+    return RewardSpec(**spec)
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """A built-in reward by name, else the function a dotted/file reference names."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" in name or "." in name or "/" in name:
+        return load_reward_fn(name)
+    raise RewardLoadError(
+        f"unknown reward {name!r}: the built-ins are {sorted(REWARDS)}; a reward of your own is named "
+        "`pkg.module:function` or `path/to/file.py:function`"
+    )
+
+
+@dataclass
+class _Batch:
+    prompts: list[str]
+    completions: list[str]
+    rows: list[dict[str, Any]]
+    origins: list[str] | None
+
+
+@dataclass
+class BoundReward:
+    fn: RewardFn
+    label: str
+    weight: float
+    kwargs: dict[str, Any]
+    on_error: str
+    batched: bool
+    takes_all_fields: bool  # the function has **fields
+    field_names: frozenset[str]  # the keyword parameters it names
+
+    @classmethod
+    def from_spec(cls, spec: RewardSpec) -> BoundReward:
+        fn = resolve_reward(spec.name)
+        label = spec.label or (spec.name if spec.name in REWARDS else getattr(fn, "__name__", spec.name))
+        takes_all, names = _keyword_parameters(fn, spec.name)
+        unknown = sorted(set(spec.kwargs) - names) if not takes_all else []
+        if unknown:
+            raise RewardLoadError(f"reward {spec.name!r} takes no argument(s) {unknown}; it takes {sorted(names)}")
+        return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names)
+
+    def score(self, batch: _Batch) -> tuple[list[float], int]:
+        """Scores for the batch and the number of samples that failed (scored 0, only with on_error="zero")."""
+        clash = sorted({key for row in batch.rows for key in row if self._takes(key)} & set(self.kwargs))
+        if clash:  # a configuration error, whatever on_error says
+            raise RewardLoadError(f"{clash} are both row fields and kwargs of reward {self.label!r}: rename one")
+        size = len(batch.prompts)
+        if not (self.batched and size > 1):
+            return self._score_one_by_one(batch)
+        try:
+            return self._call(batch, range(size)), 0
+        except Exception as batch_error:  # noqa: BLE001 - find the failing samples: score them one at a time
+            scores, failures = self._score_one_by_one(batch)
+            if failures == 0:  # each sample scores alone but not together: a bug in the batched reward itself
+                raise RewardError(self._describe(batch_error, batch, 0, f"a batch of {size} (its first sample)")) from batch_error
+            return scores, failures
+
+    def _takes(self, key: str) -> bool:
+        return self.takes_all_fields or key in self.field_names
+
+    def _score_one_by_one(self, batch: _Batch) -> tuple[list[float], int]:
+        scores: list[float] = []
+        failed: list[str] = []
+        for index in range(len(batch.prompts)):
+            try:
+                scores.extend(self._call(batch, [index]))
+            except Exception as error:  # noqa: BLE001 - raised with the sample, or counted and logged
+                description = self._describe(error, batch, index, f"sample {index + 1} of {len(batch.prompts)}")
+                if self.on_error == "raise":
+                    raise RewardError(description) from error
+                failed.append(description)
+                scores.append(0.0)
+        if failed:
+            logger.warning("%d of %d samples scored 0 because reward %r failed; the first:\n%s",
+                           len(failed), len(scores), self.label, failed[0])
+        return scores, len(failed)
+
+    def _call(self, batch: _Batch, indices: Sequence[int]) -> list[float]:
+        rows = [batch.rows[i] for i in indices]
+        passed = [key for key in dict.fromkeys(key for row in rows for key in row) if self._takes(key)]
+        if self.batched:
+            per_field = {key: [row.get(key) for row in rows] for key in passed}
+            values = self.fn([batch.prompts[i] for i in indices], [batch.completions[i] for i in indices],
+                             **per_field, **self.kwargs)
+            if not isinstance(values, Sequence) or len(values) != len(indices):
+                raise TypeError(f"a @batched reward must return a list of {len(indices)} floats, got {values!r:.100}")
+        else:
+            (index,), (row,) = indices, rows
+            selected = {key: row[key] for key in passed}
+            values = [self.fn(batch.prompts[index], batch.completions[index], **selected, **self.kwargs)]
+        return [_as_score(value) for value in values]
+
+    def _describe(self, error: BaseException, batch: _Batch, index: int, where: str) -> str:
+        origin = f" ({batch.origins[index]})" if batch.origins else ""
+        fields = ", ".join(f"{key}={_excerpt(repr(value), 120)}" for key, value in batch.rows[index].items())
+        return (
+            f"reward {self.label!r} failed on {where}{origin}: "
+            f"{type(error).__name__}: {error}\n"
+            f"  prompt:     {_excerpt(batch.prompts[index])!r}\n"
+            f"  completion: {_excerpt(batch.completions[index])!r}\n"
+            f"  fields:     {fields}\n"
+            "  (fix the reward or the data; with `on_error: zero` such samples score 0 and are counted instead)"
+        )
+
+
+def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozenset[str]]:
+    """(takes **kwargs, names of the keyword parameters after prompt and completion)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins and C callables have no signature: pass everything
+        return True, frozenset()
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    leading = [p for p in parameters if p.kind in positional_kinds][:2]
+    if len(leading) < 2 and not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        raise RewardLoadError(f"reward {name!r} must take (prompt, completion, **fields); its signature is {inspect.signature(fn)}")
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    names = frozenset(
+        p.name for p in parameters
+        if p not in leading and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+    return takes_all, names
+
+
+def _as_score(value: Any) -> float:
+    # bool is a numbers.Real too: True/False score 1/0, which is what a checker returning a bool means.
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"a reward must return a float, got {type(value).__name__} {value!r:.100}")
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"a reward must return a finite float, got {score}")
+    return score
+
+
+def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """Head and tail of a long text: the end of a completion is where its answer is."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]} [... {len(text) - limit} chars ...] {text[-(limit - head):]}"

@@ -1,0 +1,125 @@
+"""The first code that runs inside the sandbox process; it then runs the untrusted program.
+
+Not imported by oxRL: `oxrl.rewards.sandbox` executes it as a script
+(`python -I -S -B sandbox_child.py WORK_DIR SOLUTION CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES`),
+so it uses the standard library only. In order, before any untrusted code runs:
+
+1. resource limits (`setrlimit`, soft = hard) for CPU seconds, address space, file size, processes
+   and open files; no core dumps. (Set here rather than in the parent's `preexec_fn`, which Python
+   documents as unsafe when the parent has threads, and the code reward runs a thread pool.)
+2. an audit hook (PEP 578) that refuses, with PermissionError: creating processes (fork, exec,
+   spawn, system, subprocess), sockets, signals to other processes, changing resource limits,
+   loading ctypes or `_posixsubprocess`, writing or changing files outside WORK_DIR, reading files
+   outside WORK_DIR and the standard library, and opening directories outside WORK_DIR (no `dir_fd`
+   tricks).
+
+An audit hook is not a security boundary on its own (the Python docs say so: code that can reach
+the interpreter's internals can get around it); it is one layer, with the OS-level ones the parent
+sets up (separate process and session, scrubbed environment, network namespace, limits).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import resource
+import sys
+
+FORBIDDEN_EVENTS = frozenset({
+    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen", "pty.spawn",
+    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
+    "socket.gethostbyaddr", "socket.sendto", "resource.setrlimit", "resource.prlimit",
+    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
+})
+# Events that change the file system: every path among their arguments must be inside WORK_DIR.
+PATH_EVENTS = frozenset({
+    "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+    "os.truncate", "os.utime", "os.mkfifo", "os.mknod", "os.setxattr", "os.removexattr", "shutil.rmtree",
+    "shutil.move", "shutil.copyfile", "sqlite3.connect", "dbm.open",
+})
+FORBIDDEN_IMPORTS = frozenset({"_posixsubprocess", "_ctypes", "ctypes", "_xxsubinterpreters", "_testcapi", "_testinternalcapi"})
+READABLE_FILES = frozenset({"/dev/null", "/dev/urandom", "/dev/zero"})
+
+
+def set_limits(cpu_seconds: int, memory_bytes: int, file_size_bytes: int, processes: int, open_files: int) -> None:
+    limits = (
+        (resource.RLIMIT_CPU, cpu_seconds),
+        (resource.RLIMIT_AS, memory_bytes),
+        (resource.RLIMIT_FSIZE, file_size_bytes),
+        (resource.RLIMIT_NPROC, processes),
+        (resource.RLIMIT_NOFILE, open_files),
+        (resource.RLIMIT_CORE, 0),
+    )
+    for kind, value in limits:
+        _, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)  # an unprivileged process cannot raise its hard limit
+        resource.setrlimit(kind, (value, value))
+
+
+def install_audit_hook(work_dir: str) -> None:
+    # Bound now: the untrusted code must not be able to swap these out from under the hook.
+    realpath, isdir, fspath, sep, getpid = os.path.realpath, os.path.isdir, os.fspath, os.sep, os.getpid
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    work = realpath(work_dir)
+    stdlib = realpath(os.path.dirname(os.__file__))
+    readable_roots = (work + sep, stdlib + sep, "/usr/share/zoneinfo/")
+
+    def resolve(path: str | bytes | os.PathLike) -> str:
+        path = fspath(path)
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "surrogateescape")
+        return realpath(path)
+
+    def inside_work(path: str | bytes | os.PathLike) -> bool:
+        resolved = resolve(path)
+        return resolved == work or resolved.startswith(work + sep)
+
+    def deny(event: str, detail: str = "") -> None:
+        raise PermissionError(f"sandbox: {event} is not allowed{detail}")
+
+    def hook(event: str, args: tuple) -> None:
+        if event in FORBIDDEN_EVENTS:
+            deny(event)
+        elif event == "import":
+            if args[0] in FORBIDDEN_IMPORTS:
+                deny(event, f" for {args[0]!r}")
+        elif event in ("os.kill", "os.killpg"):
+            if args[0] != getpid():
+                deny(event, f" (pid {args[0]})")
+        elif event == "open":
+            path, mode, flags = args
+            if isinstance(path, int):  # an already open descriptor (os.fdopen)
+                return
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & write_flags)
+            if inside_work(path):
+                return
+            resolved = resolve(path)
+            if writes or isdir(resolved):
+                deny("writing outside the sandbox directory" if writes else "opening a directory", f": {resolved}")
+            if resolved not in READABLE_FILES and not resolved.startswith(readable_roots):
+                deny("reading outside the sandbox directory and the standard library", f": {resolved}")
+        elif event in PATH_EVENTS:
+            for arg in args:
+                if isinstance(arg, (str, bytes, os.PathLike)) and not inside_work(arg):
+                    deny(event, f" outside the sandbox directory: {resolve(arg)}")
+
+    sys.addaudithook(hook)
+
+
+def main() -> None:
+    work_dir, solution_path = sys.argv[1], sys.argv[2]
+    cpu_seconds, memory_bytes, file_size_bytes, processes, open_files = (int(a) for a in sys.argv[3:8])
+    with open(solution_path, encoding="utf-8") as handle:
+        source = handle.read()
+    set_limits(cpu_seconds, memory_bytes, file_size_bytes, processes, open_files)
+    install_audit_hook(work_dir)
+    # `site` (skipped by -S) is what defines exit() and quit(); programs written for judges call them.
+    builtins.exit = builtins.quit = sys.exit
+    sys.argv = ["solution.py"]
+    code = compile(source, "solution.py", "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": builtins})
+
+
+if __name__ == "__main__":
+    main()
