@@ -50,20 +50,69 @@ def run_dir_for(cfg: Config) -> Path:
     return Path(parent or cfg.run.output_dir) / cfg.run.name
 
 
-def run(cfg: Config) -> RunResult:
-    from oxrl.logging.setup import setup_logging
-
-    setup_logging()
-    from oxrl.loops.objectives import get_objective
-
-    objective = get_objective(cfg.algorithm.name, cfg.preference)  # unknown names fail here, before any loading
-    if not cfg.data.train:
-        raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
+def prepare_run_dir(cfg: Config) -> Path:
     run_dir = run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
     set_seed(cfg.run.seed)
+    return run_dir
+
+
+def run_rl(cfg: Config) -> RunResult:
+    """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
+    from oxrl.engine.strategy import SingleDevice
+    from oxrl.loops.rl import train_rl
+    from oxrl.loops.rl_presets import resolve
+    from oxrl.loops.rl_setup import encode, load_prompts, reward_function
+    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.rollout.hf import HFEngine
+
+    rl = resolve(cfg.algorithm.name, cfg.rl)
+    run_dir = prepare_run_dir(cfg)
+    device = pick_device(cfg.run.device)
+    reward_fn = reward_function(cfg, rl)
+    tokenizer = load_tokenizer(cfg.model)
+    train_prompts, val_prompts = load_prompts(cfg, rl)
+    train, val = encode(train_prompts, tokenizer), encode(val_prompts, tokenizer)
+    logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
+    model = load_model(cfg.model, device, cfg.lora)
+    reference = None
+    if rl.kl_coef > 0:  # beta = 0 builds no reference at all
+        reference = load_model(cfg.model, device, None).eval().requires_grad_(False)
+    engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size)
+    strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+    result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference)
+    final_dir = None
+    if cfg.checkpoint.save_final:
+        from oxrl.models.save import save_hf_folder
+
+        final_dir = save_hf_folder(model, tokenizer, run_dir / "final", lora_save=cfg.lora.save)
+    if result.accuracy_before is not None:
+        logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training",
+                    100 * result.accuracy_before, 100 * (result.accuracy_after or 0.0))
+    if cfg.logging.plot:
+        from oxrl.logging.plot import plot_curves
+
+        plot_curves(run_dir, keys=("reward/mean", "accuracy", "val/accuracy", "response_length/mean", "clip_frac_high", "approx_kl", "entropy"))
+    summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary]})
+
+
+def run(cfg: Config) -> RunResult:
+    from oxrl.logging.setup import setup_logging
+
+    setup_logging()
+    from oxrl.loops.objectives import get_objective
+    from oxrl.loops.rl_presets import is_rl
+
+    if is_rl(cfg.algorithm.name):
+        return run_rl(cfg)
+    objective = get_objective(cfg.algorithm.name, cfg.preference)  # unknown names fail here, before any loading
+    if not cfg.data.train:
+        raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
+    run_dir = prepare_run_dir(cfg)
     device = pick_device(cfg.run.device)
 
     from oxrl.data.build import load_examples

@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+# Names of the RL presets (oxrl/loops/rl_presets.py); their batches are sized by the `rl` section.
+RL_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo")
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -235,6 +239,13 @@ class RLConfig(Section):
     on_policy_tolerance: float = Field(1e-3, gt=0, description="Tolerance of `strict_on_policy` (mean absolute log-prob difference).")
     validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
     system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
+    answer_format: Literal["boxed", "tags"] = Field(
+        "boxed", description="Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."
+    )
+    task_config: dict = Field(default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`).")
+    data_format: Literal["auto", "gsm8k", "openr1", "rl2"] = Field(
+        "auto", description="Row format of `data.train` prompt files: GSM8K, OpenR1 math, or RL2 (`prompt`/`messages` + `extra_info`)."
+    )
 
 
 class CheckpointConfig(Section):
@@ -273,6 +284,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _batch_sizes_divide(self) -> "Config":
+        if self.algorithm.name in RL_ALGORITHMS:
+            return self  # RL batches are rl.prompts_per_step x rl.rollout.n completions
         if self.train.global_batch_size % self.train.micro_batch_size_per_device:
             raise ValueError(
                 f"train.global_batch_size ({self.train.global_batch_size}) must be a multiple of "

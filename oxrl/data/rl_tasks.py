@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from oxrl.data.errors import DataError
+from oxrl.data.formats import _kind
+from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
+from oxrl.rewards import RewardSpec
 from oxrl.rewards.extract import last_boxed
 
 logger = logging.getLogger(__name__)
@@ -37,7 +40,6 @@ ANSWER_INSTRUCTIONS = {
 }
 TASK_REWARDS: dict[str, str] = {"arithmetic": "math", "gsm8k": "math", "openr1": "math", "reasoning_gym": "reasoning_gym"}
 FILE_FORMATS = ("gsm8k", "openr1", "rl2")
-MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,8 @@ class RLPrompt:
         return f"{self.source} row {self.row}"
 
 
-def default_reward_specs(task: str, answer_format: str = "boxed") -> list[Any]:
-    """The reward a task is scored with by default, as `oxrl.rewards.RewardSpec`s."""
-    from oxrl.rewards import RewardSpec
-
+def default_reward_specs(task: str, answer_format: str = "boxed") -> list[RewardSpec]:
+    """The reward a task is scored with by default (with `answer_format="tags"`, math reads the `<answer>` tag first)."""
     reward = TASK_REWARDS.get(task) or ("reasoning_gym" if _is_reasoning_gym_task(task) else None)
     if reward is None:
         raise ValueError(
@@ -100,23 +100,28 @@ def read_rl_prompts(
     *,
     split: str = "train",
     max_rows: int | None = None,
+    columns: dict[str, str] | None = None,
     template: PromptTemplate | None = None,
 ) -> list[RLPrompt]:
-    """Read RL prompts from a local file or saved dataset (what `oxrl.data.read` reads); `auto` picks the format from the columns."""
+    """Read RL prompts from a local file or saved dataset (what `oxrl.data.read` reads).
+
+    `auto` picks the format from the columns; `columns` renames columns first, e.g.
+    `{"question": "prompt"}` turns plain question/answer rows into rl2 rows (prompt + answer).
+    """
     from oxrl.config.schema import DatasetSpec
     from oxrl.data.read import read_dataset
 
-    template = template or PromptTemplate()
-    raw = read_dataset(DatasetSpec(path=path, split=split, max_rows=max_rows))
-    chosen = _detect_format(raw.columns, raw.location) if format == "auto" else format
-    if chosen not in FILE_FORMATS:
+    if format != "auto" and format not in FILE_FORMATS:
         raise ValueError(f"unknown RL prompt format {format!r}; expected 'auto' or one of {FILE_FORMATS}")
+    template = template or PromptTemplate()
+    raw = read_dataset(DatasetSpec(path=path, split=split, max_rows=max_rows, columns=columns or {}))
+    chosen = _detect_format(raw.columns, raw.location) if format == "auto" else format
     convert = {"gsm8k": _gsm8k_row, "openr1": _openr1_row, "rl2": _rl2_row}[chosen]
     prompts = []
     for row in raw.rows:
         if row.error is not None:
             raise row.error
-        prompts.append(convert(dict(row.values), _Where(raw.location, row.number), template))
+        prompts.append(convert(dict(row.values), RowChecker(raw.location, row.number), template))
     logger.info("%s: %d %s prompts", raw.location, len(prompts), chosen)
     return prompts
 
@@ -135,97 +140,56 @@ def _detect_format(columns: list[str], location: str) -> str:
     )
 
 
-@dataclass
-class _Where:
-    location: str
-    row: int
-
-    def error(self, field_name: str | None, problem: str) -> DataError:
-        return DataError(self.location, self.row, field_name, problem)
-
-    def text(self, values: dict[str, Any], key: str) -> str:
-        """values[key] as a non-empty string, or a DataError naming the field."""
-        if key not in values:
-            raise self.error(key, f"missing; the row has {sorted(values)}")
-        value = values[key]
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {_describe(value)}")
-        if not value.strip():
-            raise self.error(key, "expected a string, got an empty one")
-        return value
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, (list, dict)):
-        return f"a {type(value).__name__} {json.dumps(value, default=str)[:60]}"
-    return f"{type(value).__name__} {value!r:.60}"
-
-
-def _gsm8k_row(values: dict[str, Any], where: _Where, template: PromptTemplate) -> RLPrompt:
-    question = where.text(values, "question")
-    solution = where.text(values, "answer")
+def _gsm8k_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
+    question = where.string(values, "question")
+    solution = where.string(values, "answer")
     if "####" not in solution:
-        raise where.error("answer", f"expected GSM8K's final '#### <answer>' line, got {solution[-80:]!r}")
+        raise where.fail(
+            "answer",
+            f"expected GSM8K's final '#### <answer>' line, got {solution[-80:]!r} (for rows whose answer is "
+            "the gold answer itself, rename `question` to `prompt`: they are then rl2 rows)",
+        )
     gold = solution.rsplit("####", 1)[1].strip().replace(",", "")
     if not gold:
-        raise where.error("answer", "nothing after '####'")
+        raise where.fail("answer", "nothing after '####'")
     fields = {**values, "answer": gold, "solution": solution}
     del fields["question"]
     return RLPrompt(messages=template.messages(question), fields=fields, source=where.location, row=where.row)
 
 
-def _openr1_row(values: dict[str, Any], where: _Where, template: PromptTemplate) -> RLPrompt:
-    problem = where.text(values, "problem")
-    solution = where.text(values, "solution")
+def _openr1_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
+    problem = where.string(values, "problem")
+    solution = where.string(values, "solution")
     # The solution's last \boxed{} is the gold answer; OpenR1-Math's own `answer` column is the fallback.
     gold = last_boxed(solution)
     if gold is None and isinstance(values.get("answer"), str) and values["answer"].strip():
         gold = values["answer"].strip()
     if gold is None:
-        raise where.error("solution", "no \\boxed{} answer in the solution (and no `answer` column)")
+        raise where.fail("solution", "no \\boxed{} answer in the solution (and no `answer` column)")
     fields = {key: value for key, value in values.items() if key != "problem"}
     fields["answer"] = gold
     return RLPrompt(messages=template.messages(problem), fields=fields, source=where.location, row=where.row)
 
 
-def _rl2_row(values: dict[str, Any], where: _Where, template: PromptTemplate) -> RLPrompt:
+def _rl2_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
     extra = values.pop("extra_info", None)
     if isinstance(extra, str):  # a CSV cell, or a dataset that stored it as JSON text
         try:
             extra = json.loads(extra)
         except json.JSONDecodeError as error:
-            raise where.error("extra_info", f"expected a dict (or JSON object text), got {extra[:60]!r}") from error
+            raise where.fail("extra_info", f"expected an object (or JSON object text), got {extra[:60]!r}") from error
     if extra is not None and not isinstance(extra, dict):
-        raise where.error("extra_info", f"expected a dict, got {_describe(extra)}")
+        raise where.fail("extra_info", f"expected an object, got {_kind(extra)}")
     # Arrow gives every row of a dict column the union of all rows' keys, filling the absent ones with
     # null; a null in extra_info therefore means "absent" and is dropped.
     extra_fields = {key: value for key, value in (extra or {}).items() if value is not None}
-    prompt, messages = values.pop("prompt", None), values.pop("messages", None)
-    if isinstance(prompt, list) and messages is None:  # verl stores the chat prompt in `prompt`
-        prompt, messages = None, prompt
-    if messages is not None:
-        checked = _messages(messages, where)
-        fields = {**values, **extra_fields}
-        return RLPrompt(messages=checked, fields=fields, source=where.location, row=where.row)
-    if prompt is None:
-        raise where.error(None, "an rl2 row needs a `prompt` or a `messages` column")
-    text = where.text({"prompt": prompt}, "prompt")
-    return RLPrompt(prompt=text, fields={**values, **extra_fields}, source=where.location, row=where.row)
-
-
-def _messages(messages: Any, where: _Where) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise where.error("messages", f"expected a non-empty list of {{role, content}} dicts, got {_describe(messages)}")
-    for number, message in enumerate(messages, start=1):
-        if not isinstance(message, dict):
-            raise where.error("messages", f"message {number}: expected a dict, got {_describe(message)}")
-        if message.get("role") not in MESSAGE_ROLES:
-            raise where.error("messages", f"message {number}: role must be one of {MESSAGE_ROLES}, got {_describe(message.get('role'))}")
-        if not isinstance(message.get("content"), str):
-            raise where.error("messages", f"message {number}: content must be a string, got {_describe(message.get('content'))}")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if isinstance(values.get("prompt"), list) and values.get("messages") is None:
+        values["messages"] = values.pop("prompt")  # verl keeps the chat prompt in `prompt`
+    prompt = where.prompt(values)  # a string, or checked messages
+    fields = {key: value for key, value in values.items() if key not in ("prompt", "messages")} | extra_fields
+    if isinstance(prompt, str):
+        return RLPrompt(prompt=prompt, fields=fields, source=where.location, row=where.row)
+    return RLPrompt(messages=prompt, fields=fields, source=where.location, row=where.row)
 
 
 # ---------------------------------------------------------------------------------------------

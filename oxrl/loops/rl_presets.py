@@ -21,7 +21,7 @@ import difflib
 
 from oxrl.algorithms.advantages import AdvantageParams
 from oxrl.algorithms.policy_loss import PolicyLossParams
-from oxrl.config.schema import RLConfig
+from oxrl.config.schema import RL_ALGORITHMS, RLConfig
 
 PRESETS: dict[str, dict] = {
     "grpo": {"advantage": "grpo", "policy_loss": "ppo", "aggregation": "seq_mean_token_mean"},
@@ -33,6 +33,7 @@ PRESETS: dict[str, dict] = {
     "gspo": {"advantage": "grpo", "policy_loss": "gspo", "aggregation": "seq_mean_token_mean"},
 }
 DEFAULTS = {"eps_low": 0.2, "eps_high": 0.2}
+assert tuple(PRESETS) == RL_ALGORITHMS, "keep config.schema.RL_ALGORITHMS in step with PRESETS"
 
 
 def is_rl(name: str) -> bool:

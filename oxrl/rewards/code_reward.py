@@ -11,10 +11,10 @@ The program is the completion's last ```python block (0.0 when there is none). T
 - a JSON string of either of the above.
 
 Every test runs in its own sandboxed process (`oxrl.rewards.sandbox`), so a program cannot fake
-the results of the others. Once a test times out the program's remaining tests fail without being
-run: they would almost surely time out as well, at `wall_seconds` (or `cpu_seconds`) each. A time
-out is the wall clock or the CPU limit. Completions are scored in
-parallel by `max_workers` threads, each driving one subprocess; results keep the input order.
+the results of the others. Once a test times out (wall clock or CPU limit), the program's remaining
+tests fail without being run: they would almost surely time out as well, each after the full limit.
+Completions are scored in parallel by `max_workers` threads, each driving one subprocess at a time;
+results keep the input order, so they are deterministic.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Model output never runs in the trainer's process. `run_python(code, stdin, limits)` runs it as
 
-    [unshare --net --] python -I -S -B sandbox_child.py WORK_DIR SOLUTION <limits>
+    [unshare --net --] python -s -S -B sandbox_child.py WORK_DIR SOLUTION <limits>
 
 Protections, outermost first:
 
@@ -10,9 +10,9 @@ Protections, outermost first:
   (SIGKILL), and so does the end of every run, so nothing it started outlives it;
 - a fresh temporary directory as working directory, HOME and TMPDIR, deleted afterwards; the program,
   its stdin and its stdout/stderr files live beside it, not in it;
-- a scrubbed environment: only PATH, LANG, LC_ALL, HOME and TMPDIR (no inherited tokens or keys);
-  `-I` also ignores PYTHON* variables and the user's site-packages, `-S` skips `site` (no
-  site-packages at all: the program gets the standard library only), `-B` writes no bytecode;
+- a scrubbed environment, built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0
+  (no inherited tokens or keys); `-s -S` skip the user's and all site-packages (the program gets
+  the standard library only), `-B` writes no bytecode;
 - no network: a new network namespace (`unshare --net` as root, `unshare --map-root-user --net`
   otherwise, probed once per process) where not even loopback is up; without unshare (or without
   unprivileged user namespaces) only the audit hook below blocks sockets, and a warning is logged;
@@ -25,10 +25,12 @@ Protections, outermost first:
 
 Limits, honestly: this is not a container. The audit hook is a Python-level guard, and a
 determined program that reaches interpreter internals can get around it; RLIMIT_NPROC does not
-bind root; when oxRL runs as root, so does the child (inside its network namespace). For hostile
-code at scale, run the trainer as an unprivileged user, or put it in a container/VM (gVisor,
-nsjail, bubblewrap). What the sandbox reliably stops is what RL policies actually do: infinite
-loops, memory and fork bombs, huge outputs, stray file writes, reading the environment, network.
+bind root; when oxRL runs as root, so does the child (inside its network namespace); file size is
+capped per file, not in total, so a program could fill the temp file system until its time runs
+out. For hostile code at scale, run the trainer as an unprivileged user, or in a container/VM
+(gVisor, nsjail, bubblewrap). What the sandbox reliably stops is what RL policies actually do:
+infinite loops, memory and fork bombs, huge outputs, stray file writes, reading the environment,
+network access.
 """
 
 from __future__ import annotations
@@ -48,7 +50,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
-INTERPRETER_FLAGS = ("-I", "-S", "-B")
+# -s: no user site-packages; -S: no `site` (no site-packages at all, no .pth hooks); -B: no bytecode
+# files. Not -I: it implies -E, which would ignore the PYTHONHASHSEED we set for reproducible set/dict
+# orders; the environment is built from scratch, so there are no other PYTHON* variables to ignore.
+INTERPRETER_FLAGS = ("-s", "-S", "-B")
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,11 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
 
 
 def _scrubbed_env(work: Path) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+    # A fixed hash seed: the same program prints its sets in the same order, so it gets the same reward.
+    return {
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work),
+        "PYTHONHASHSEED": "0",
+    }
 
 
 def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> bool:
@@ -180,7 +189,7 @@ def sandbox_protections() -> list[str]:
     return [
         "separate process group, killed on timeout and at exit",
         "temporary working directory, deleted afterwards",
-        "scrubbed environment; python -I -S -B",
+        "scrubbed environment; python -s -S -B, standard library only",
         network,
         "rlimits: CPU, address space, file size, processes, open files, no core",
         "audit hook: no processes, sockets, ctypes, writes or reads outside the sandbox",

@@ -1,7 +1,7 @@
 """The first code that runs inside the sandbox process; it then runs the untrusted program.
 
 Not imported by oxRL: `oxrl.rewards.sandbox` executes it as a script
-(`python -I -S -B sandbox_child.py WORK_DIR SOLUTION CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES`),
+(`python -s -S -B sandbox_child.py WORK_DIR SOLUTION CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES`),
 so it uses the standard library only. In order, before any untrusted code runs:
 
 1. resource limits (`setrlimit`, soft = hard) for CPU seconds, address space, file size, processes
@@ -108,6 +108,9 @@ def install_audit_hook(work_dir: str) -> None:
 
 
 def main() -> None:
+    # Python put this script's folder (oxrl/rewards) first on sys.path; the program has no business there.
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.realpath(os.path.dirname(__file__)):
+        del sys.path[0]
     work_dir, solution_path = sys.argv[1], sys.argv[2]
     cpu_seconds, memory_bytes, file_size_bytes, processes, open_files = (int(a) for a in sys.argv[3:8])
     with open(solution_path, encoding="utf-8") as handle:
