@@ -1,15 +1,18 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   fine-tunes/RL-trains the bundled SmolLM2-135M-Instruct on CPU and shows before/after
+#   make demo   RL-trains (GRPO) the bundled SmolLM2-135M-Instruct on arithmetic, on CPU
 #   make test   runs the test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: env demo test test-fast docs
+.PHONY: env demo demo-sft test test-fast docs
 
 env:
 	VENV=$(VENV) EXTRAS=dev bash scripts/setup_env.sh
 
 demo: env
+	$(PY) -m oxrl train examples/grpo_smollm2_arithmetic.yaml
+
+demo-sft: env
 	$(PY) -m oxrl train examples/sft_smollm2_chat.yaml
 
 test: env

@@ -80,9 +80,18 @@ def run_rl(cfg: Config) -> RunResult:
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
         reference = load_model(cfg.model, device, None).eval().requires_grad_(False)
+    critic = None
+    if rl.advantage == "gae":
+        from oxrl.loops.critic import load_critic
+        from oxrl.loops.rl import Critic
+        from oxrl.models.load import resolve_source
+
+        critic_model = load_critic(resolve_source(rl.critic_model or cfg.model.name_or_path).path, device,
+                                   cfg.model.trust_remote_code)
+        critic = Critic(critic_model, torch.optim.AdamW(critic_model.parameters(), lr=rl.critic_lr))
     engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size)
     strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
-    result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference)
+    result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic)
     final_dir = None
     if cfg.checkpoint.save_final:
         from oxrl.models.save import save_hf_folder

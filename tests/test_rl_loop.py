@@ -39,6 +39,17 @@ def prompts(n: int = 8) -> RLPromptBatch:
     return RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(n)])
 
 
+def _tiny_critic():
+    from transformers import LlamaForTokenClassification
+
+    from oxrl.loops.rl import Critic
+
+    config = make_tiny_llama().config
+    config.num_labels = 1
+    model = LlamaForTokenClassification(config)
+    return Critic(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+
 def _run(tmp_path, algorithm, engine_model=None, **rl):
     cfg = rl_config(tmp_path, algorithm, **rl)
     resolved = resolve(algorithm, cfg.rl)
@@ -49,11 +60,12 @@ def _run(tmp_path, algorithm, engine_model=None, **rl):
         engine.sync_weights = lambda m: None  # a stale engine that never receives the new weights
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
     strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    critic = _tiny_critic() if resolved.advantage == "gae" else None
     return train_rl(cfg, resolved, model, None, engine, reward, prompts(), RLPromptBatch([], [], [], []), strategy,
-                    tmp_path / algorithm)
+                    tmp_path / algorithm, critic=critic)
 
 
-@pytest.mark.parametrize("algorithm", ["dr_grpo", "grpo", "rloo", "cispo"])
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "grpo", "rloo", "cispo", "ppo"])
 def test_trivially_learnable_reward_goes_up(tmp_path, algorithm):
     result = _run(tmp_path, algorithm)
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
@@ -70,3 +82,18 @@ def test_strict_on_policy_catches_a_stale_engine(tmp_path):
     stale = make_tiny_llama(seed=5)  # different weights from the policy being trained
     with pytest.raises(OffPolicyError, match="stale or different weights"):
         _run(tmp_path, "dr_grpo", engine_model=stale, strict_on_policy=True)
+
+
+def test_ppo_critic_warmup_keeps_the_policy_still(tmp_path):
+    cfg = rl_config(tmp_path, "ppo", critic_warmup_steps=3)
+    cfg.train.max_steps = 3
+    resolved = resolve("ppo", cfg.rl)
+    model = make_tiny_llama()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    critic = _tiny_critic()
+    critic_before = {n: p.detach().clone() for n, p in critic.model.named_parameters()}
+    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    train_rl(cfg, resolved, model, None, HFEngine(model, TinyTokenizer()), reward, prompts(), RLPromptBatch([], [], [], []),
+             SingleDevice(torch.device("cpu")), tmp_path / "warm", critic=critic)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert any(not torch.equal(p, critic_before[n]) for n, p in critic.model.named_parameters())

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 # Names of the RL presets (oxrl/loops/rl_presets.py); their batches are sized by the `rl` section.
-RL_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo")
+RL_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo", "ppo")
 
 
 class Section(BaseModel):
@@ -142,7 +142,7 @@ class AlgorithmConfig(Section):
         description="Training objective: offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, `hinge`, `ipo`, "
         "`simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, `kd_jsd` "
         "(hyper-parameters in the `preference` section); RL `grpo`, `dr_grpo`, `dapo`, `rloo`, "
-        "`reinforce_pp`, `cispo`, `gspo` (presets of the `rl` section).",
+        "`reinforce_pp`, `cispo`, `gspo`, `ppo` (presets of the `rl` section).",
     )
 
 
@@ -214,9 +214,18 @@ class RLConfig(Section):
     on_reward_error: Literal["raise", "zero"] = Field(
         "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
     )
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] | None = Field(
-        None, description="Advantage estimator; default from the algorithm preset."
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] | None = Field(
+        None, description="Advantage estimator; default from the algorithm preset. `gae` trains a critic (PPO)."
     )
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    whiten_advantages: bool = Field(True, description="`gae` only: whiten advantages over the step's tokens.")
+    critic_model: str | None = Field(
+        None, description="`gae` only: critic initialisation (model path); default: the policy's weights with a new value head."
+    )
+    critic_lr: float = Field(1e-5, gt=0, description="`gae` only: critic learning rate (AdamW, constant).")
+    value_clip: float | None = Field(0.2, gt=0, description="`gae` only: value clipping range; null disables.")
+    critic_warmup_steps: int = Field(0, ge=0, description="`gae` only: steps that train only the critic before the policy moves.")
     std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
     policy_loss: Literal["ppo", "cispo", "gspo"] | None = Field(None, description="Policy loss; default from the preset.")
     eps_low: float | None = Field(None, ge=0, description="Clip below (ratio >= 1 - eps_low); default from the preset.")

@@ -30,6 +30,7 @@ from oxrl.data.types import pack
 from oxrl.engine.checkpoint import load_checkpoint, save_checkpoint
 from oxrl.engine.optim import build_optimizer, build_scheduler
 from oxrl.logging.metrics import MetricsLogger
+from oxrl.loops.critic import critic_step, gae_advantages, score_values
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_presets import advantage_params, loss_params
 from oxrl.loops.sl import _mlflow_uri, _resume_path
@@ -57,7 +58,17 @@ class Rollouts:
     group_ids: torch.Tensor  # [N]
     old_logprobs: list[torch.Tensor]  # per completion [len]
     ref_logprobs: list[torch.Tensor] | None
-    advantages: torch.Tensor | None = None  # [N]
+    advantages: list[torch.Tensor] | None = None  # per completion [len]; outcome estimators repeat one value
+    values: list[torch.Tensor] | None = None  # PPO critic, per completion [len]
+    returns: list[torch.Tensor] | None = None  # PPO critic targets, per completion [len]
+
+
+@dataclass
+class Critic:
+    """PPO's value model and its optimizer (see oxrl/loops/critic.py)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
 
 
 def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
@@ -82,7 +93,8 @@ def score_logprobs(model, completions: list[Completion], micro_size: int, temper
     return out
 
 
-def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch) -> tuple[Rollouts, dict[str, float]]:
+def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch,
+            critic: Critic | None = None) -> tuple[Rollouts, dict[str, float]]:
     """Generate, score, and compute the frozen quantities of one step (old/ref log-probs, advantages)."""
     timings = {}
     started = time.perf_counter()
@@ -100,12 +112,18 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
     old = score_logprobs(model, completions, micro, temperature)
     ref = score_logprobs(reference, completions, micro, temperature) if reference is not None else None
     rewards = torch.tensor(scored.totals, dtype=torch.float32)
-    if ref is not None and rl.kl_in_reward:
-        # k1 penalty on the outcome reward: r - beta * sum_t (log pi - log pi_ref) over the sequence.
-        rewards = rewards - rl.kl_coef * torch.stack([(o - r).sum() for o, r in zip(old, ref)])
     group_ids = torch.tensor([c.prompt_index for c in completions])
     rollouts = Rollouts(completions, rewards, group_ids, old, ref)
-    rollouts.advantages = compute_advantages(rl.advantage, rewards, group_ids, advantage_params(rl))
+    kl_tokens = [o - r for o, r in zip(old, ref)] if ref is not None and rl.kl_in_reward else None
+    if rl.advantage == "gae":
+        rollouts.values = score_values(critic.model, completions, micro)
+        rollouts.advantages, rollouts.returns = gae_advantages(rl, completions, rewards, rollouts.values, kl_tokens)
+    else:
+        if kl_tokens is not None:
+            # k1 penalty on the outcome reward: r - beta * sum_t (log pi - log pi_ref) over the sequence.
+            rewards = rollouts.rewards = rewards - rl.kl_coef * torch.stack([k.sum() for k in kl_tokens])
+        scalar = compute_advantages(rl.advantage, rewards, group_ids, advantage_params(rl))
+        rollouts.advantages = [a.expand(len(c.completion_ids)).clone() for a, c in zip(scalar, completions)]
     timings["time/logprobs"] = time.perf_counter() - started
     quality = {"accuracy": accuracy_of(scored.components)}
     return rollouts, {**scored.metrics("reward"), **quality, **timings, **rollout_metrics(rollouts, rl)}
@@ -113,6 +131,7 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
 
 def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
     lengths = torch.tensor([len(c.completion_ids) for c in r.completions], dtype=torch.float32)
+    advantages = torch.cat(r.advantages)
     engine_gap = torch.cat([torch.tensor(c.logprobs) - o for c, o in zip(r.completions, r.old_logprobs)])
     metrics = {
         "reward/mean": float(r.rewards.mean()),
@@ -120,9 +139,9 @@ def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "truncated_fraction": sum(c.finish_reason == "length" for c in r.completions) / len(r.completions),
-        "advantage/mean": float(r.advantages.mean()),
-        "advantage/std": float(r.advantages.std()) if r.advantages.numel() > 1 else 0.0,
-        "advantage/abs_max": float(r.advantages.abs().max()),
+        "advantage/mean": float(advantages.mean()),
+        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
+        "advantage/abs_max": float(advantages.abs().max()),
         # Engine vs trainer log-probs of the same samples: how off-policy the samples are.
         "logprob_mismatch/mean_abs": float(engine_gap.abs().mean()) if engine_gap.numel() else 0.0,
     }
@@ -143,8 +162,9 @@ def check_on_policy(rollouts: Rollouts, tolerance: float) -> None:
         )
 
 
-def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first_check: bool) -> dict[str, float]:
-    """rl.epochs x rl.mini_batches optimizer steps on one step's rollouts; returns summed metrics (per step mean)."""
+def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first_check: bool,
+           critic: Critic | None = None, train_policy: bool = True) -> dict[str, float]:
+    """rl.epochs x rl.mini_batches optimizer steps on one step's rollouts; returns metrics averaged over them."""
     params = loss_params(rl)
     order = list(range(len(rollouts.completions)))
     per_mini = math.ceil(len(order) / rl.mini_batches)
@@ -152,7 +172,13 @@ def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first
     updates = 0
     for epoch in range(rl.epochs):
         for mini in micro_batches(order, per_mini):
-            sums = _mini_batch_step(cfg, rl, model, strategy, rollouts, mini, params, check=first_check and updates == 0)
+            sums = {}
+            if train_policy:
+                sums = _mini_batch_step(cfg, rl, model, strategy, rollouts, mini, params, check=first_check and updates == 0)
+            if critic is not None:
+                sums.update(critic_step(rl, critic.model, critic.optimizer, [rollouts.completions[i] for i in mini],
+                                        [rollouts.values[i] for i in mini], [rollouts.returns[i] for i in mini],
+                                        cfg.train.micro_batch_size_per_device))
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
             updates += 1
@@ -177,7 +203,7 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
             ratio_gap = float(((logprobs.detach().float() - old).abs() * valid).max())
             if ratio_gap > rl.on_policy_tolerance:
                 raise OffPolicyError(f"strict_on_policy: the first update's ratio is not 1 (max |log ratio| = {ratio_gap:.3g})")
-        advantages = rollouts.advantages[mb].to(logprobs.device)[:, None] * valid
+        advantages = pad_rows([rollouts.advantages[i] for i in mb], width).to(logprobs.device)
         inp = PolicyLossInput(
             logprobs=logprobs.float(), old_logprobs=old, advantages=advantages, mask=valid, normaliser=normaliser,
             ref_logprobs=ref, entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
@@ -222,7 +248,7 @@ class RLResult:
 
 
 def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, train: RLPromptBatch, val: RLPromptBatch,
-             strategy, run_dir: Path, reference=None) -> RLResult:
+             strategy, run_dir: Path, reference=None, critic: Critic | None = None) -> RLResult:
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
     optimizer = build_optimizer(model, cfg.train.optim)
@@ -248,11 +274,13 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
         for step in range(start_step, total_steps):
             started = time.perf_counter()
             batch = subset(train, sampler.step_indices(step))
-            rollouts, metrics = collect(cfg, rl, engine, reward_fn, model, reference, batch)
+            rollouts, metrics = collect(cfg, rl, engine, reward_fn, model, reference, batch, critic)
             if rl.strict_on_policy:
                 check_on_policy(rollouts, rl.on_policy_tolerance)
             train_started = time.perf_counter()
-            metrics.update(update(cfg, rl, model, strategy, rollouts, first_check=rl.strict_on_policy))
+            warming_up = critic is not None and step < rl.critic_warmup_steps  # only the critic learns
+            metrics.update(update(cfg, rl, model, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
+                                  critic=critic, train_policy=not warming_up))
             engine.sync_weights(model)
             metrics["time/train"] = time.perf_counter() - train_started
             elapsed = time.perf_counter() - started

@@ -8,6 +8,7 @@
     reinforce_pp  reinforce_pp  ppo    token_mean            0.2, 0.2           arXiv:2501.03262
     cispo         grpo (std)    cispo  token_mean            (its own caps)     arXiv:2506.13585
     gspo          grpo (std)    gspo   seq_mean_token_mean   (its own eps)      arXiv:2507.18071
+    ppo           gae + critic  ppo    token_mean            0.2, 0.2           arXiv:1707.06347, 2203.02155
 
 Dr. GRPO removes GRPO's per-sequence length normalisation and std division; oxRL's default
 aggregation, a token mean over the whole optimizer step, has no per-sequence length term either.
@@ -31,6 +32,7 @@ PRESETS: dict[str, dict] = {
     "reinforce_pp": {"advantage": "reinforce_pp", "policy_loss": "ppo", "aggregation": "token_mean"},
     "cispo": {"advantage": "grpo", "policy_loss": "cispo", "aggregation": "token_mean"},
     "gspo": {"advantage": "grpo", "policy_loss": "gspo", "aggregation": "seq_mean_token_mean"},
+    "ppo": {"advantage": "gae", "policy_loss": "ppo", "aggregation": "token_mean"},
 }
 DEFAULTS = {"eps_low": 0.2, "eps_high": 0.2}
 assert tuple(PRESETS) == RL_ALGORITHMS, "keep config.schema.RL_ALGORITHMS in step with PRESETS"

@@ -1,0 +1,42 @@
+"""The three-line Python API.
+
+    from oxrl import Trainer
+    Trainer(model="smollm2-135m-instruct").train(task="math")
+    Trainer(model="path/to/model", algorithm="dpo").train(data="pairs.jsonl", **{"train.optim.lr": 5e-7})
+
+A task preset (`oxrl.config.presets`) supplies a complete config; `data`, `algorithm` and dotted
+overrides refine it. The result is the same as `oxrl train` with the equivalent YAML file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oxrl.config.load import apply_override, load_config
+from oxrl.config.presets import task_preset
+from oxrl.config.schema import Config
+from oxrl.runner import RunResult, run
+
+
+class Trainer:
+    def __init__(self, model: str, algorithm: str | None = None, **overrides: Any):
+        """`overrides` are dotted config keys, e.g. `**{"run.output_dir": "runs", "lora.enabled": True}`."""
+        self.model = model
+        self.algorithm = algorithm
+        self.overrides = overrides
+
+    def config(self, task: str | None = None, data: str | list[str] | None = None, **overrides: Any) -> Config:
+        tree = task_preset(task) if task is not None else {}
+        tree.setdefault("model", {})["name_or_path"] = self.model
+        if self.algorithm is not None:
+            tree.setdefault("algorithm", {})["name"] = self.algorithm
+        if data is not None:
+            paths = [data] if isinstance(data, str) else list(data)
+            tree.setdefault("data", {})["train"] = [{"path": p} for p in paths]
+            tree.get("rl", {}).pop("task", None)  # files replace a generated task
+        for key, value in {**self.overrides, **overrides}.items():
+            apply_override(tree, key.split("."), value)
+        return load_config(None, base=tree)
+
+    def train(self, task: str | None = None, data: str | list[str] | None = None, **overrides: Any) -> RunResult:
+        return run(self.config(task, data, **overrides))
