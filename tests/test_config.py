@@ -62,3 +62,10 @@ def test_reference_covers_every_field():
     text = config_reference()
     for key in ("run.seed", "model.name_or_path", "data.train[].weight", "train.optim.lr", "lora.rank", "checkpoint.keep_last"):
         assert f"`{key}`" in text
+
+
+def test_docs_reference_is_up_to_date():
+    from pathlib import Path
+
+    doc = Path(__file__).parent.parent / "docs" / "config_reference.md"
+    assert doc.read_text() == config_reference(), "run `make docs` to regenerate docs/config_reference.md"

@@ -75,6 +75,15 @@ def load_tokenizer(cfg: ModelConfig):
     return tokenizer
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute activations in backward (non-reentrant, so frozen inputs and LoRA work)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
 def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None = None):
     """A causal LM on `device` in the configured dtype, with LoRA adapters when enabled."""
     from transformers import AutoModelForCausalLM
@@ -93,8 +102,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
     )
     model.to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_activation_checkpointing(model)
     if lora is not None and lora.enabled:
         from oxrl.models.lora import add_lora
 
