@@ -2,7 +2,7 @@
 
 import torch
 
-from oxrl.algorithms.logprobs import forward_logits, token_logprobs, token_logprobs_from_logits
+from oxrl.algorithms.logprobs import forward_logits, selected_logprobs, token_logprobs
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.loops.objectives import get_objective
 from tests.conftest import make_tiny_llama
@@ -64,7 +64,7 @@ def test_packed_loss_and_gradients_equal_padded():
 def test_chunked_logprobs_equal_log_softmax():
     logits = torch.randn(11, 50)
     ids = torch.randint(0, 50, (11,))
-    chunked = token_logprobs_from_logits(logits, ids, chunk_size=3)
+    chunked = torch.cat([torch.zeros(1), selected_logprobs(logits[:-1], ids[1:], chunk_size=3)])
     direct = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
     assert chunked[0] == 0
     torch.testing.assert_close(chunked[1:], direct)
@@ -79,3 +79,16 @@ def test_sequences_do_not_attend_across_the_pack():
     first = token_logprobs(model, pack([a, b]))[a.num_tokens + 1 :]
     second = token_logprobs(model, pack([other, b]))[other.num_tokens + 1 :]
     torch.testing.assert_close(first, second, atol=1e-6, rtol=1e-6)
+
+
+def test_logprobs_at_selected_positions_equal_full_logits():
+    # token_logprobs projects only the target positions through the lm_head; same values.
+    from oxrl.algorithms.logprobs import token_logprobs_from_logits
+
+    model = make_tiny_llama().eval()
+    batch = pack(_examples())
+    full = token_logprobs_from_logits(forward_logits(model, batch), batch.input_ids[0])
+    selected = token_logprobs(model, batch)
+    mask = batch.loss_mask[0]
+    torch.testing.assert_close(selected[mask], full[mask], atol=1e-6, rtol=1e-6)
+    assert torch.all(selected[~mask] == 0)

@@ -23,39 +23,64 @@ def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch
     return logits / temperature if temperature != 1.0 else logits
 
 
-def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
-    """logprobs[t] = log p(input_ids[t] | input_ids[<t]) from logits [T, V]; logprobs[0] = 0.
+def selected_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """log softmax(logits[i])[ids[i]] for rows [N, V] -> [N], computed as -cross_entropy one
+    chunk at a time, so no fp32 copy of the whole [N, V] log-softmax is ever held."""
+    pieces = [
+        -F.cross_entropy(logits[start : start + chunk_size].float(), ids[start : start + chunk_size], reduction="none")
+        for start in range(0, ids.numel(), chunk_size)
+    ]
+    return torch.cat(pieces) if pieces else logits.new_zeros(0, dtype=torch.float32)
 
-    Computed as -cross_entropy per chunk of tokens, so no full-vocabulary fp32 log-softmax copy
-    of the whole sequence is ever materialised (only one chunk's worth, in fp32).
+
+def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """logprobs[t] = log p(input_ids[t] | input_ids[<t]) from full logits [T, V]; logprobs[0] = 0.
+
     Tokens that start a sequence in a packed row get a meaningless value here; their loss mask
     is always False, so callers never train on them.
     """
-    targets = input_ids[1:]  # [T-1]
-    predictors = logits[:-1]  # [T-1, V]
-    pieces = []
-    for start in range(0, targets.numel(), chunk_size):
-        chunk = predictors[start : start + chunk_size].float()
-        pieces.append(-F.cross_entropy(chunk, targets[start : start + chunk_size], reduction="none"))
-    shifted = torch.cat(pieces) if pieces else logits.new_zeros(0, dtype=torch.float32)
+    shifted = selected_logprobs(logits[:-1], input_ids[1:])
     return torch.cat([shifted.new_zeros(1), shifted])  # [T]
 
 
-def token_entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
-    """entropy[t] of the distribution that predicts token t (aligned like the log-probs)."""
-    predictors = logits[:-1]
+def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = None, temperature: float = 1.0,
+                   with_entropy: bool = False):
+    """[T] log-probs of the `targets` tokens of a packed row under `model` (0 elsewhere).
+
+    `targets` [T] bool defaults to the batch's loss mask. Only the positions that predict a target
+    go through the lm_head (transformers' `logits_to_keep`): prompt tokens cost a backbone pass
+    but no vocabulary projection, which is most of a small model's FLOPs on long prompts.
+    With `with_entropy`, also returns the [T] entropy of each target's predictive distribution.
+    """
+    targets = batch.loss_mask[0] if targets is None else targets
+    positions = torch.nonzero(targets, as_tuple=True)[0]  # [N] token positions t >= 1
+    if positions.numel() and int(positions[0]) == 0:
+        raise ValueError("the first token of a packed row has no prediction and cannot be a target")
+    # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
+    keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
+    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep)
+    logits = out.logits[0]  # [N, V], row i predicts token positions[i]
+    if temperature != 1.0:
+        logits = logits / temperature
+    values = torch.zeros(batch.input_ids.shape[1], dtype=torch.float32, device=logits.device)
+    entropy = torch.zeros_like(values) if with_entropy else None
+    if positions.numel() == 0:
+        values = values + 0.0 * logits.sum()
+        return (values, entropy) if with_entropy else values
+    values = values.index_put((positions,), selected_logprobs(logits, batch.input_ids[0, positions]))
+    if with_entropy:
+        entropy = entropy.index_put((positions,), token_entropy_from_rows(logits))
+        return values, entropy
+    return values
+
+
+def token_entropy_from_rows(logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy of each row's distribution, logits [N, V] -> [N], one fp32 chunk at a time."""
     pieces = []
-    for start in range(0, predictors.shape[0], chunk_size):
-        chunk = predictors[start : start + chunk_size].float()
-        logp = chunk.log_softmax(-1)
+    for start in range(0, logits.shape[0], chunk_size):
+        logp = logits[start : start + chunk_size].float().log_softmax(-1)
         pieces.append(-(logp.exp() * logp).sum(-1))
-    shifted = torch.cat(pieces) if pieces else logits.new_zeros(0, dtype=torch.float32)
-    return torch.cat([shifted.new_zeros(1), shifted])
-
-
-def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
-    """[T] log-probs of every token of a packed row under `model`."""
-    return token_logprobs_from_logits(forward_logits(model, batch), batch.input_ids[0])
+    return torch.cat(pieces)
 
 
 def sequence_sums(values: torch.Tensor, batch: PackedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:

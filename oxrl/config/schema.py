@@ -251,9 +251,42 @@ class RLConfig(Section):
     answer_format: Literal["boxed", "tags"] = Field(
         "boxed", description="Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."
     )
+    prompt_template: str | None = Field(
+        None,
+        description="User message template with `{question}` and `{instruction}` (the answer-format instruction); "
+        "default: the question, a blank line, the instruction.",
+    )
     task_config: dict = Field(default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`).")
     data_format: Literal["auto", "gsm8k", "openr1", "rl2"] = Field(
         "auto", description="Row format of `data.train` prompt files: GSM8K, OpenR1 math, or RL2 (`prompt`/`messages` + `extra_info`)."
+    )
+
+
+class StrategyConfig(Section):
+    name: Literal["auto", "single", "fsdp2", "deepspeed"] = Field(
+        "auto",
+        description="How training is spread over processes: `single` (one device), `fsdp2` (torch FSDP2: "
+        "parameters, gradients and optimizer state sharded over ranks) or `deepspeed` (ZeRO, see `zero_stage`). "
+        "`auto` is `fsdp2` under torchrun with more than one process, else `single`. Mixed precision is "
+        "`train.mixed_precision` and activation checkpointing `model.gradient_checkpointing`, for every strategy.",
+    )
+    zero_stage: Literal[2, 3] = Field(
+        3, description="`deepspeed` only: ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="Keep sharded parameters, gradients and optimizer state in CPU memory (`fsdp2`: CPUOffloadPolicy; "
+        "`deepspeed`: optimizer offload, plus parameter offload at stage 3). Saves GPU memory, costs speed.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="`fsdp2` only: free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); "
+        "false keeps them until backward (ZeRO-2-like, one all-gather fewer per layer).",
+    )
+    deepspeed_config: str | None = Field(
+        None,
+        description="`deepspeed` only: a JSON file merged over the DeepSpeed config oxRL generates (nested keys "
+        "replace ours), for settings oxRL does not expose, e.g. bucket sizes.",
     )
 
 
@@ -288,6 +321,9 @@ class Config(Section):
     )
     rl: RLConfig = Field(default_factory=RLConfig, description="RL with verifiable rewards (RL algorithms only).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
+    strategy: StrategyConfig = Field(
+        default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
 

@@ -38,7 +38,7 @@ def _token_objective(name: str, units_mask: Callable[[PackedBatch], torch.Tensor
     loss_fn = TOKEN_LOSSES[name]
 
     def compute(model, batch: PackedBatch, normaliser: float, reference=None) -> LossOutput:
-        logprobs = token_logprobs(model, batch)
+        logprobs = token_logprobs(model, batch, targets=units_mask(batch))
         return loss_fn(TokenLossInput(logprobs, batch.loss_mask[0], _sequence_mask(batch), normaliser))
 
     return Objective(name, lambda b: int(units_mask(b).sum()), compute)

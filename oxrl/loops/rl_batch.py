@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from oxrl.algorithms.logprobs import forward_logits, token_entropy_from_logits, token_logprobs_from_logits
+from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.data.types import Example, PackedBatch, Sequence
 from oxrl.rollout.base import Completion
 
@@ -39,11 +39,11 @@ def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def policy_rows(model, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Log-probs [S, L] (and entropies) of each completion's tokens, with the mask [S, L]."""
-    logits = forward_logits(model, batch, temperature)
-    logprobs = token_logprobs_from_logits(logits, batch.input_ids[0])
     index, valid = completion_index(batch)
-    entropy = token_entropy_from_logits(logits)[index] * valid if with_entropy else None
-    return logprobs[index] * valid, entropy, valid
+    if with_entropy:
+        logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=True)
+        return logprobs[index] * valid, entropy[index] * valid, valid
+    return token_logprobs(model, batch, temperature=temperature)[index] * valid, None, valid
 
 
 def pad_rows(values: list[torch.Tensor], width: int) -> torch.Tensor:

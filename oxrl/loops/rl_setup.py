@@ -13,7 +13,8 @@ logger = logging.getLogger(__name__)
 
 
 def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLPrompt]]:
-    template = PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt)
+    custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
+    template = PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
     if rl.task is not None:
         return generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=rl.validation_size,
                                    seed=cfg.run.seed, template=template, **rl.task_config)
