@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from oxrl.algorithms.preference import LossOutput
+from oxrl.algorithms.output import LossOutput
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from oxrl.algorithms.preference import LossOutput
+from oxrl.algorithms.output import LossOutput
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,14 @@ Conventions (the caller, not this file, must honour them):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from oxrl.algorithms.output import LossOutput
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,6 @@ class PreferenceParams:
             raise ValueError(f"rdpo_epsilon must be in [0, 0.5) (1 - 2 eps divides the loss), got {self.rdpo_epsilon}")
         if self.orpo_lambda < 0:
             raise ValueError(f"orpo_lambda must be >= 0, got {self.orpo_lambda}")
-
-
-@dataclass
-class LossOutput:
-    loss: Tensor  # scalar SUM over this call's pairs/examples/tokens; the caller divides
-    metrics: dict[str, Tensor] = field(default_factory=dict)  # detached scalar sums, additive likewise
 
 
 def _policy_ref_logratios(batch: PreferenceInput) -> tuple[Tensor, Tensor]:

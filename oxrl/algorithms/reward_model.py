@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from oxrl.algorithms.preference import LossOutput
+from oxrl.algorithms.output import LossOutput
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ Dividing each micro-batch by its own token count instead would weight short micr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from oxrl.algorithms.output import LossOutput
 
 
 @dataclass
@@ -23,12 +25,6 @@ class TokenLossInput:
     loss_mask: torch.Tensor  # [T] bool: the tokens the data format trains (e.g. assistant turns)
     sequence_mask: torch.Tensor  # [T] bool: every token that has a prediction (all but each sequence's first)
     normaliser: float  # trained tokens in the whole optimizer step
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor  # scalar; summed over micro-batches it is the step's loss
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # likewise additive over micro-batches
 
 
 def sft_loss(inp: TokenLossInput) -> LossOutput:
