@@ -69,3 +69,16 @@ def test_docs_reference_is_up_to_date():
 
     doc = Path(__file__).parent.parent / "docs" / "config_reference.md"
     assert doc.read_text() == config_reference(), "run `make docs` to regenerate docs/config_reference.md"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["doctor", "--help"], ["config-reference", "--help"]])
+def test_every_command_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0 and "usage: oxrl" in capsys.readouterr().out
+
+
+def test_doctor_reports_without_changing_anything(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "cuda" in out
