@@ -27,6 +27,7 @@ def report() -> str:
     else:
         lines.append("cuda: no (training runs on CPU in fp32)")
     lines.append(f"distributed: gloo {'yes' if dist.is_gloo_available() else 'no'}, nccl {'yes' if dist.is_nccl_available() and torch.cuda.is_available() else 'no'}")
+    lines.extend(_strategy_lines(torch, dist))
     checks = [
         ("transformers", "transformers", "required"),
         ("peft", "peft", "required (LoRA)"),
@@ -45,3 +46,34 @@ def report() -> str:
         version = _version(dist_name) if importlib.util.find_spec(module) else None
         lines.append(f"{dist_name:14s} {version or 'missing':10s} {'' if version else why}".rstrip())
     return "\n".join(lines) + "\n"
+
+
+# DeepSpeed releases before this one lack `managed_gradient_accumulation: false`, which our loop needs.
+DEEPSPEED_MIN = (0, 19, 8)
+
+
+def _strategy_lines(torch, dist) -> list[str]:
+    """Which `strategy.name` values can run here, and why not."""
+    lines = ["strategy single    yes (one process; CPU or one GPU)"]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_available():
+        fsdp = "no: this torch build has no torch.distributed"
+    elif importlib.util.find_spec("torch.distributed.fsdp") is None:
+        fsdp = "no: this torch has no torch.distributed.fsdp (needs torch >= 2.6)"
+    elif backend == "nccl" and not dist.is_nccl_available():
+        fsdp = "no: CUDA without NCCL in this torch build"
+    elif backend == "gloo" and not dist.is_gloo_available():
+        fsdp = "no: no gloo backend in this torch build"
+    else:
+        fsdp = f"yes ({backend}); launch with torchrun --nproc_per_node N -m oxrl train cfg.yaml"
+    lines.append(f"strategy fsdp2     {fsdp}")
+    version = _version("deepspeed") if importlib.util.find_spec("deepspeed") else None
+    if version is None:
+        deepspeed = "no: deepspeed is not installed (pip install 'oxrl[deepspeed]')"
+    elif tuple(int(part) for part in version.split(".")[:3] if part.isdigit()) < DEEPSPEED_MIN:
+        deepspeed = f"no: deepspeed {version} is older than {'.'.join(map(str, DEEPSPEED_MIN))}"
+    else:
+        where = "GPU" if torch.cuda.is_available() else "CPU (compiles its shared-memory op once, cached in <venv>/torch_extensions)"
+        deepspeed = f"yes (deepspeed {version}, ZeRO-2/3 on {where}); launch with torchrun"
+    lines.append(f"strategy deepspeed {deepspeed}")
+    return lines

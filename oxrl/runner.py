@@ -37,31 +37,25 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("run.device is `cuda` but no CUDA device is available (see `oxrl doctor`)")
-    return torch.device(name)
-
-
 def run_dir_for(cfg: Config) -> Path:
     parent = os.environ.get("OXRL_CHECKPOINT_DIR") if cfg.run.output_dir == "runs" else None
     return Path(parent or cfg.run.output_dir) / cfg.run.name
 
 
-def prepare_run_dir(cfg: Config) -> Path:
+def prepare_run_dir(cfg: Config, is_main: bool = True) -> Path:
+    """The run directory (the resolved config written once, by rank 0) and every RNG seeded alike."""
     run_dir = run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
+    if is_main:
+        save_config(cfg, run_dir / "config.yaml")
+        logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
     set_seed(cfg.run.seed)
     return run_dir
 
 
 def run_rl(cfg: Config) -> RunResult:
     """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
-    from oxrl.engine.strategy import SingleDevice
+    from oxrl.engine.strategy import build_strategy
     from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
     from oxrl.loops.rl_setup import encode, load_prompts, reward_function
@@ -69,8 +63,9 @@ def run_rl(cfg: Config) -> RunResult:
     from oxrl.rollout.hf import HFEngine
 
     rl = resolve(cfg.algorithm.name, cfg.rl)
-    run_dir = prepare_run_dir(cfg)
-    device = pick_device(cfg.run.device)
+    strategy = build_strategy(cfg)
+    run_dir = prepare_run_dir(cfg, strategy.is_main)
+    device = strategy.device
     reward_fn = reward_function(cfg, rl)
     tokenizer = load_tokenizer(cfg.model)
     train_prompts, val_prompts = load_prompts(cfg, rl)
@@ -79,7 +74,7 @@ def run_rl(cfg: Config) -> RunResult:
     model = load_model(cfg.model, device, cfg.lora)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
-        reference = load_model(cfg.model, device, None).eval().requires_grad_(False)
+        reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
     critic = None
     if rl.advantage == "gae":
         from oxrl.loops.critic import load_critic
@@ -89,14 +84,16 @@ def run_rl(cfg: Config) -> RunResult:
         critic_model = load_critic(resolve_source(rl.critic_model or cfg.model.name_or_path).path, device,
                                    cfg.model.trust_remote_code)
         critic = Critic(critic_model, torch.optim.AdamW(critic_model.parameters(), lr=rl.critic_lr))
-    engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size)
-    strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
-    result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic)
-    final_dir = None
-    if cfg.checkpoint.save_final:
-        from oxrl.models.save import save_hf_folder
-
-        final_dir = save_hf_folder(model, tokenizer, run_dir / "final", lora_save=cfg.lora.save)
+    # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
+    engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)
+    try:
+        result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic)
+        final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
+    finally:
+        strategy.close()
+    summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
+    if not strategy.is_main:
+        return RunResult(run_dir, None, [], result.final_metrics, {"summary": [summary]})
     if result.accuracy_before is not None:
         logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training",
                     100 * result.accuracy_before, 100 * (result.accuracy_after or 0.0))
@@ -104,7 +101,6 @@ def run_rl(cfg: Config) -> RunResult:
         from oxrl.logging.plot import plot_curves
 
         plot_curves(run_dir, keys=("reward/mean", "accuracy", "val/accuracy", "response_length/mean", "clip_frac_high", "approx_kl", "entropy"))
-    summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary]})
 
@@ -121,8 +117,11 @@ def run(cfg: Config) -> RunResult:
     objective = get_objective(cfg.algorithm.name, cfg.preference)  # unknown names fail here, before any loading
     if not cfg.data.train:
         raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
-    run_dir = prepare_run_dir(cfg)
-    device = pick_device(cfg.run.device)
+    from oxrl.engine.strategy import build_strategy
+
+    strategy = build_strategy(cfg)
+    run_dir = prepare_run_dir(cfg, strategy.is_main)
+    device = strategy.device
 
     from oxrl.data.build import load_examples
     from oxrl.models.load import load_tokenizer
@@ -132,24 +131,27 @@ def run(cfg: Config) -> RunResult:
     logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
 
     model = _load_trained_model(cfg, tokenizer, device)
-    from oxrl.engine.strategy import SingleDevice
     from oxrl.loops.samples import generate_samples
     from oxrl.loops.sl import train_offline
 
-    strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
     reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
+    if getattr(reference, "model", None) is not None:  # a frozen copy or teacher: sharded like the policy
+        reference.model = strategy.prepare_frozen(reference.model)
     samples: dict[str, list[dict]] = {}
+    try:
+        # Every rank generates (sharded weights are gathered by all of them); greedy, so all agree.
+        if cfg.logging.samples:
+            samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+        result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
+        del reference  # free a frozen copy or teacher before saving
+        final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
+        if cfg.logging.samples:
+            samples["after"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+    finally:
+        strategy.close()
+    if not strategy.is_main:
+        return RunResult(run_dir, None, result.losses, result.final_metrics, samples)
     if cfg.logging.samples:
-        samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
-    result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
-    del reference  # free a frozen copy or teacher before saving
-    final_dir = None
-    if cfg.checkpoint.save_final:
-        from oxrl.models.save import save_hf_folder
-
-        final_dir = save_hf_folder(model, tokenizer, run_dir / "final", lora_save=cfg.lora.save)
-    if cfg.logging.samples:
-        samples["after"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
         (run_dir / "samples.json").write_text(json.dumps(samples, indent=1))
         for before, after in zip(samples["before"], samples["after"]):
             logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])

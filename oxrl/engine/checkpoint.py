@@ -5,6 +5,9 @@
         optimizer.pt, scheduler.pt, rng.pt    torch state (loaded with weights_only=True)
         rng.json, trainer_state.json          python/numpy RNG, step and counters
         adapter.safetensors                   LoRA only: the exact trainable adapter weights
+        rng_rank1.pt, rng_rank1.json, ...     multi-process runs: the RNG of every other rank
+        sharded/ or deepspeed/                multi-process runs: model and optimizer shards, written
+                                              by every rank (oxrl/engine/fsdp.py, deepspeed_strategy.py)
 
 A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
 never shadows the previous good one.
@@ -52,6 +55,51 @@ def _set_rng_state(tensors: dict, plain: dict) -> None:
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
+def _rng_names(rank: int) -> tuple[str, str]:
+    suffix = "" if rank == 0 else f"_rank{rank}"
+    return f"rng{suffix}.pt", f"rng{suffix}.json"
+
+
+def save_rng_state(state_dir: Path, rank: int = 0) -> None:
+    tensors_name, plain_name = _rng_names(rank)
+    tensors, plain = _rng_state()
+    torch.save(tensors, state_dir / tensors_name)
+    (state_dir / plain_name).write_text(json.dumps(plain))
+
+
+def load_rng_state(state_dir: Path, rank: int = 0) -> None:
+    tensors_name, plain_name = _rng_names(rank)
+    if not (state_dir / tensors_name).is_file():
+        # e.g. resuming with more processes than were saved: the new rank keeps its seeded RNG.
+        logger.warning("%s has no RNG state for rank %d: that rank keeps its current RNG", state_dir, rank)
+        return
+    _set_rng_state(torch.load(state_dir / tensors_name, weights_only=True), json.loads((state_dir / plain_name).read_text()))
+
+
+def partial_and_final_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
+    """(temporary folder to write into, folder it becomes once complete)."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"{STEP_PREFIX}{step:06d}"
+    return root / f".{final.name}.partial", final
+
+
+def publish_checkpoint(tmp: Path, final: Path, keep_last: int) -> Path:
+    """Rename a complete temporary checkpoint into place and prune the old ones."""
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _prune(final.parent, keep_last)
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def read_trainer_state(checkpoint: Path) -> dict:
+    path = Path(checkpoint) / "training_state" / "trainer_state.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
+    return json.loads(path.read_text())
+
+
 def trainable_state(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if p.requires_grad}
 
@@ -67,9 +115,7 @@ def save_checkpoint(
     keep_last: int,
     lora_save: str = "merged",
 ) -> Path:
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"{STEP_PREFIX}{step:06d}"
-    tmp = root / f".{final.name}.partial"
+    tmp, final = partial_and_final_dirs(run_dir, step)
     if tmp.exists():
         shutil.rmtree(tmp)
     save_hf_folder(model, tokenizer, tmp, lora_save=lora_save)
@@ -77,18 +123,11 @@ def save_checkpoint(
     state_dir.mkdir()
     torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
     torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
-    tensors, plain = _rng_state()
-    torch.save(tensors, state_dir / "rng.pt")
-    (state_dir / "rng.json").write_text(json.dumps(plain))
+    save_rng_state(state_dir)
     (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
     if is_peft(model):
         save_file(trainable_state(model), state_dir / "adapter.safetensors")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    _prune(root, keep_last)
-    logger.info("saved checkpoint %s", final)
-    return final
+    return publish_checkpoint(tmp, final, keep_last)
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -129,11 +168,10 @@ def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
     """Restore weights, optimizer, schedule and RNG; returns the trainer state (step, counters)."""
     checkpoint = Path(checkpoint)
     state_dir = checkpoint / "training_state"
-    if not (state_dir / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
+    trainer_state = read_trainer_state(checkpoint)
     _load_weights(model, checkpoint)
     optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(state_dir / "scheduler.pt", weights_only=True))
-    _set_rng_state(torch.load(state_dir / "rng.pt", weights_only=True), json.loads((state_dir / "rng.json").read_text()))
+    load_rng_state(state_dir)
     logger.info("resumed from %s", checkpoint)
-    return json.loads((state_dir / "trainer_state.json").read_text())
+    return trainer_state

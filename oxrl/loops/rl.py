@@ -1,11 +1,12 @@
 """RL with verifiable rewards: the algorithm box.
 
     for each step:
-        prompts      <- the step's prompts (deterministic by seed, resumable from the step)
+        prompts      <- this rank's share of the step's prompts (deterministic by seed, resumable)
         completions  <- engine.generate(prompts, n per prompt)         exact sampled token ids
         rewards      <- reward functions(prompt, completion, row fields)
         old_logp     <- policy log-probs of the samples (trainer, no grad); ref_logp if KL is on
         advantages   <- estimator(rewards, groups)                      e.g. Dr. GRPO: r - mean(group)
+                        (over every rank's rewards: groups and batch statistics are global)
         for epoch in rl.epochs, for mini-batch in rl.mini_batches:
             loss     <- policy loss(logp, old_logp, advantages) / step-wide normaliser
             backward per micro-batch; optimizer step
@@ -25,9 +26,8 @@ import torch
 from oxrl.algorithms.advantages import compute_advantages
 from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, policy_loss
 from oxrl.config.schema import Config, RLConfig
-from oxrl.data.sampler import StepSampler, micro_batches
+from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
 from oxrl.data.types import pack
-from oxrl.engine.checkpoint import load_checkpoint, save_checkpoint
 from oxrl.engine.optim import build_optimizer, build_scheduler
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import critic_step, gae_advantages, score_values
@@ -94,7 +94,7 @@ def score_logprobs(model, completions: list[Completion], micro_size: int, temper
 
 
 def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch,
-            critic: Critic | None = None) -> tuple[Rollouts, dict[str, float]]:
+            critic: Critic | None = None, strategy=None) -> tuple[Rollouts, dict[str, float]]:
     """Generate, score, and compute the frozen quantities of one step (old/ref log-probs, advantages)."""
     timings = {}
     started = time.perf_counter()
@@ -122,11 +122,43 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
         if kl_tokens is not None:
             # k1 penalty on the outcome reward: r - beta * sum_t (log pi - log pi_ref) over the sequence.
             rewards = rollouts.rewards = rewards - rl.kl_coef * torch.stack([k.sum() for k in kl_tokens])
-        scalar = compute_advantages(rl.advantage, rewards, group_ids, advantage_params(rl))
+        scalar = global_outcome_advantages(rl, rewards, group_ids, strategy)
         rollouts.advantages = [a.expand(len(c.completion_ids)).clone() for a, c in zip(scalar, completions)]
     timings["time/logprobs"] = time.perf_counter() - started
     quality = {"accuracy": accuracy_of(scored.components)}
     return rollouts, {**scored.metrics("reward"), **quality, **timings, **rollout_metrics(rollouts, rl)}
+
+
+def global_outcome_advantages(rl: RLConfig, rewards: torch.Tensor, group_ids: torch.Tensor, strategy=None) -> torch.Tensor:
+    """This rank's outcome advantages [N], computed over EVERY rank's rewards: whole groups live on
+    one rank, and REINFORCE++'s batch whitening needs the global batch, so gathering makes each
+    estimator exactly what one process holding the whole step would compute."""
+    gathered = strategy.gather_objects((rewards, group_ids)) if strategy is not None else [(rewards, group_ids)]
+    rank = strategy.rank if strategy is not None else 0
+    all_rewards, all_groups, start, offset = [], [], 0, 0
+    for source, (rank_rewards, rank_groups) in enumerate(gathered):
+        if source == rank:
+            start = sum(r.numel() for r in all_rewards)
+        all_rewards.append(rank_rewards)
+        all_groups.append(rank_groups + offset)  # group ids are per-rank prompt indices: make them global
+        offset += int(rank_groups.max()) + 1 if rank_groups.numel() else 0
+    advantages = compute_advantages(rl.advantage, torch.cat(all_rewards), torch.cat(all_groups), advantage_params(rl))
+    return advantages[start : start + rewards.numel()]
+
+
+def global_metrics(strategy, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
+    """Step metrics over all ranks: means of the ranks' means (every rank holds as many completions),
+    maxima for `*max*` keys, and the reward spread from the gathered rewards."""
+    if strategy is None or strategy.world_size == 1:
+        return metrics
+    per_rank = strategy.gather_objects(metrics)
+    combined = {}
+    for key in metrics:
+        values = [m[key] for m in per_rank]
+        combined[key] = max(values) if "max" in key else sum(values) / len(values)
+    everyone = torch.cat(strategy.gather_objects(rewards))
+    combined["reward/std"] = float(everyone.std()) if everyone.numel() > 1 else 0.0
+    return combined
 
 
 def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
@@ -213,6 +245,7 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
         sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
+    sums = {key: strategy.all_reduce_sum(value) for key, value in sums.items()}  # shares of global means: add ranks
     sums["grad_norm"] = strategy.step()
     return sums
 
@@ -251,14 +284,24 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
              strategy, run_dir: Path, reference=None, critic: Critic | None = None) -> RLResult:
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
+    if rl.prompts_per_step % strategy.world_size:
+        raise ValueError(f"rl.prompts_per_step ({rl.prompts_per_step}) must be a multiple of the world size "
+                         f"({strategy.world_size}): each rank samples whole groups")
+    if critic is not None and strategy.world_size > 1:
+        raise ValueError("PPO's critic (rl.advantage `gae`) trains in one process only for now: use a critic-free "
+                         "algorithm (grpo, dr_grpo, rloo, reinforce_pp, ...) under torchrun")
     optimizer = build_optimizer(model, cfg.train.optim)
     scheduler = build_scheduler(optimizer, total_steps * rl.epochs * rl.mini_batches, cfg.train.optim)
-    strategy.prepare(model, optimizer, scheduler)
-    model.train()
+    # `policy` is what the loop calls (a DeepSpeed engine wraps the module); `model` stays the module the
+    # rollout engine samples from.
+    policy = strategy.prepare(model, optimizer, scheduler)
+    policy.train()
+    if strategy.world_size > 1:
+        torch.manual_seed(cfg.run.seed + strategy.rank)  # weights are in sync already; samples must differ per rank
     start_step = 0
     resume_from = _resume_path(cfg, run_dir)
     if resume_from is not None:
-        start_step = load_checkpoint(resume_from, model, optimizer, scheduler)["step"]
+        start_step = strategy.load_checkpoint(resume_from)["step"]
         engine.sync_weights(model)
     metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
                                 progress_bar=cfg.logging.progress_bar, mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name)
@@ -273,20 +316,21 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
     try:
         for step in range(start_step, total_steps):
             started = time.perf_counter()
-            batch = subset(train, sampler.step_indices(step))
-            rollouts, metrics = collect(cfg, rl, engine, reward_fn, model, reference, batch, critic)
+            batch = subset(train, split_for_rank(sampler.step_indices(step), strategy.rank, strategy.world_size))
+            rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy)
+            metrics = global_metrics(strategy, metrics, rollouts.rewards)
             if rl.strict_on_policy:
                 check_on_policy(rollouts, rl.on_policy_tolerance)
             train_started = time.perf_counter()
             warming_up = critic is not None and step < rl.critic_warmup_steps  # only the critic learns
-            metrics.update(update(cfg, rl, model, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
+            metrics.update(update(cfg, rl, policy, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
                                   critic=critic, train_policy=not warming_up))
             engine.sync_weights(model)
             metrics["time/train"] = time.perf_counter() - train_started
             elapsed = time.perf_counter() - started
-            generated = sum(len(c.completion_ids) for c in rollouts.completions)
+            generated = strategy.all_reduce_sum(float(sum(len(c.completion_ids) for c in rollouts.completions)))
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step": elapsed,
-                            "completions_per_s": len(rollouts.completions) / elapsed, "tokens_per_s": generated / elapsed})
+                            "completions_per_s": len(rollouts.completions) * strategy.world_size / elapsed, "tokens_per_s": generated / elapsed})
             rewards.append(metrics["reward/mean"])
             done = step + 1
             if evaluate_now and (done % rl.validation_every == 0 or done == total_steps):
@@ -294,8 +338,8 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
                 metrics.update(last_eval)
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)
-            if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps) and strategy.is_main:
-                save_checkpoint(run_dir, done, model, tokenizer, optimizer, scheduler, {}, cfg.checkpoint.keep_last, cfg.lora.save)
+            if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
+                strategy.save_checkpoint(run_dir, done, tokenizer, {}, cfg.checkpoint.keep_last, cfg.lora.save)
     finally:
         metrics_log.close()
     return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics)

@@ -1,7 +1,8 @@
 """The offline (supervised / preference) training loop.
 
     for each optimizer step:
-        examples  <- this rank's share of the step's global batch (deterministic, resumable)
+        examples  <- this rank's share of the step's global batch (deterministic, resumable;
+                     same count on every rank, token totals balanced: `balanced_split`)
         N         <- loss units (e.g. trained tokens) in the whole step, summed over ranks
         for each micro-batch (whole examples packed in one row, no padding):
             loss  <- objective(model, micro-batch) / N      (pure loss from oxrl.algorithms)
@@ -21,9 +22,9 @@ from pathlib import Path
 import torch
 
 from oxrl.config.schema import Config
-from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
+from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
 from oxrl.data.types import Example, pack
-from oxrl.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from oxrl.engine.checkpoint import latest_checkpoint
 from oxrl.engine.optim import build_optimizer, build_scheduler
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.objectives import Objective
@@ -63,7 +64,13 @@ def run_micro_batches(objective: Objective, model, examples: list[Example], micr
 def validate(objective: Objective, model, examples: list[Example], micro_size: int, strategy, reference=None) -> dict[str, float]:
     if not examples:
         return {}
-    mine = split_for_rank(examples, strategy.rank, strategy.world_size)
+    usable = len(examples) - len(examples) % strategy.world_size
+    if usable < len(examples):
+        # Every rank must run the same number of forward passes; the few left over are not scored.
+        logger.warning("validation: %d of %d examples skipped so that they divide over %d ranks",
+                       len(examples) - usable, len(examples), strategy.world_size)
+    examples = examples[:usable]
+    mine = balanced_split(examples, [e.num_tokens for e in examples], strategy.rank, strategy.world_size)
     was_training = model.training
     model.eval()
     sums, _ = run_micro_batches(objective, model, mine, micro_size, strategy, reference, train=False)
@@ -84,13 +91,13 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
     total_steps = sampler.total_steps(tc.epochs, tc.max_steps)
     optimizer = build_optimizer(model, tc.optim)
     scheduler = build_scheduler(optimizer, total_steps, tc.optim)
-    strategy.prepare(model, optimizer, scheduler)
+    model = strategy.prepare(model, optimizer, scheduler)  # the object to call (a DeepSpeed engine wraps it)
     model.train()
 
     start_step, tokens_seen = 0, 0
     resume_from = _resume_path(cfg, run_dir)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        state = strategy.load_checkpoint(resume_from)
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
 
     metrics_log = MetricsLogger(
@@ -102,7 +109,8 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
     try:
         for step in range(start_step, total_steps):
             started = time.perf_counter()
-            indices = split_for_rank(sampler.step_indices(step), strategy.rank, world)
+            step_indices = sampler.step_indices(step)
+            indices = balanced_split(step_indices, [train_set[i].num_tokens for i in step_indices], strategy.rank, world)
             examples = [train_set[i] for i in indices]
             sums, tokens = run_micro_batches(objective, model, examples, tc.micro_batch_size_per_device, strategy, reference)
             lr = scheduler.get_last_lr()[0]
@@ -119,18 +127,18 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)
             if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total_steps:
-                _save(cfg, run_dir, done, model, tokenizer, optimizer, scheduler, tokens_seen, strategy)
+                _save(cfg, run_dir, done, tokenizer, tokens_seen, strategy)
         if cfg.checkpoint.every and total_steps > start_step:
-            _save(cfg, run_dir, total_steps, model, tokenizer, optimizer, scheduler, tokens_seen, strategy)
+            _save(cfg, run_dir, total_steps, tokenizer, tokens_seen, strategy)
     finally:
         metrics_log.close()
     return LoopResult(total_steps, losses, metrics)
 
 
-def _save(cfg, run_dir, step, model, tokenizer, optimizer, scheduler, tokens_seen, strategy) -> None:
-    if strategy.is_main:
-        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, {"tokens_seen": tokens_seen},
-                        keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
+def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy) -> None:
+    # Every rank: sharded strategies write their shards from each process, the HF folder from rank 0.
+    strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen},
+                             keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
 
 
 def _resume_path(cfg: Config, run_dir: Path) -> Path | None:

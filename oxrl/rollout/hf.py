@@ -1,7 +1,9 @@
 """Built-in rollout engine on transformers `generate` (batched, KV cache), colocated with the trainer.
 
 It samples from the training model object itself, so weights are always current and
-`sync_weights` has nothing to copy.
+`sync_weights` has nothing to copy. Under FSDP2 or ZeRO-3 the model's weights are sharded and
+every decoding step gathers them, a collective: `synced=True` keeps every rank decoding until
+the slowest rank's rows are done (transformers' `synced_gpus`), so the ranks never deadlock.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from oxrl.rollout.base import Completion, SamplingParams
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False):
         self.model = model
+        self.synced = synced
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_ids = self._eos_ids(model, tokenizer)
@@ -68,6 +71,7 @@ class HFEngine:
             eos_token_id=sorted(self.eos_ids),
             output_logits=True,
             return_dict_in_generate=True,
+            synced_gpus=self.synced,
         )
         model.train(was_training)
         new_tokens = generated.sequences[:, width:].cpu()  # [B, L]

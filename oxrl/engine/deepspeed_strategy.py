@@ -1,0 +1,147 @@
+"""DeepSpeed ZeRO-2/3 (`deepspeed.initialize`) behind the strategy interface.
+
+The DeepSpeed config is generated from ours (`deepspeed_config`), then the user's JSON file
+(`strategy.deepspeed_config`) is merged over it. Our loop owns gradient accumulation: it calls
+`backward` once per micro-batch and `step` once per optimizer step, with a loss already divided
+by the step's global normaliser. DeepSpeed is told so with `gradient_accumulation_steps: 1` (no
+loss scaling by it) and `managed_gradient_accumulation: false` (step() is the accumulation
+boundary; with DeepSpeed's managed mode and accumulation 1, ZeRO-2 would keep only the last
+micro-batch's gradient). The optimizer is the loop's torch AdamW (a "client optimizer"), so no
+DeepSpeed C++ optimizer is compiled; on CPU DeepSpeed still builds its shared-memory
+communication op once, cached in `<venv>/torch_extensions` (TORCH_EXTENSIONS_DIR).
+
+Checkpoints: DeepSpeed's own sharded checkpoint (`engine.save_checkpoint`, every rank) in
+`training_state/deepspeed/`, our scheduler and RNGs beside it, and the HF folder written by rank 0
+from the gathered weights (ZeRO-3 gathers the partitioned parameters first). DeepSpeed writes
+and reads its shards with torch.save/torch.load (pickles): resume only from checkpoints you wrote.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from oxrl.config.schema import StrategyConfig, TrainConfig
+from oxrl.engine.distributed import DistEnv
+from oxrl.engine.strategy import MultiProcessStrategy
+
+logger = logging.getLogger(__name__)
+TAG = "state"  # one DeepSpeed checkpoint per oxRL step folder, so a fixed tag
+
+
+def merge(base: dict, override: dict) -> dict:
+    """`override` over `base`, recursively for nested dicts (a new dict; inputs unchanged)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def deepspeed_config(cfg: StrategyConfig, train: TrainConfig, bf16: bool) -> dict:
+    """The DeepSpeed config for our settings, with `cfg.deepspeed_config` (a JSON file) merged over it."""
+    zero: dict = {"stage": cfg.zero_stage}
+    if cfg.cpu_offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if cfg.zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size_per_device,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": train.optim.max_grad_norm or 0.0,
+        "bf16": {"enabled": bf16},
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # the loop's torch AdamW
+        "zero_force_ds_cpu_optimizer": False,  # keep it when offloading too (no compiled CPU Adam)
+        "steps_per_print": 2**31 - 1,  # our logger reports progress
+        "wall_clock_breakdown": False,
+    }
+    if cfg.deepspeed_config is not None:
+        path = Path(cfg.deepspeed_config)
+        if not path.is_file():
+            raise FileNotFoundError(f"strategy.deepspeed_config: {path} is not a file")
+        try:
+            override = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"strategy.deepspeed_config: {path} is not valid JSON: {error}") from error
+        config = merge(config, override)
+    return config
+
+
+class DeepSpeedStrategy(MultiProcessStrategy):
+    shard_dir = "deepspeed"
+
+    def __init__(self, env: DistEnv, cfg: StrategyConfig, train: TrainConfig):
+        self.device = env.device
+        self.rank, self.world_size = env.rank, env.world_size
+        self.bf16 = train.mixed_precision == "bf16" or (train.mixed_precision == "auto" and env.device.type == "cuda")
+        self.config = deepspeed_config(cfg, train, self.bf16)
+        self.shards_parameters = self.config["zero_optimization"]["stage"] == 3
+        self.engine = None
+        self.scheduler = None
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
+        # Compiled ops are cached per virtual environment: a torch upgrade elsewhere never loads a stale one.
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+        import deepspeed
+
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config)
+        if self.engine.managed_gradient_accumulation():
+            raise RuntimeError("this DeepSpeed ignores `managed_gradient_accumulation: false` (needs deepspeed >= 0.19); "
+                               "gradient accumulation would be wrong")
+        self.scheduler = scheduler  # stepped here, after the engine's step (DeepSpeed is not given it)
+        return self.engine
+
+    def prepare_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        # Frozen models stay whole on every rank (DeepSpeed's inference sharding is not wired in).
+        if self.bf16:
+            model = model.to(torch.bfloat16)
+        return model
+
+    def autocast(self):
+        return nullcontext()  # with bf16 on, DeepSpeed holds the module in bf16 itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; the loss is a share of the GLOBAL loss, so sum instead.
+        self.engine.backward(loss * self.world_size)
+
+    def step(self) -> float:
+        self.engine.step()  # reduce, clip, optimizer step, zero the gradients
+        if self.scheduler is not None:
+            self.scheduler.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def _gathered(self):
+        """All of the module's parameters, whole, for the duration of the context (ZeRO-3 partitions them)."""
+        if not self.shards_parameters:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+
+    def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+        module = self.engine.module
+        with self._gathered():
+            if not self.is_main:
+                return None
+            out_dir = Path(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            state = {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+        module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+        return out_dir
+
+    def save_shards(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path), tag=TAG, save_latest=False)
+
+    def load_shards(self, path: Path) -> None:
+        self.engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False)

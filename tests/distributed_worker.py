@@ -1,0 +1,210 @@
+"""Scenarios that tests/test_distributed.py runs under `torchrun --nproc_per_node 2` (gloo, CPU).
+
+    torchrun --nproc_per_node 2 -m tests.distributed_worker SCENARIO OUT_DIR
+
+Rank 0 writes OUT_DIR/result.json. The same helpers run the single-device baselines inside the
+test process, so both sides train exactly the same configuration on the same data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from oxrl.config.schema import Config
+from oxrl.data.types import Example, Sequence
+from oxrl.engine.strategy import Strategy, build_strategy
+from oxrl.loops.objectives import get_objective
+from oxrl.loops.sl import train_offline
+from oxrl.models.reference import FrozenModel
+from tests.conftest import make_tiny_llama
+from tests.test_preference_training import preference_pairs
+
+PROBE_IDS = [[1, 5, 9, 12, 30, 7, 2]]
+
+
+def varied_copy_task(n: int = 16) -> list[Example]:
+    """`a.. | a..` copy sequences of UNEQUAL lengths, so the ranks' token counts differ."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        half = torch.randint(3, 40, (2 + i % 5,), generator=g).tolist()
+        ids = [1] + half + [5] + half
+        out.append(Example([Sequence(ids, [False] * (len(half) + 2) + [True] * len(half))]))
+    return out
+
+
+def config(out: Path, algorithm: str = "sft", strategy: dict | None = None, **train) -> Config:
+    return Config.model_validate({
+        "run": {"name": algorithm, "output_dir": str(out), "seed": 0, "device": "cpu"},
+        "model": {"name_or_path": "unused"},
+        "data": {"train": [{"path": "unused"}]},
+        "algorithm": {"name": algorithm},
+        "preference": {"beta": 0.5},
+        # Warmup + cosine + weight decay: a resume that loses any state changes the losses.
+        "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 4,
+                  "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}, **train},
+        "strategy": strategy or {"name": "single"},
+        "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
+        "logging": {"progress_bar": False, "plot": False},
+    })
+
+
+def grad_norms(run_dir: Path) -> list[float]:
+    return [json.loads(line)["grad_norm"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_sft(cfg: Config, strategy: Strategy, run_dir: Path, model=None, checkpointing: bool = False):
+    from oxrl.models.load import enable_activation_checkpointing
+
+    model = model if model is not None else make_tiny_llama()
+    if checkpointing:
+        enable_activation_checkpointing(model)
+    result = train_offline(cfg, get_objective("sft"), model, None, varied_copy_task(), [], strategy, run_dir)
+    return model, result.losses
+
+
+def train_dpo(cfg: Config, strategy: Strategy, run_dir: Path) -> list[float]:
+    model = make_tiny_llama()
+    reference = FrozenModel(copy.deepcopy(model).eval().requires_grad_(False))
+    reference.model = strategy.prepare_frozen(reference.model)
+    result = train_offline(cfg, get_objective("dpo", cfg.preference), model, None, preference_pairs(8), [], strategy,
+                           run_dir, reference)
+    return result.losses
+
+
+def fixed_rollouts(rank: int, world_size: int):
+    """8 fixed completions (4 prompts x 2) with fixed rewards: this rank's whole groups, with the
+    prompt indices counted per rank, as the engine returns them."""
+    from oxrl.rollout.base import Completion
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [[1] + torch.randint(3, 100, (2 + p,), generator=g).tolist() for p in range(4)]
+    share = len(prompts) // world_size
+    completions, rewards = [], []
+    for p, prompt in enumerate(prompts):
+        for k in range(2):
+            ids = torch.randint(3, 100, (2 + (p + k) % 4,), generator=g).tolist()
+            if rank * share <= p < (rank + 1) * share:
+                completions.append(Completion(p - rank * share, prompt, ids, [0.0] * len(ids), "length", ""))
+                rewards.append(float((p + k) % 3))
+    return completions, torch.tensor(rewards)
+
+
+def probe_logits(model) -> list:
+    """Logits of a fixed sequence (every rank runs the forward: sharded weights are gathered)."""
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(PROBE_IDS), use_cache=False).logits.float().tolist()
+
+
+def grpo_update(cfg: Config, strategy: Strategy) -> dict:
+    """One `update` (rl.epochs = 2 optimizer steps) on fixed rollouts; advantages of two estimators."""
+    from oxrl.engine.optim import build_optimizer, build_scheduler
+    from oxrl.loops.rl import Rollouts, global_outcome_advantages, score_logprobs, update
+    from oxrl.loops.rl_presets import resolve
+
+    rl = resolve("grpo", cfg.rl)
+    model = make_tiny_llama()
+    optimizer = build_optimizer(model, cfg.train.optim)
+    policy = strategy.prepare(model, optimizer, build_scheduler(optimizer, 4, cfg.train.optim))
+    completions, rewards = fixed_rollouts(strategy.rank, strategy.world_size)
+    group_ids = torch.tensor([c.prompt_index for c in completions])
+    advantages = {name: global_outcome_advantages(rl.model_copy(update={"advantage": name}), rewards, group_ids, strategy)
+                  for name in ("grpo", "reinforce_pp")}
+    old = score_logprobs(policy, completions, cfg.train.micro_batch_size_per_device, rl.rollout.temperature)
+    per_token = [a.expand(len(c.completion_ids)).clone() for a, c in zip(advantages["grpo"], completions)]
+    metrics = update(cfg, rl, policy, strategy, Rollouts(completions, rewards, group_ids, old, None, per_token), False)
+    gathered = {name: torch.cat(strategy.gather_objects(a)).tolist() for name, a in advantages.items()}
+    return {"metrics": metrics, "advantages": gathered, "logits": probe_logits(policy)}
+
+
+def rl_config(out: Path, strategy: dict | None = None) -> Config:
+    return Config.model_validate({
+        "run": {"name": "grpo", "output_dir": str(out), "seed": 0, "device": "cpu"},
+        "model": {"name_or_path": "unused"},
+        "algorithm": {"name": "grpo"},
+        "rl": {"prompts_per_step": 4, "epochs": 2, "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}},
+        "train": {"max_steps": 2, "micro_batch_size_per_device": 2, "optim": {"lr": 1e-2, "schedule": "constant"}},
+        "strategy": strategy or {"name": "single"},
+        "checkpoint": {"every": 2, "save_final": False},
+        "logging": {"progress_bar": False, "plot": False},
+    })
+
+
+def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
+    """train_rl end to end: sampling from the FSDP2-sharded policy (synced decoding), gathered advantages."""
+    from oxrl.loops.rl import RLPromptBatch, train_rl
+    from oxrl.loops.rl_presets import resolve
+    from oxrl.rewards.combine import build_reward_fn
+    from oxrl.rollout.hf import HFEngine
+    from tests.test_rollout_hf import TinyTokenizer
+
+    model = make_tiny_llama()
+    ids = [[1, 3 + i, 4 + i] for i in range(8)]
+    prompts = RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in ids])
+    engine = HFEngine(model, TinyTokenizer(), synced=strategy.shards_parameters)
+    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    result = train_rl(cfg, resolve("grpo", cfg.rl), model, None, engine, reward, prompts, RLPromptBatch([], [], [], []),
+                      strategy, run_dir)
+    return {"rewards": result.rewards, "metrics": result.final_metrics}
+
+
+def scenario_fsdp2_sft(out: Path) -> dict:
+    fsdp = {"name": "fsdp2"}
+    cfg = config(out, strategy=fsdp)
+    strategy = build_strategy(cfg)
+    model, losses = train_sft(cfg, strategy, out / "plain")
+    strategy.save_hf_folder(None, out / "hf")
+    logits = probe_logits(model)
+    short = config(out, strategy=fsdp, max_steps=2)
+    short.checkpoint.every = None
+    _, checkpointed = train_sft(short, build_strategy(short), out / "checkpointed", checkpointing=True)
+    resumed_cfg = config(out, strategy=fsdp)
+    resumed_cfg.run.resume = str(out / "plain" / "checkpoints" / "step_000002")
+    _, resumed = train_sft(resumed_cfg, build_strategy(resumed_cfg), out / "resumed", model=make_tiny_llama(seed=123))
+    return {"losses": losses, "grad_norms": grad_norms(out / "plain"), "logits": logits,
+            "checkpointed": checkpointed, "resumed": resumed}
+
+
+def scenario_fsdp2_dpo(out: Path) -> dict:
+    cfg = config(out, "dpo", {"name": "fsdp2"}, max_steps=3)
+    return {"losses": train_dpo(cfg, build_strategy(cfg), out / "dpo")}
+
+
+def scenario_fsdp2_grpo(out: Path) -> dict:
+    cfg = rl_config(out, {"name": "fsdp2"})
+    return {"update": grpo_update(cfg, build_strategy(cfg)), "loop": rl_loop_smoke(cfg, build_strategy(cfg), out / "loop")}
+
+
+def scenario_deepspeed_sft(out: Path) -> dict:
+    results = {}
+    for stage in (2, 3):
+        cfg = config(out, strategy={"name": "deepspeed", "zero_stage": stage})
+        _, results[f"zero{stage}"] = train_sft(cfg, build_strategy(cfg), out / f"zero{stage}")
+    resumed_cfg = config(out, strategy={"name": "deepspeed", "zero_stage": 3})
+    resumed_cfg.run.resume = str(out / "zero3" / "checkpoints" / "step_000002")
+    _, results["resumed"] = train_sft(resumed_cfg, build_strategy(resumed_cfg), out / "resumed", model=make_tiny_llama(seed=123))
+    return results
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+def main() -> None:
+    from oxrl.engine import distributed
+
+    torch.set_num_threads(1)
+    name, out = sys.argv[1], Path(sys.argv[2])
+    result = SCENARIOS[name](out)
+    if distributed.init_distributed("cpu").is_main:
+        (out / "result.json").write_text(json.dumps(result))
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""1 rank == 2 ranks: FSDP2 and DeepSpeed ZeRO under torchrun (gloo, CPU), against the single-device run.
+
+Each `distributed` test launches `torchrun --standalone --nproc_per_node 2` on a scenario of
+tests/distributed_worker.py (once per module, shared by the tests that read it) and compares its
+numbers with the same training run in this process on one device. Tolerance: 1e-5 absolute on
+fp32 losses, gradient norms and logits; the runs differ only in summation order (the ranks' data
+split, gradient reduce-scatter), which moves the fp32 results by ~1e-7.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from oxrl.data.sampler import balanced_split
+from oxrl.engine.strategy import SingleDevice, resolve_strategy_name
+from tests import distributed_worker as worker
+from tests.conftest import make_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+def torchrun(args: list[str], timeout: int = 300) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+
+
+def run_scenario(name: str, factory) -> tuple[dict, Path]:
+    out = factory.mktemp(name)
+    torchrun(["-m", "tests.distributed_worker", name, str(out)])
+    return json.loads((out / "result.json").read_text()), out
+
+
+def single() -> SingleDevice:
+    return SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+
+
+def assert_close(a, b, tol: float = TOL, rtol: float = 0.0) -> None:
+    torch.testing.assert_close(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=tol, rtol=rtol)
+
+
+# ----------------------------------------------------------------------------- cheap, no processes
+
+
+def test_balanced_split_gives_equal_counts_balanced_tokens_and_is_deterministic():
+    items = list(range(8))
+    sizes = [40, 3, 35, 5, 30, 8, 2, 9]
+    shares = [balanced_split(items, sizes, rank, 2) for rank in range(2)]
+    assert [len(s) for s in shares] == [4, 4]
+    assert sorted(shares[0] + shares[1]) == items
+    loads = [sum(sizes[i] for i in s) for s in shares]
+    contiguous = [sum(sizes[:4]), sum(sizes[4:])]
+    assert max(loads) - min(loads) < max(contiguous) - min(contiguous)
+    assert shares == [balanced_split(items, sizes, rank, 2) for rank in range(2)]  # same split on resume
+    assert all(s == sorted(s) for s in shares)  # each share keeps the batch order
+    assert balanced_split(items, sizes, 0, 1) == items
+    with pytest.raises(ValueError, match="divide"):
+        balanced_split(items[:7], sizes[:7], 0, 2)
+
+
+def test_strategy_auto_is_fsdp2_only_with_several_processes():
+    assert resolve_strategy_name("auto", 1) == "single" and resolve_strategy_name("auto", 2) == "fsdp2"
+    assert resolve_strategy_name("deepspeed", 2) == "deepspeed"
+    with pytest.raises(ValueError, match="valid"):
+        resolve_strategy_name("ddp", 2)
+
+
+def test_sharded_strategy_without_torchrun_names_the_fix(tmp_path, monkeypatch):
+    from oxrl.engine.strategy import build_strategy
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="torchrun"):
+        build_strategy(worker.config(tmp_path, strategy={"name": "fsdp2"}))
+
+
+def test_deepspeed_config_follows_ours_and_merges_the_override(tmp_path):
+    from oxrl.config.schema import StrategyConfig, TrainConfig
+    from oxrl.engine.deepspeed_strategy import deepspeed_config
+
+    override = tmp_path / "ds.json"
+    override.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1000}, "gradient_clipping": 0.5}))
+    train = TrainConfig(micro_batch_size_per_device=2)
+    config = deepspeed_config(StrategyConfig(name="deepspeed", zero_stage=3, cpu_offload=True, deepspeed_config=str(override)),
+                              train, bf16=False)
+    assert config["train_micro_batch_size_per_gpu"] == 2 and config["gradient_accumulation_steps"] == 1
+    assert config["managed_gradient_accumulation"] is False  # our loop owns accumulation
+    assert config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                           "offload_param": {"device": "cpu"}, "reduce_bucket_size": 1000}
+    assert config["gradient_clipping"] == 0.5
+    with pytest.raises(FileNotFoundError, match="deepspeed_config"):
+        deepspeed_config(StrategyConfig(deepspeed_config=str(tmp_path / "missing.json")), train, bf16=False)
+
+
+def test_doctor_reports_strategies():
+    from oxrl.doctor import report
+
+    text = report()
+    assert "strategy single" in text and "strategy fsdp2" in text and "strategy deepspeed" in text
+
+
+# ----------------------------------------------------------------------------- FSDP2, 2 processes
+
+
+@pytest.fixture(scope="module")
+def sft_baseline(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_single")
+    model, losses = worker.train_sft(worker.config(out), single(), out / "plain")
+    return {"model": model, "losses": losses, "grad_norms": worker.grad_norms(out / "plain")}
+
+
+@pytest.fixture(scope="module")
+def fsdp2_sft(tmp_path_factory):
+    return run_scenario("fsdp2_sft", tmp_path_factory)
+
+
+@pytest.mark.distributed
+def test_fsdp2_sft_two_ranks_match_one(fsdp2_sft, sft_baseline):
+    result, _ = fsdp2_sft
+    assert len(result["losses"]) == 4
+    assert_close(result["losses"], sft_baseline["losses"])
+    assert_close(result["grad_norms"], sft_baseline["grad_norms"])
+
+
+@pytest.mark.distributed
+def test_fsdp2_activation_checkpointing_changes_nothing(fsdp2_sft):
+    result, _ = fsdp2_sft
+    assert_close(result["checkpointed"], result["losses"][:2], tol=1e-6)
+
+
+@pytest.mark.distributed
+def test_fsdp2_resume_matches_the_uninterrupted_run(fsdp2_sft):
+    result, out = fsdp2_sft
+    assert_close(result["resumed"], result["losses"][2:], tol=1e-6)
+    logged = [json.loads(line)["step"] for line in (out / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [3, 4]
+    state = out / "plain" / "checkpoints" / "step_000002" / "training_state"
+    assert (state / "sharded").is_dir() and (state / "rng.pt").is_file() and (state / "rng_rank1.pt").is_file()
+
+
+@pytest.mark.distributed
+def test_fsdp2_saved_folders_load_in_plain_transformers(fsdp2_sft, sft_baseline):
+    from transformers import AutoModelForCausalLM
+
+    result, out = fsdp2_sft
+    ids = torch.tensor(worker.PROBE_IDS)
+    expected = sft_baseline["model"].eval()(input_ids=ids).logits
+    for folder in (out / "hf", out / "plain" / "checkpoints" / "step_000004"):
+        loaded = AutoModelForCausalLM.from_pretrained(folder)
+        assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+        logits = loaded(input_ids=ids).logits
+        assert_close(logits.tolist(), result["logits"])  # the sharded model, as it was in the 2 processes
+        assert_close(logits.tolist(), expected.tolist())  # the single-device model after the same training
+
+
+@pytest.mark.distributed
+def test_fsdp2_dpo_two_ranks_match_one(tmp_path_factory):
+    result, _ = run_scenario("fsdp2_dpo", tmp_path_factory)
+    out = tmp_path_factory.mktemp("dpo_single")
+    baseline = worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
+    assert_close(result["losses"], baseline)
+    assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_grpo(tmp_path_factory):
+    return run_scenario("fsdp2_grpo", tmp_path_factory)
+
+
+@pytest.mark.distributed
+def test_fsdp2_grpo_update_on_fixed_rollouts_matches_one_rank(fsdp2_grpo, tmp_path):
+    result, _ = fsdp2_grpo
+    baseline = worker.grpo_update(worker.rl_config(tmp_path), single())
+    # Groups sit whole on one rank; REINFORCE++ whitens over the batch, which the gather makes global.
+    for name in ("grpo", "reinforce_pp"):
+        assert_close(result["update"]["advantages"][name], baseline["advantages"][name], tol=1e-6)
+    for key in ("loss", "grad_norm", "clip_frac_high", "approx_kl"):
+        assert_close(result["update"]["metrics"][key], baseline["metrics"][key])
+    assert_close(result["update"]["logits"], baseline["logits"])  # the weights after the 2 optimizer steps
+
+
+@pytest.mark.distributed
+def test_fsdp2_rl_loop_samples_from_the_sharded_policy(fsdp2_grpo):
+    result, out = fsdp2_grpo
+    assert len(result["loop"]["rewards"]) == 2
+    # The engine sampled from the sharded model (synced decoding) and the trainer scores the same tokens alike.
+    assert result["loop"]["metrics"]["logprob_mismatch/mean_abs"] < 1e-4
+    assert (out / "loop" / "checkpoints" / "step_000002" / "training_state" / "sharded").is_dir()
+
+
+# ----------------------------------------------------------------------------- DeepSpeed, 2 processes
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+def test_deepspeed_zero2_and_zero3_match_one_rank_and_resume(tmp_path_factory, sft_baseline):
+    from transformers import AutoModelForCausalLM
+
+    result, out = run_scenario("deepspeed_sft", tmp_path_factory)
+    assert_close(result["zero2"], sft_baseline["losses"])
+    assert_close(result["zero3"], sft_baseline["losses"])
+    assert_close(result["resumed"], result["zero3"][2:], tol=1e-6)
+    ids = torch.tensor(worker.PROBE_IDS)
+    for stage in ("zero2", "zero3"):
+        loaded = AutoModelForCausalLM.from_pretrained(out / stage / "checkpoints" / "step_000004")
+        assert_close(loaded(input_ids=ids).logits.tolist(), sft_baseline["model"].eval()(input_ids=ids).logits.tolist())
+
+
+# ----------------------------------------------------------------------------- the CLI under torchrun
+
+
+@pytest.mark.distributed
+def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
+    from oxrl.cli import main
+
+    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
+    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "model")
+    smollm2_tokenizer.save_pretrained(tmp_path / "model")
+    rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i * 3}?"},
+                          {"role": "assistant", "content": "The answer is " + str(4 * i) + "." * (1 + i % 4)}]} for i in range(20)]
+    (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    config = {
+        "run": {"name": "cli", "output_dir": str(tmp_path / "runs"), "device": "cpu"},
+        "model": {"name_or_path": str(tmp_path / "model")},
+        "data": {"train": [{"path": str(tmp_path / "chat.jsonl")}], "validation_fraction": 0.2, "max_length": 64},
+        "algorithm": {"name": "sft"},
+        "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 3, "eval_every": 3,
+                  "optim": {"lr": 1e-3}},
+        "checkpoint": {"every": 3},
+        "logging": {"progress_bar": False, "plot": False},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    torchrun(["-m", "oxrl", "train", str(path), "run.name=two", "strategy.name=auto"])
+    assert main(["train", str(path), "run.name=one"]) == 0
+    two = [json.loads(line) for line in (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()]
+    one = [json.loads(line) for line in (tmp_path / "runs" / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in two] == [1, 2, 3]  # written once, by rank 0
+    for key in ("loss", "val/loss"):
+        assert_close([r[key] for r in two if key in r], [r[key] for r in one if key in r])
+    # A 49k-row embedding's gradient summed in another order (and other thread counts): relative 1e-5.
+    assert_close([r["grad_norm"] for r in two], [r["grad_norm"] for r in one], tol=0.0, rtol=1e-5)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "two" / "final")
