@@ -42,7 +42,12 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Parameter dtype: `auto` is float32 on CPU and bfloat16 on GPU."
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel.")
+    attn_implementation: Literal["auto", "packed_sdpa", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention kernel. `auto`/`packed_sdpa`: SDPA run once per sequence of a packed row "
+        "(oxrl/models/packed_attention.py) where it applies, else plain `sdpa` (the reason is logged); "
+        "it declines on CUDA, where `flash_attention_2` does variable-length attention natively.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub to run. Off unless you trust it.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")

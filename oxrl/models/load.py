@@ -10,6 +10,7 @@ import torch
 
 from oxrl.config.schema import LoraConfig, ModelConfig
 from oxrl.models.bundled import BUNDLED, resolve_bundled
+from oxrl.models.packed_attention import use_packed_attention
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,14 @@ def load_tokenizer(cfg: ModelConfig):
     return tokenizer
 
 
+PACKED_CHOICES = ("auto", "packed_sdpa")
+
+
+def hf_attn_implementation(name: str) -> str:
+    """What transformers is asked to load with: our packed kernel is switched on after loading."""
+    return "sdpa" if name in PACKED_CHOICES else name
+
+
 def enable_activation_checkpointing(model) -> None:
     """Recompute activations in backward (non-reentrant, so frozen inputs and LoRA work)."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
@@ -95,12 +104,14 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         source,
         "model",
         dtype=dtype,
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=hf_attn_implementation(cfg.attn_implementation),
         trust_remote_code=cfg.trust_remote_code,
         revision=cfg.revision,
         use_safetensors=None if source.gguf_file else True,
     )
     model.to(device)
+    if cfg.attn_implementation in PACKED_CHOICES:
+        use_packed_attention(model)  # after .to(device): it declines on CUDA
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if lora is not None and lora.enabled:

@@ -18,6 +18,7 @@ import torch
 
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
+from oxrl.models.load import hf_attn_implementation
 
 
 def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int):
@@ -25,7 +26,8 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
     so that the saved model scores padded batches (transformers needs it to find the last token)."""
     from transformers import AutoModelForSequenceClassification
 
-    from oxrl.models.load import _from_pretrained, resolve_dtype, resolve_source
+    from oxrl.models.load import (_from_pretrained, enable_activation_checkpointing, hf_attn_implementation, resolve_dtype,
+                                  resolve_source)
 
     source = resolve_source(cfg.name_or_path)
     model = _from_pretrained(
@@ -35,14 +37,14 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
         num_labels=1,
         pad_token_id=pad_token_id,
         dtype=resolve_dtype(cfg.dtype, device),
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=hf_attn_implementation(cfg.attn_implementation),
         trust_remote_code=cfg.trust_remote_code,
         revision=cfg.revision,
         use_safetensors=None if source.gguf_file else True,
     )
     model.to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return model
 
 
