@@ -135,7 +135,8 @@ def run(cfg: Config) -> RunResult:
     from oxrl.loops.sl import train_offline
 
     reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
-    if getattr(reference, "model", None) is not None:  # a frozen copy or teacher: sharded like the policy
+    # A frozen copy or teacher is sharded like the policy; `lora_disabled` IS the policy (prepared by the loop).
+    if getattr(reference, "model", None) is not None and reference.model is not model:
         reference.model = strategy.prepare_frozen(reference.model)
     samples: dict[str, list[dict]] = {}
     try:

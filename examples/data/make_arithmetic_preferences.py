@@ -1,8 +1,9 @@
 """Regenerate the arithmetic preference pairs: `python examples/data/make_arithmetic_preferences.py`.
 
 Chat-format preference rows (deterministic, seeded): a user question, a correct assistant answer
-(`chosen`) and the same answer with a plausible mistake (`rejected`: off by 1, 2 or 10, or a
-carry/borrow slip), e.g.
+(`chosen`) and the same answer with a typical mistake (`rejected`), one of three kinds drawn
+uniformly: a units slip (off by 1 or 2), a carry/borrow slip (off by 10), or the result of the
+wrong operation (a - b asked a + b, and so on), e.g.
 
     {"messages": [{"role": "user", "content": "What is 38 + 45?"}],
      "chosen": [{"role": "assistant", "content": "38 + 45 = 83"}],
@@ -30,7 +31,8 @@ OPERATIONS = {
     "-": (["What is {a} - {b}?", "Compute {a} - {b}.", "How much is {a} minus {b}?"], (10, 99), lambda a, b: a - b),
     "*": (["What is {a} * {b}?", "Compute {a} * {b}.", "How much is {a} times {b}?"], (2, 12), lambda a, b: a * b),
 }
-MISTAKES = (1, -1, 2, -2, 10, -10)
+SLIPS = {"units": (1, -1, 2, -2), "carry": (10, -10)}
+WRONG_OPERATION = {"+": "-", "-": "+", "*": "+"}
 
 
 def question(rng: random.Random, symbol: str) -> tuple[int, int]:
@@ -42,7 +44,12 @@ def question(rng: random.Random, symbol: str) -> tuple[int, int]:
 def row(rng: random.Random, symbol: str, a: int, b: int) -> dict:
     templates, _, result = OPERATIONS[symbol]
     correct = result(a, b)
-    wrong = correct + rng.choice([m for m in MISTAKES if correct + m >= 0])
+    kind = rng.choice(["units", "carry", "operation"])
+    wrong = OPERATIONS[WRONG_OPERATION[symbol]][2](a, b) if kind == "operation" else -1
+    if wrong == correct or wrong < 0:  # 2 * 2 == 2 + 2, a - b < 0: fall back to a slip
+        kind = "units"
+    if kind != "operation":
+        wrong = correct + rng.choice([m for m in SLIPS[kind] if correct + m >= 0])
     answer = f"{a} {symbol} {b} = {{}}"
     return {
         "messages": [{"role": "user", "content": rng.choice(templates).format(a=a, b=b)}],
