@@ -19,8 +19,11 @@ AdamW at a constant lr, grad-norm clipping at 1.0, no gradient checkpointing, no
   sequences to the longest (TRL 1.16 disabled `padding_free` for DPO), its fused lm_head log-probs.
 
 Each trainer runs in its own fresh spawned process, one after the other, so its peak RSS is its
-own. Reported: pairs/s over the timed steps and peak RSS. The machine is a shared 2-core VM:
-other processes steal time, so repeat a run before trusting a ratio.
+own. Reported: pairs/s (wall clock) and pairs per CPU-second (process CPU time over all its
+threads) over the timed steps, and peak RSS. The machine is a shared 2-core VM: other processes
+steal time, which moves wall-clock numbers by 2-4x between minutes; CPU time moves much less
+(not zero: shared caches and cores), so compare the CPU-time ratio and repeat a run before
+trusting any ratio.
 
 `heldout`. Trains with `oxrl.runner.run` on the example config (dotted overrides accepted) and
 measures, on its validation pairs, how often the model itself gives the correct answer a higher
@@ -71,6 +74,7 @@ class SpeedSpec:
 @dataclass
 class SpeedResult:
     step_seconds: list[float]
+    step_cpu_seconds: list[float]  # process CPU time (all threads): less sensitive to other processes than wall time
     losses: list[float]
     grad_norms: list[float]
     peak_rss: int
@@ -130,15 +134,16 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
     reference = build_reference("frozen_copy", model, [], 1, strategy)
     objective = get_objective("dpo", PreferenceConfig(beta=spec.beta))
     model.train()
-    step_seconds, losses, grad_norms = [], [], []
+    step_seconds, step_cpu_seconds, losses, grad_norms = [], [], [], []
     for pairs in spec.steps:
         examples = [Example([Sequence(ids, mask) for ids, mask in pair.sequences]) for pair in pairs]
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         sums, _ = run_micro_batches(objective, model, examples, len(examples), strategy, reference)
         grad_norms.append(strategy.step())
         step_seconds.append(time.perf_counter() - started)
+        step_cpu_seconds.append(time.process_time() - cpu_started)
         losses.append(sums["loss"])
-    return SpeedResult(step_seconds, losses, grad_norms, peak_rss_bytes())
+    return SpeedResult(step_seconds, step_cpu_seconds, losses, grad_norms, peak_rss_bytes())
 
 
 def run_trl(spec: SpeedSpec) -> SpeedResult:
@@ -161,15 +166,17 @@ def run_trl(spec: SpeedSpec) -> SpeedResult:
 
         def __init__(self) -> None:
             self.step_seconds: list[float] = []
-            self.last = 0.0
+            self.step_cpu_seconds: list[float] = []
+            self.last = self.last_cpu = 0.0
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.perf_counter()
+            self.last, self.last_cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.process_time()
             self.step_seconds.append(now - self.last)
-            self.last = now
+            self.step_cpu_seconds.append(now_cpu - self.last_cpu)
+            self.last, self.last_cpu = now, now_cpu
 
     clock = StepClock()
     with tempfile.TemporaryDirectory() as output_dir:
@@ -186,7 +193,7 @@ def run_trl(spec: SpeedSpec) -> SpeedResult:
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    return SpeedResult(clock.step_seconds, [e["loss"] for e in logs], [e.get("grad_norm", float("nan")) for e in logs],
+    return SpeedResult(clock.step_seconds, clock.step_cpu_seconds, [e["loss"] for e in logs], [e.get("grad_norm", float("nan")) for e in logs],
                        peak_rss_bytes(), {"trl": trl.__version__, "optimizer": str(config.optim)})
 
 
@@ -218,15 +225,19 @@ def speed(args: argparse.Namespace) -> None:
     rows = []
     for name, result in results.items():
         notes = ", ".join(f"{k}: {v}" for k, v in result.notes.items())
-        print(f"{name}: {notes}; step seconds {[round(s, 2) for s in result.step_seconds]}")
+        print(f"{name}: {notes}; step seconds {[round(s, 2) for s in result.step_seconds]}, "
+              f"CPU seconds {[round(s, 2) for s in result.step_cpu_seconds]}")
         seconds = sum(result.step_seconds[args.warmup_steps :])
-        rows.append({"trainer": name, "pairs/s": f"{args.pairs_per_step * args.steps / seconds:.2f}",
+        cpu_seconds = sum(result.step_cpu_seconds[args.warmup_steps :])
+        rows.append({"trainer": name, "pairs/s": f"{args.pairs_per_step * args.steps / seconds:.3f}",
+                     "pairs/CPU-s": f"{args.pairs_per_step * args.steps / cpu_seconds:.3f}",
                      "s/step": f"{seconds / args.steps:.2f}", "peak RSS": format_bytes(result.peak_rss),
                      "step-1 loss": f"{result.losses[0]:.5f}", "step-1 grad norm": f"{result.grad_norms[0]:.4f}",
                      f"step-{len(result.losses)} loss": f"{result.losses[-1]:.5f}"})
     print_table(rows, title=f"DPO {MODEL} fp32 CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
     if len(rows) == 2:
-        print(f"\noxRL / TRL pairs/s: {float(rows[0]['pairs/s']) / float(rows[1]['pairs/s']):.2f}x")
+        print(f"\noxRL / TRL pairs/s: {float(rows[0]['pairs/s']) / float(rows[1]['pairs/s']):.2f}x wall, "
+              f"{float(rows[0]['pairs/CPU-s']) / float(rows[1]['pairs/CPU-s']):.2f}x CPU time")
 
 
 def ranking_accuracy(model, examples, micro_size: int = 16) -> tuple[float, float]:

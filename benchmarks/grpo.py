@@ -1,8 +1,8 @@
 """GRPO throughput on CPU: oxRL's `train_rl` vs TRL's GRPOTrainer, same prompts, same settings.
 
-    .venv/bin/python benchmarks/grpo.py                          # 4 prompts x 8 completions, 32 new tokens, 1 warm-up + 3 timed steps
-    .venv/bin/python benchmarks/grpo.py --preset dr_grpo         # Dr. GRPO on both sides
-    .venv/bin/python benchmarks/grpo.py --steps 2 --skip-trl     # quick check of oxRL alone
+    .venv/bin/python benchmarks/grpo.py                       # 4 prompts x 8, 32 new tokens, 1 warm-up + 3 timed steps
+    .venv/bin/python benchmarks/grpo.py --preset dr_grpo      # Dr. GRPO on both sides
+    .venv/bin/python benchmarks/grpo.py --steps 2 --skip-trl  # quick check of oxRL alone
 
 What is measured. SmolLM2-135M-Instruct (the bundled alias, loaded from oxRL's cached safetensors
 folder by both libraries), fp32, CPU, on oxRL's generated `arithmetic` task ("What is 12+7?" in a
@@ -17,15 +17,17 @@ checkpointing, no autocast, transformers `generate` (no vLLM) for sampling.
 * oxRL: `oxrl.loops.rl.train_rl` wired as `oxrl.runner.run_rl` wires it (HFEngine, SingleDevice),
   all of a step's completions generated in one `generate` call and trained in one packed
   (padding-free) forward/backward (`rollout.max_batch_size` = `micro_batch_size_per_device` =
-  prompts x n). Its per-step metrics give the split: `time/generate`, `time/reward`,
-  `time/logprobs` (the no-grad old-log-prob pass and the advantages), `time/train`.
+  prompts x n), with oxRL's default attention on CPU (per-sequence SDPA over the packed row).
+  Its per-step metrics give the split: `time/generate`, `time/reward`, `time/logprobs` (the
+  no-grad old-log-prob pass and the advantages), `time/train`.
 * TRL: `GRPOTrainer` with a `datasets.Dataset` whose `prompt` column holds the same chat messages
   (TRL renders them with the same chat template: the prompt ids are checked equal to oxRL's) and
   whose `answer` column feeds the same reward function, wrapped for TRL's
   `(prompts, completions, **columns) -> list[float]` signature. `per_device_train_batch_size` =
-  prompts x n, `num_generations` = n, `gradient_accumulation_steps` = 1. Its other defaults stay
-  (its optimizer, its fused lm_head that projects only completion positions, and, because
-  generation and update are aligned, no separate old-log-prob pass). The split is timed by
+  prompts x n, `num_generations` = n, `gradient_accumulation_steps` = 1, transformers' stock sdpa
+  attention on its padded batches. Its other defaults stay (its optimizer, its fused lm_head
+  that projects only completion positions, and, because generation and update are aligned, no
+  separate old-log-prob pass). The split is timed by
   wrapping three of the trainer's own methods on the instance (measurement only): `_generate`,
   `_calculate_rewards`, and `_generate_and_score_completions` (whatever it spends beyond the first
   two is reported in the old-log-probs column: advantages, padding, metrics); train = the rest.
@@ -66,7 +68,10 @@ from benchmarks.common import format_bytes, machine_summary, peak_rss_bytes, pri
 MODEL = "smollm2-135m-instruct"
 PHASES = ("generate", "reward", "old logprobs", "train")
 # oxRL's per-step metric for each phase (see oxrl/loops/rl.py `collect` and `train_rl`).
-OXRL_PHASE_METRICS = {"generate": "time/generate", "reward": "time/reward", "old logprobs": "time/logprobs", "train": "time/train"}
+OXRL_PHASE_METRICS = {"generate": "time/generate", "reward": "time/reward", "old logprobs": "time/logprobs",
+                      "train": "time/train"}
+# GRPOTrainer methods timed for the split: sampling, rewards, and the whole rollout they are part of.
+TRL_TIMED_METHODS = ("_generate", "_calculate_rewards", "_generate_and_score_completions")
 # The TRL options that give the same advantage estimator and loss aggregation as each oxRL preset.
 TRL_PRESETS = {
     "grpo": {"scale_rewards": "group", "loss_type": "grpo"},
@@ -148,9 +153,10 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     # Step 1 has no previous step end: its own `time/step` stands in (it is a warm-up step anyway).
     step_seconds = [records[0]["time/step"]] + [b["time"] - a["time"] for a, b in zip(records, records[1:])]
     phases = {phase: [r[metric] for r in records] for phase, metric in OXRL_PHASE_METRICS.items()}
+    notes = {"preset": f"{cfg.algorithm.name} (advantage {rl.advantage}, aggregation {rl.aggregation})",
+             "load avg at end": load_average()}
     return RunResult(step_seconds, phases, [r["response_length/mean"] for r in records], [r["reward/mean"] for r in records],
-                     peak_rss_bytes(), {"preset": f"{cfg.algorithm.name} (advantage {rl.advantage}, aggregation {rl.aggregation})",
-                      "load avg at end": load_average()})
+                     peak_rss_bytes(), notes)
 
 
 def trl_reward(reward_fn, field_names: list[str]) -> Callable[..., list[float]]:
@@ -204,7 +210,9 @@ def run_trl(spec: RunSpec) -> RunResult:
     cfg = spec.cfg
     rl = resolve(cfg.algorithm.name, cfg.rl)
     completions = rl.prompts_per_step * rl.rollout.n
-    model = load_model(cfg.model, torch.device("cpu"))  # the same cached folder, dtype and attention kernel as oxRL's
+    # The same cached folder and dtype as oxRL's, with transformers' stock sdpa: oxRL's per-sequence
+    # kernel for packed rows (its CPU default) would only ever delegate TRL's padded batches to sdpa.
+    model = load_model(cfg.model.model_copy(update={"attn_implementation": "sdpa"}), torch.device("cpu"))
     tokenizer = load_tokenizer(cfg.model)
     field_names = sorted({name for prompt in spec.prompts for name in prompt.fields})
     dataset = Dataset.from_list([{"prompt": prompt.messages, **prompt.fields} for prompt in spec.prompts])
@@ -245,10 +253,10 @@ def run_trl(spec: RunSpec) -> RunResult:
                               train_dataset=dataset, processing_class=tokenizer, callbacks=[clock])
         trainer.remove_callback(PrinterCallback)
         phases = PhaseClock()
-        for method in ("_generate", "_calculate_rewards", "_generate_and_score_completions"):
+        for method in TRL_TIMED_METHODS:
             phases.wrap(trainer, method)
         trainer.train()
-    generate, reward, collect = (phases.seconds[m] for m in ("_generate", "_calculate_rewards", "_generate_and_score_completions"))
+    generate, reward, collect = (phases.seconds[method] for method in TRL_TIMED_METHODS)
     logs = [entry for entry in trainer.state.log_history if "completions/mean_length" in entry]
     phase_seconds = {
         "generate": generate,
