@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from oxrl.config.schema import LoraConfig
+from oxrl.config.schema import Config, LoraConfig
 from oxrl.data.types import pack
 from oxrl.engine.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
@@ -73,7 +73,7 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer):
     return path
 
 
-def _run_config(tmp_path, model_dir, name: str) -> "Config":  # noqa: F821
+def _run_config(tmp_path, model_dir, name: str) -> Config:
     from oxrl.config.load import load_config
 
     data = tmp_path / "pairs.jsonl"
