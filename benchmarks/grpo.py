@@ -378,7 +378,8 @@ def main() -> None:
     print(f"machine after: {machine_summary()}")
     for name, result in results.items():
         notes = ", ".join(f"{k}: {v}" for k, v in result.notes.items())
-        print(f"{name}: {notes}; step seconds {[round(s, 2) for s in result.step_seconds]}")
+        per_step = "; ".join(f"{phase} {[round(x, 1) for x in result.phase_seconds[phase]]}" for phase in PHASES)
+        print(f"{name}: {notes}\n  seconds per step (warm-up first): total {[round(x, 1) for x in result.step_seconds]}; {per_step}")
     rows = [summarize(name, result, completions_per_step, args.warmup_steps) for name, result in results.items()]
     print_table(rows, title=f"GRPO {MODEL} fp32 CPU, seconds per timed step ({args.steps} after {args.warmup_steps} warm-up)")
     if len(results) == 2:
