@@ -97,3 +97,17 @@ def test_ppo_critic_warmup_keeps_the_policy_still(tmp_path):
              SingleDevice(torch.device("cpu")), tmp_path / "warm", critic=critic)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     assert any(not torch.equal(p, critic_before[n]) for n, p in critic.model.named_parameters())
+
+
+def test_engine_mismatch_is_measured_and_tis_reweights(tmp_path):
+    """A synced engine shows no engine/trainer mismatch and TIS weights of exactly 1; a stale engine
+    shows a positive KL and TIS weights that differ from 1 and are capped at `tis_cap`."""
+    synced = _run(tmp_path / "synced", "dr_grpo", tis_cap=2.0).final_metrics
+    assert synced["logprob_mismatch/kl"] == pytest.approx(0.0, abs=1e-8)
+    assert synced["tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert synced["tis_capped_frac"] == 0.0
+    stale = _run(tmp_path / "stale", "dr_grpo", engine_model=make_tiny_llama(seed=5), tis_cap=2.0).final_metrics
+    assert stale["logprob_mismatch/kl"] > 1e-3
+    assert stale["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert 0.0 < stale["tis_capped_frac"] < 1.0  # some tokens the trainer likes far more than the engine did
+    assert stale["tis_weight_mean"] <= 2.0

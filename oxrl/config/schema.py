@@ -251,6 +251,12 @@ class RLConfig(Section):
         "(within `on_policy_tolerance`) and the first ratio is 1.",
     )
     on_policy_tolerance: float = Field(1e-3, gt=0, description="Tolerance of `strict_on_policy` (mean absolute log-prob difference).")
+    tis_cap: float | None = Field(
+        None, gt=0,
+        description="Truncated importance sampling: weight each token's loss by min(pi_trainer / pi_engine, tis_cap), "
+        "correcting for the rollout engine's log-probs differing from the trainer's (e.g. vLLM); null = off. "
+        "Typical: 2.",
+    )
     validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
     system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
     answer_format: Literal["boxed", "tags"] = Field(

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from oxrl.algorithms.advantages import compute_advantages
+from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, policy_loss
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
@@ -164,7 +165,9 @@ def global_metrics(strategy, metrics: dict[str, float], rewards: torch.Tensor) -
 def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
     lengths = torch.tensor([len(c.completion_ids) for c in r.completions], dtype=torch.float32)
     advantages = torch.cat(r.advantages)
-    engine_gap = torch.cat([torch.tensor(c.logprobs) - o for c, o in zip(r.completions, r.old_logprobs)])
+    engine_logprobs = torch.cat([torch.tensor(c.logprobs) for c in r.completions])
+    trainer_logprobs = torch.cat(r.old_logprobs)
+    engine_gap = engine_logprobs - trainer_logprobs
     metrics = {
         "reward/mean": float(r.rewards.mean()),
         "reward/std": float(r.rewards.std()) if r.rewards.numel() > 1 else 0.0,
@@ -176,6 +179,8 @@ def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
         "advantage/abs_max": float(advantages.abs().max()),
         # Engine vs trainer log-probs of the same samples: how off-policy the samples are.
         "logprob_mismatch/mean_abs": float(engine_gap.abs().mean()) if engine_gap.numel() else 0.0,
+        # KL(engine || trainer) by k3 on the engine's own samples (y ~ engine): 0 when they agree.
+        "logprob_mismatch/kl": float(k3(engine_logprobs, trainer_logprobs).mean()) if engine_gap.numel() else 0.0,
     }
     if r.ref_logprobs is not None:
         kl = torch.cat([o - f for o, f in zip(r.old_logprobs, r.ref_logprobs)])
@@ -236,9 +241,12 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
             if ratio_gap > rl.on_policy_tolerance:
                 raise OffPolicyError(f"strict_on_policy: the first update's ratio is not 1 (max |log ratio| = {ratio_gap:.3g})")
         advantages = pad_rows([rollouts.advantages[i] for i in mb], width).to(logprobs.device)
+        # The engine's own log-probs of its samples: only truncated importance sampling reads them.
+        behaviour = pad_rows([torch.tensor(rollouts.completions[i].logprobs) for i in mb], width).to(logprobs.device) if params.tis_cap is not None else None
         inp = PolicyLossInput(
             logprobs=logprobs.float(), old_logprobs=old, advantages=advantages, mask=valid, normaliser=normaliser,
             ref_logprobs=ref, entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
+            behaviour_logprobs=behaviour,
         )
         loss, metrics = policy_loss(rl.policy_loss, inp, params)
         strategy.backward(loss)

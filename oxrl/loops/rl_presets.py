@@ -62,6 +62,7 @@ def loss_params(rl: RLConfig) -> PolicyLossParams:
         kl_coef=0.0 if rl.kl_in_reward else rl.kl_coef,
         kl_estimator=rl.kl_estimator,
         entropy_coef=rl.entropy_coef,
+        tis_cap=rl.tis_cap,
     )
 
 
