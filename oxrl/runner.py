@@ -58,7 +58,7 @@ def run_rl(cfg: Config) -> RunResult:
     from oxrl.engine.strategy import build_strategy
     from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
-    from oxrl.loops.rl_setup import encode, load_prompts, reward_function
+    from oxrl.loops.rl_setup import encode, environment, load_prompts, reward_function
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.hf import HFEngine
 
@@ -66,8 +66,14 @@ def run_rl(cfg: Config) -> RunResult:
     strategy = build_strategy(cfg)
     run_dir = prepare_run_dir(cfg, strategy.is_main)
     device = strategy.device
-    reward_fn = reward_function(cfg, rl)
+    reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
     tokenizer = load_tokenizer(cfg.model)
+    env = environment(rl, tokenizer)
+    if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
+        # Ranks finish their episodes after different numbers of turns, hence different numbers of
+        # `generate` calls; with sharded weights each decoding step is a collective and would hang.
+        raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
+                         "strategy.name `deepspeed` with zero_stage 2, or one process")
     train_prompts, val_prompts = load_prompts(cfg, rl)
     train, val = encode(train_prompts, tokenizer), encode(val_prompts, tokenizer)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
@@ -87,7 +93,7 @@ def run_rl(cfg: Config) -> RunResult:
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
     engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)
     try:
-        result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic)
+        result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic, env)
         final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
     finally:
         strategy.close()

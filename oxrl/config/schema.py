@@ -203,6 +203,16 @@ class RewardSpec(Section):
     kwargs: dict = Field(default_factory=dict, description="Keyword arguments for the reward.")
 
 
+class EnvConfig(Section):
+    path: str = Field(
+        ...,
+        description="Multi-turn environment in RL2's format: a Python file whose `async def step(state, action, "
+        "extra_info)` returns `next_state`, `reward`, `score`, `done`, `extra_info` (`envs/calc.py` uses its `step`; "
+        "`envs/calc.py:my_step` or `pkg.module:step` name another). Its rewards, summed over turns, are the reward.",
+    )
+    max_turns: int = Field(4, gt=0, description="Model turns per episode at most (each turn gets `rollout.max_new_tokens`).")
+
+
 class RLConfig(Section):
     task: str | None = Field(
         None,
@@ -215,6 +225,9 @@ class RLConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     rewards: list[RewardSpec] = Field(
         default_factory=list, description="Rewards and weights; default: the task's own reward."
+    )
+    env: EnvConfig | None = Field(
+        None, description="Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."
     )
     on_reward_error: Literal["raise", "zero"] = Field(
         "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
@@ -271,6 +284,12 @@ class RLConfig(Section):
     data_format: Literal["auto", "gsm8k", "openr1", "rl2"] = Field(
         "auto", description="Row format of `data.train` prompt files: GSM8K, OpenR1 math, or RL2 (`prompt`/`messages` + `extra_info`)."
     )
+
+    @model_validator(mode="after")
+    def _one_source_of_reward(self) -> "RLConfig":
+        if self.env is not None and self.rewards:
+            raise ValueError("rl.env supplies the reward (its step's `reward`, summed over turns): leave rl.rewards empty")
+        return self
 
 
 class StrategyConfig(Section):

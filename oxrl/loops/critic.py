@@ -5,6 +5,8 @@ The critic is a causal LM backbone with a one-output token-classification head
 `rl.critic_model`). The value of the state before completion token t is the head's output at
 position t - 1, the same position whose logits predict token t (see `oxrl.algorithms.logprobs`).
 The outcome reward sits on the last token actually generated (truncated completions included).
+In a multi-turn episode the trajectory is its sampled tokens in order; environment-written tokens are
+context, with no value, advantage or loss of their own.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def score_values(critic, completions: list[Completion], micro_size: int) -> list
 def gae_advantages(rl: RLConfig, completions: list[Completion], rewards: torch.Tensor, values: list[torch.Tensor],
                    kl_per_token: list[torch.Tensor] | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-token advantages and lambda-returns; a KL penalty, when given, is a per-token reward."""
-    width = max(len(c.completion_ids) for c in completions)
-    mask = pad_rows([torch.ones(len(c.completion_ids)) for c in completions], width).bool()
+    width = max(c.num_sampled for c in completions)  # trained (sampled) tokens; env-written ones are skipped
+    mask = pad_rows([torch.ones(c.num_sampled) for c in completions], width).bool()
     token_rewards = place_outcome_reward(rewards, mask)
     if kl_per_token is not None:
         token_rewards = token_rewards - rl.kl_coef * pad_rows(kl_per_token, width)
@@ -70,7 +72,7 @@ def critic_step(rl: RLConfig, critic, optimizer, completions: list[Completion], 
                 returns: list[torch.Tensor], micro_size: int) -> dict[str, float]:
     """One optimizer step of the critic over the given completions (token-mean over all of them)."""
     device = next(critic.parameters()).device
-    normaliser = float(sum(len(c.completion_ids) for c in completions))
+    normaliser = float(sum(c.num_sampled for c in completions))
     sums: dict[str, float] = {}
     for start in range(0, len(completions), micro_size):
         chunk = slice(start, start + micro_size)

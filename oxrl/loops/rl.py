@@ -4,6 +4,7 @@
         prompts      <- this rank's share of the step's prompts (deterministic by seed, resumable)
         completions  <- engine.generate(prompts, n per prompt)         exact sampled token ids
         rewards      <- reward functions(prompt, completion, row fields)
+                        (multi-turn: engine turns alternate with env.step, whose rewards are summed)
         old_logp     <- policy log-probs of the samples (trainer, no grad); ref_logp if KL is on
         advantages   <- estimator(rewards, groups)                      e.g. Dr. GRPO: r - mean(group)
                         (over every rank's rewards: groups and batch statistics are global)
@@ -35,7 +36,9 @@ from oxrl.loops.critic import critic_step, gae_advantages, score_values
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_presets import advantage_params, loss_params
 from oxrl.loops.sl import _mlflow_uri, _resume_path
+from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.multiturn import Environment, run_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -94,19 +97,27 @@ def score_logprobs(model, completions: list[Completion], micro_size: int, temper
     return out
 
 
-def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch,
-            critic: Critic | None = None, strategy=None) -> tuple[Rollouts, dict[str, float]]:
-    """Generate, score, and compute the frozen quantities of one step (old/ref log-probs, advantages)."""
-    timings = {}
+def sample_and_score(engine, reward_fn, env: Environment | None, batch: RLPromptBatch,
+                     params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
+    """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
+    engine samples and the reward functions score the text. Multi-turn (`env`): the episodes' summed
+    environment rewards are the rewards (oxrl/rollout/multiturn.py)."""
     started = time.perf_counter()
-    completions = engine.generate(batch.prompt_ids, sampling_params(rl))
-    timings["time/generate"] = time.perf_counter() - started
-
-    started = time.perf_counter()
+    if env is not None:
+        episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
+        return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
+                                                                **episodes.metrics()}
+    completions = engine.generate(batch.prompt_ids, params)
+    generated = time.perf_counter()
     scored = reward_fn([batch.prompt_texts[c.prompt_index] for c in completions], [c.text for c in completions],
                        [batch.fields[c.prompt_index] for c in completions], [batch.origins[c.prompt_index] for c in completions])
-    timings["time/reward"] = time.perf_counter() - started
+    return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
 
+
+def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batch: RLPromptBatch,
+            critic: Critic | None = None, strategy=None, env: Environment | None = None) -> tuple[Rollouts, dict[str, float]]:
+    """Generate, score, and compute the frozen quantities of one step (old/ref log-probs, advantages)."""
+    completions, scored, sampling_metrics = sample_and_score(engine, reward_fn, env, batch, sampling_params(rl))
     started = time.perf_counter()
     temperature = rl.rollout.temperature or 1.0
     micro = cfg.train.micro_batch_size_per_device
@@ -124,8 +135,8 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
             # k1 penalty on the outcome reward: r - beta * sum_t (log pi - log pi_ref) over the sequence.
             rewards = rollouts.rewards = rewards - rl.kl_coef * torch.stack([k.sum() for k in kl_tokens])
         scalar = global_outcome_advantages(rl, rewards, group_ids, strategy)
-        rollouts.advantages = [a.expand(len(c.completion_ids)).clone() for a, c in zip(scalar, completions)]
-    timings["time/logprobs"] = time.perf_counter() - started
+        rollouts.advantages = [a.expand(c.num_sampled).clone() for a, c in zip(scalar, completions)]
+    timings = {**sampling_metrics, "time/logprobs": time.perf_counter() - started}
     quality = {"accuracy": accuracy_of(scored.components)}
     return rollouts, {**scored.metrics("reward"), **quality, **timings, **rollout_metrics(rollouts, rl)}
 
@@ -162,11 +173,21 @@ def global_metrics(strategy, metrics: dict[str, float], rewards: torch.Tensor) -
     return combined
 
 
+def sampled_logprobs(completions: list[Completion], old_logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine and trainer log-probs [N] of every sampled token, aligned. Both cover the sampled tokens only:
+    environment-written tokens (multi-turn) have no engine log-prob and are never trained."""
+    for completion, old in zip(completions, old_logprobs):
+        if len(completion.logprobs) != old.numel():
+            raise ValueError(f"the engine gave {len(completion.logprobs)} log-probs for a completion with "
+                             f"{old.numel()} trained tokens")
+    engine = [torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+    return (torch.cat(engine), torch.cat(old_logprobs)) if engine else (torch.zeros(0), torch.zeros(0))
+
+
 def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
-    lengths = torch.tensor([len(c.completion_ids) for c in r.completions], dtype=torch.float32)
+    lengths = torch.tensor([c.num_sampled for c in r.completions], dtype=torch.float32)  # sampled tokens
     advantages = torch.cat(r.advantages)
-    engine_logprobs = torch.cat([torch.tensor(c.logprobs) for c in r.completions])
-    trainer_logprobs = torch.cat(r.old_logprobs)
+    engine_logprobs, trainer_logprobs = sampled_logprobs(r.completions, r.old_logprobs)
     engine_gap = engine_logprobs - trainer_logprobs
     metrics = {
         "reward/mean": float(r.rewards.mean()),
@@ -190,7 +211,8 @@ def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
 
 def check_on_policy(rollouts: Rollouts, tolerance: float) -> None:
     """Raise unless the engine sampled from the policy being trained."""
-    gaps = torch.cat([torch.tensor(c.logprobs) - o for c, o in zip(rollouts.completions, rollouts.old_logprobs)])
+    engine_logprobs, trainer_logprobs = sampled_logprobs(rollouts.completions, rollouts.old_logprobs)
+    gaps = engine_logprobs - trainer_logprobs
     gap = float(gaps.abs().mean()) if gaps.numel() else 0.0
     if not gap <= tolerance:
         raise OffPolicyError(
@@ -225,7 +247,7 @@ def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first
 def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list[int], params, check: bool) -> dict[str, float]:
     temperature = rl.rollout.temperature or 1.0
     micro = [indices[i : i + cfg.train.micro_batch_size_per_device] for i in range(0, len(indices), cfg.train.micro_batch_size_per_device)]
-    lengths = [len(rollouts.completions[i].completion_ids) for i in indices]
+    lengths = [rollouts.completions[i].num_sampled for i in indices]  # trained tokens per completion
     local = local_normaliser(pad_rows([torch.ones(n) for n in lengths], max(lengths)), params.aggregation)
     normaliser = strategy.all_reduce_sum(float(local))
     sums: dict[str, float] = {}
@@ -264,13 +286,11 @@ def accuracy_of(scored_components: dict[str, list[float]]) -> float:
     return sum(score >= 1.0 for score in first) / len(first) if first else 0.0
 
 
-def evaluate(engine, reward_fn, batch: RLPromptBatch, rl: RLConfig) -> dict[str, float]:
-    """Greedy held-out accuracy: one completion per prompt at temperature 0."""
+def evaluate(engine, reward_fn, batch: RLPromptBatch, rl: RLConfig, env: Environment | None = None) -> dict[str, float]:
+    """Greedy held-out accuracy: one completion (or episode) per prompt at temperature 0."""
     if not batch.prompt_ids:
         return {}
-    completions = engine.generate(batch.prompt_ids, sampling_params(rl, greedy=True))
-    scored = reward_fn([batch.prompt_texts[c.prompt_index] for c in completions], [c.text for c in completions],
-                       [batch.fields[c.prompt_index] for c in completions], [batch.origins[c.prompt_index] for c in completions])
+    _, scored, _ = sample_and_score(engine, reward_fn, env, batch, sampling_params(rl, greedy=True))
     return {"val/accuracy": accuracy_of(scored.components), "val/reward": sum(scored.totals) / len(scored.totals)}
 
 
@@ -289,7 +309,8 @@ class RLResult:
 
 
 def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, train: RLPromptBatch, val: RLPromptBatch,
-             strategy, run_dir: Path, reference=None, critic: Critic | None = None) -> RLResult:
+             strategy, run_dir: Path, reference=None, critic: Critic | None = None, env: Environment | None = None) -> RLResult:
+    """RL training; `reward_fn` scores single-turn completions, or `env` runs multi-turn episodes and rewards them."""
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
     if rl.prompts_per_step % strategy.world_size:
@@ -314,7 +335,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
     metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
                                 progress_bar=cfg.logging.progress_bar, mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name)
     evaluate_now = rl.validation_every is not None and val.prompt_ids
-    before = evaluate(engine, reward_fn, val, rl) if evaluate_now and start_step == 0 else {}
+    before = evaluate(engine, reward_fn, val, rl, env) if evaluate_now and start_step == 0 else {}
     if before:
         metrics_log.log(start_step, before, advance=False)
         logger.info("held-out accuracy before training: %.3f", before["val/accuracy"])
@@ -325,7 +346,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
         for step in range(start_step, total_steps):
             started = time.perf_counter()
             batch = subset(train, split_for_rank(sampler.step_indices(step), strategy.rank, strategy.world_size))
-            rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy)
+            rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy, env)
             metrics = global_metrics(strategy, metrics, rollouts.rewards)
             if rl.strict_on_policy:
                 check_on_policy(rollouts, rl.on_policy_tolerance)
@@ -336,13 +357,13 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
             engine.sync_weights(model)
             metrics["time/train"] = time.perf_counter() - train_started
             elapsed = time.perf_counter() - started
-            generated = strategy.all_reduce_sum(float(sum(len(c.completion_ids) for c in rollouts.completions)))
+            generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollouts.completions)))
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step": elapsed,
                             "completions_per_s": len(rollouts.completions) * strategy.world_size / elapsed, "tokens_per_s": generated / elapsed})
             rewards.append(metrics["reward/mean"])
             done = step + 1
             if evaluate_now and (done % rl.validation_every == 0 or done == total_steps):
-                last_eval = evaluate(engine, reward_fn, val, rl)
+                last_eval = evaluate(engine, reward_fn, val, rl, env)
                 metrics.update(last_eval)
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)

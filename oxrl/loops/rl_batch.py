@@ -1,9 +1,12 @@
 """Turning sampled completions into training tensors, and log-probs back into per-completion rows.
 
 A completion is trained as one `Sequence` = prompt tokens + exactly the sampled completion tokens
-(never re-tokenised text), with the loss mask on the completion. Micro-batches pack several such
-sequences in one row; `completion_rows` then gathers each completion's positions into a padded
-[S, L] layout, the one the policy losses take.
+(never re-tokenised text), with the loss mask on the sampled tokens only (a multi-turn episode's
+environment-written tokens are context, not trained). An episode whose context restarted
+(`Completion.context_starts`) becomes several sequences of one `Example`, each with its own
+positions, so the trainer sees exactly the context the engine saw. Micro-batches pack several
+examples in one row; `completion_index` then gathers each completion's trained positions into a
+padded [S, L] layout (one row per completion), the one the policy losses take.
 """
 
 from __future__ import annotations
@@ -16,29 +19,34 @@ from oxrl.rollout.base import Completion
 
 
 def completion_example(completion: Completion) -> Example:
+    """Prompt + completion as one training example: the loss mask is on the sampled tokens only, and
+    every context restart begins a new sequence (its first token, written by the environment, is untrained)."""
     ids = completion.prompt_ids + completion.completion_ids
-    mask = [False] * len(completion.prompt_ids) + [True] * len(completion.completion_ids)
-    return Example([Sequence(ids, mask)])
+    sampled = completion.loss_mask if completion.loss_mask is not None else [True] * len(completion.completion_ids)
+    mask = [False] * len(completion.prompt_ids) + list(sampled)
+    cuts = [0, *(len(completion.prompt_ids) + start for start in completion.context_starts), len(ids)]
+    return Example([Sequence(ids[a:b], mask[a:b]) for a, b in zip(cuts, cuts[1:])])
 
 
 def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [S, L] of each sequence's trained tokens in the packed row, and their mask [S, L]."""
+    """Positions [E, L] of each example's (completion's) trained tokens in the packed row, in order, and
+    their mask [E, L]; an example of several sequences (a restarted context) gets one row."""
     mask_row = batch.loss_mask[0]
     positions = torch.nonzero(mask_row, as_tuple=True)[0]  # [N trained tokens], in row order
-    owner = batch.seq_index[positions]  # [N]
-    counts = torch.bincount(owner, minlength=batch.num_sequences)  # [S]
+    owner = batch.seq_example[batch.seq_index[positions]]  # [N]
+    counts = torch.bincount(owner, minlength=batch.num_examples)  # [E]
     width = int(counts.max()) if counts.numel() else 0
-    starts = torch.cumsum(counts, 0) - counts  # [S]
+    starts = torch.cumsum(counts, 0) - counts  # [E]
     column = torch.arange(positions.numel(), device=positions.device) - starts[owner]
-    index = torch.zeros(batch.num_sequences, width, dtype=torch.long, device=positions.device)
-    valid = torch.zeros(batch.num_sequences, width, dtype=torch.bool, device=positions.device)
+    index = torch.zeros(batch.num_examples, width, dtype=torch.long, device=positions.device)
+    valid = torch.zeros(batch.num_examples, width, dtype=torch.bool, device=positions.device)
     index[owner, column] = positions
     valid[owner, column] = True
     return index, valid
 
 
 def policy_rows(model, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-probs [S, L] (and entropies) of each completion's tokens, with the mask [S, L]."""
+    """Log-probs [S, L] (and entropies) of each completion's trained (sampled) tokens, with the mask [S, L]."""
     index, valid = completion_index(batch)
     if with_entropy:
         logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=True)

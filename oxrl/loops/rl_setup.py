@@ -1,4 +1,4 @@
-"""RL inputs: prompts (generated task or files) rendered to token ids, and the reward function."""
+"""RL inputs: prompts (generated task or files) rendered to token ids, and the reward function or environment."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, default_reward_specs, generate_rl_prompts, read_rl_prompts
 from oxrl.loops.rl import RLPromptBatch
 from oxrl.rewards.combine import RewardSpec, build_reward_fn
+from oxrl.rollout.multiturn import Environment, load_environment
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ def reward_function(cfg: Config, rl: RLConfig):
             spec.on_error = rl.on_reward_error
     logger.info("rewards: %s", ", ".join(f"{s.name} x{s.weight}" for s in specs))
     return build_reward_fn(specs)
+
+
+def environment(rl: RLConfig, tokenizer) -> Environment | None:
+    """The multi-turn environment `rl.env` names (checked now, before the model loads), or None."""
+    if rl.env is None:
+        return None
+    env = load_environment(rl.env.path, rl.env.max_turns, tokenizer)
+    logger.info("environment: %s, at most %d turns per episode", env.reference, env.max_turns)
+    return env
 
 
 def encode(prompts: list[RLPrompt], tokenizer) -> RLPromptBatch:

@@ -52,62 +52,66 @@ class RewardLoadError(ValueError):
 
 
 def load_reward_fn(reference: str) -> RewardFn:
+    """The reward function that `reference` names (see `load_function`); errors are `RewardLoadError`s."""
+    return load_function(reference, "reward", RewardLoadError)
+
+
+def load_function(reference: str, kind: str, error: type[Exception]) -> Callable[..., Any]:
     """The callable that `reference` names: `path/to/file.py:fn`, `pkg.module:fn` or `pkg.module.fn`.
 
-    `fn` may be dotted (`module:Class.method`, `module:instance`). Raises `RewardLoadError` when the
-    file or module does not exist, has no such attribute, or the attribute is not callable.
+    `fn` may be dotted (`module:Class.method`, `module:instance`). Raises `error`, worded for a `kind`
+    ("reward", "environment"), when the file or module does not exist, has no such attribute, or the
+    attribute is not callable. Shared by user rewards and multi-turn environments.
     """
     if reference.endswith(".py"):
-        raise RewardLoadError(f"reward {reference!r}: name the function too, as in `{reference}:my_reward`")
+        raise error(f"{kind} {reference!r}: name the function too, as in `{reference}:my_{kind}`")
     module_part, separator, attribute = reference.rpartition(":")
     if not separator:  # pkg.module.fn
         module_part, _, attribute = reference.rpartition(".")
     if not module_part or not attribute:
-        raise RewardLoadError(
-            f"reward {reference!r}: expected `pkg.module:function`, `pkg.module.function` or `path/to/file.py:function`"
+        raise error(
+            f"{kind} {reference!r}: expected `pkg.module:function`, `pkg.module.function` or `path/to/file.py:function`"
         )
     if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _import_file(Path(module_part), reference)
+        module = _import_file(Path(module_part), f"{kind} {reference!r}", error)
     else:
-        module = _import_module(module_part, reference)
+        module = _import_module(module_part, f"{kind} {reference!r}", error)
     target: Any = module
     for name in attribute.split("."):
         if not hasattr(target, name):
             available = sorted(n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n)))
-            raise RewardLoadError(
-                f"reward {reference!r}: {getattr(target, '__name__', module_part)!r} has no attribute {name!r}; "
+            raise error(
+                f"{kind} {reference!r}: {getattr(target, '__name__', module_part)!r} has no attribute {name!r}; "
                 f"its public callables are {available}"
             )
         target = getattr(target, name)
     if not callable(target):
-        raise RewardLoadError(f"reward {reference!r}: {attribute!r} is a {type(target).__name__}, not a function")
+        raise error(f"{kind} {reference!r}: {attribute!r} is a {type(target).__name__}, not a function")
     return target
 
 
-def _import_module(name: str, reference: str) -> Any:
+def _import_module(name: str, what: str, error: type[Exception]) -> Any:
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and name.startswith(error.name):  # the module itself (or its package) is missing
-            raise RewardLoadError(
-                f"reward {reference!r}: no module named {name!r} (is it installed, or on PYTHONPATH?)"
-            ) from error
+    except ModuleNotFoundError as missing:
+        if missing.name and name.startswith(missing.name):  # the module itself (or its package) is missing
+            raise error(f"{what}: no module named {name!r} (is it installed, or on PYTHONPATH?)") from missing
         raise  # the module exists but one of *its* imports is missing: show the real error
 
 
-def _import_file(path: Path, reference: str) -> Any:
+def _import_file(path: Path, what: str, error: type[Exception]) -> Any:
     resolved = path.expanduser().resolve()
     if not resolved.is_file():
-        raise RewardLoadError(f"reward {reference!r}: file {str(path)!r} not found (resolved to {str(resolved)!r})")
+        raise error(f"{what}: file {str(path)!r} not found (resolved to {str(resolved)!r})")
     # A unique module name per file, so that two `rewards.py` in different folders do not collide;
     # registered in sys.modules because dataclasses and pickle look modules up there.
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    module_name = f"oxrl_user_reward_{resolved.stem}_{digest}"
+    module_name = f"oxrl_user_{resolved.stem}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, resolved)
     if spec is None or spec.loader is None:
-        raise RewardLoadError(f"reward {reference!r}: {str(path)!r} cannot be imported as a Python module")
+        raise error(f"{what}: {str(path)!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:

@@ -2,7 +2,8 @@
 
 The RL loop talks only to this interface, so the built-in transformers engine and a vLLM engine
 are interchangeable. Training always uses `completion_ids` exactly as sampled: text is never
-re-tokenised.
+re-tokenised; in multi-turn episodes the environment's tokens ride along in `completion_ids` but are
+masked out (`loss_mask`), and `logprobs` covers the sampled tokens only.
 """
 
 from __future__ import annotations
@@ -25,10 +26,38 @@ class SamplingParams:
 class Completion:
     prompt_index: int  # index of the prompt in the `generate` call
     prompt_ids: list[int]
-    completion_ids: list[int]  # exactly the sampled tokens, up to and including EOS / the stop string
-    logprobs: list[float]  # engine's log-prob of each sampled token under softmax(logits / temperature)
+    completion_ids: list[int]  # exactly the sampled tokens, up to and including EOS / the stop string (multi-turn: + env tokens)
+    logprobs: list[float]  # engine's log-prob of each SAMPLED token under softmax(logits / temperature)
     finish_reason: Literal["eos", "length", "stop"]
-    text: str  # decoded completion, for rewards and logs
+    text: str  # decoded completion, for rewards and logs (multi-turn: actions and environment text in order)
+    # Multi-turn episodes (oxrl/rollout/multiturn.py) interleave environment-written tokens with the
+    # sampled ones. loss_mask[t] says whether completion_ids[t] was sampled (trained, has a log-prob in
+    # `logprobs`) or written by the environment (never trained). None: every token was sampled.
+    loss_mask: list[bool] | None = None
+    # Positions in completion_ids where the model's context restarted from scratch (an environment
+    # state that did not extend the conversation): tokens from there on never saw the earlier ones.
+    context_starts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError(f"loss_mask ({len(self.loss_mask)}) and completion_ids ({len(self.completion_ids)}) differ in length")
+        if len(self.logprobs) != self.num_sampled:
+            raise ValueError(f"a completion needs one engine log-prob per sampled token: {len(self.logprobs)} "
+                             f"log-probs for {self.num_sampled} sampled tokens")
+        if any(not 0 < start < len(self.completion_ids) for start in self.context_starts):
+            raise ValueError(f"context_starts {self.context_starts} must lie inside the completion (1..{len(self.completion_ids) - 1})")
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the engine sampled (the trained ones); environment-written tokens are not counted."""
+        return len(self.completion_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+    @property
+    def sampled_ids(self) -> list[int]:
+        """The sampled token ids in order, without environment-written tokens."""
+        if self.loss_mask is None:
+            return list(self.completion_ids)
+        return [token for token, sampled in zip(self.completion_ids, self.loss_mask) if sampled]
 
 
 class RolloutEngine(Protocol):
