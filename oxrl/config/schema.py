@@ -182,8 +182,55 @@ class PreferenceConfig(Section):
     )
 
 
+class VLLMConfig(Section):
+    tensor_parallel_size: int = Field(1, gt=0, description="GPUs (or CPU processes) one vLLM engine is split over.")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1,
+        description="Fraction of GPU memory vLLM may claim (weights + KV cache); the trainer shares the GPU, so keep "
+        "room for it. Ignored when `kv_cache_gib` is set.",
+    )
+    kv_cache_gib: float | None = Field(
+        None, gt=0,
+        description="KV-cache size in GiB; null: vLLM sizes it from `gpu_memory_utilization` on GPU, 1 GiB on CPU "
+        "(vLLM CPU would otherwise reserve a fraction of all RAM).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="vLLM's compute dtype; `auto` is the training model's parameter dtype."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt + completion vLLM accepts; null: the model's context length."
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="Run vLLM eagerly (no torch.compile / CUDA graphs); null: eager on CPU (short start-up, the "
+        "tested path), compiled on GPU.",
+    )
+    sleep_between_phases: bool = Field(
+        True,
+        description="On GPU, put vLLM to sleep (weights offloaded, KV cache freed) while the trainer runs and wake it "
+        "for the next rollout. Ignored where vLLM has no sleep mode (CPU).",
+    )
+    sync_check_tolerance: float | None = Field(
+        None, gt=0,
+        description="After every weight sync, the mean absolute gap allowed between vLLM's and the trainer's "
+        "log-probs of a fixed probe sequence; larger raises WeightSyncError. null: 1e-3 when vLLM runs in float32, "
+        "5e-2 in bfloat16/float16.",
+    )
+    sync_dir: str | None = Field(
+        None,
+        description="Folder the trainer's weights are written to for vLLM to reload; null: a fresh folder in "
+        "/dev/shm (memory-backed), else in the system temp folder.",
+    )
+
+
 class RolloutConfig(Section):
-    engine: Literal["hf"] = Field("hf", description="Rollout engine: `hf` (transformers generate, built in).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Rollout engine: `hf` (transformers generate, built in) or `vllm` (vLLM colocated in the trainer's "
+        "process, weights synced after every update; install with `pip install 'oxrl[vllm]'` on GPU or "
+        "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun).",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
     n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")

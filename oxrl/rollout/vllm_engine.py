@@ -1,0 +1,217 @@
+"""vLLM rollout engine, colocated with the trainer: `vllm.LLM` in the trainer's process.
+
+Same contract as HFEngine (oxrl/rollout/base.py): prompts go in as token ids (never re-tokenised),
+completions come back as exactly the sampled ids with each sampled token's log-prob under
+softmax(logits / temperature). vLLM is started with `logprobs_mode="processed_logprobs"`, so the
+log-prob it returns is of the distribution it sampled from (after temperature), not of the raw
+logits. With `top_p < 1` or `top_k > 0` that distribution is also truncated and renormalised: the
+honest behaviour log-prob, which then differs from HFEngine's untruncated one.
+
+Weights reach vLLM through public vLLM APIs only, one path on every platform:
+
+    trainer weights (LoRA merged on the fly) --save_pretrained--> <sync_dir>/weights-<k>/   (/dev/shm)
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": ...}); llm.reset_prefix_cache()
+
+and every sync is VERIFIED: a fixed probe sequence is scored by the trainer (its own forward) and by
+vLLM (`prompt_logprobs`); a mean gap above the tolerance raises WeightSyncError instead of letting a
+stale engine sample silently. A sync whose update moved the probe by less than the tolerance cannot
+be told apart from a failed one, but a persistently stale engine drifts past it within a few steps.
+
+On GPU, vLLM sleeps between phases (weights offloaded, KV cache freed) so the trainer has the memory,
+where the platform supports sleep mode; on CPU sleep is a no-op and is not called.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.config.schema import VLLMConfig
+from oxrl.data.types import Example, Sequence, pack
+from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.hf import eos_token_ids
+
+logger = logging.getLogger(__name__)
+
+PROBE_LENGTH = 64  # tokens scored after every sync
+DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+CPU_KV_CACHE_GIB = 1.0
+
+
+class WeightSyncError(RuntimeError):
+    """After a weight sync, vLLM's log-probs of the probe disagree with the trainer's."""
+
+
+class VLLMEngine:
+    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0):
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.dtype = options.dtype if options.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.tolerance = options.sync_check_tolerance or DEFAULT_TOLERANCE[self.dtype]
+        self.can_sleep = options.sleep_between_phases and current_platform.is_sleep_mode_available()
+        on_cpu = current_platform.is_cpu()
+        self.root = _sync_root(options.sync_dir)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        self._version = 0
+        self._asleep = False
+        self._last_trainer_probe: torch.Tensor | None = None
+        weights = self._write_weights(model)
+        tokenizer.save_pretrained(self.root / "tokenizer")
+        _config(model).save_pretrained(self.root / "tokenizer")  # vLLM reads a config beside any tokenizer
+        kv_gib = options.kv_cache_gib or (CPU_KV_CACHE_GIB if on_cpu else None)
+        started = time.perf_counter()
+        self.llm = LLM(
+            model=str(weights), tokenizer=str(self.root / "tokenizer"), dtype=self.dtype, seed=seed,
+            tensor_parallel_size=options.tensor_parallel_size, gpu_memory_utilization=options.gpu_memory_utilization,
+            kv_cache_memory_bytes=int(kv_gib * 2**30) if kv_gib else None, max_model_len=options.max_model_len,
+            enforce_eager=on_cpu if options.enforce_eager is None else options.enforce_eager,
+            enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs",
+        )
+        logger.info("vLLM engine started in %.1f s (%s, %s)", time.perf_counter() - started, self.dtype,
+                    "sleeps between phases" if self.can_sleep else "no sleep mode")
+        vocab = min(len(tokenizer), _config(model).vocab_size)
+        self.probe_ids = torch.randint(vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(0)).tolist()
+        self.check_sync(model)  # vLLM's own loading of the first folder is checked like every reload
+
+    # ---- sampling ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.temperature == 0
+        sampling = VLLMSamplingParams(
+            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
+            stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
+        )
+        self._wake()
+        outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], sampling, use_tqdm=False)
+        self._sleep()
+        return [self._completion(index, prompts[index], sample) for index, out in enumerate(outputs) for sample in out.outputs]
+
+    def _completion(self, index: int, prompt_ids: list[int], sample) -> Completion:
+        ids = list(sample.token_ids)
+        # logprobs=0: each step's dict holds just the sampled token (processed_logprobs: after temperature).
+        logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs, ids)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as HFEngine decodes: same text for same ids
+        return Completion(prompt_index=index, prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=logprobs,
+                          finish_reason=_finish_reason(sample), text=text)
+
+    # ---- weights ----------------------------------------------------------------------------------
+
+    def sync_weights(self, model) -> None:
+        """Load `model`'s current weights into vLLM, then verify them (WeightSyncError if they differ)."""
+        started = time.perf_counter()
+        self._wake()
+        previous = self.root / f"weights-{self._version}"
+        self._version += 1
+        folder = self._write_weights(model)
+        written = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        if not self.llm.reset_prefix_cache():
+            raise WeightSyncError("vLLM could not reset its prefix cache after reloading weights: cached KV of the old weights would be reused")
+        shutil.rmtree(previous)
+        reloaded = time.perf_counter()
+        gap = self.check_sync(model)
+        logger.info("vLLM weight sync %.2f s (write %.2f s, reload %.2f s, probe %.2f s); probe gap %.2e",
+                    time.perf_counter() - started, written - started, reloaded - written, time.perf_counter() - reloaded, gap)
+
+    def _write_weights(self, model) -> Path:
+        """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""
+        folder = self.root / f"weights-{self._version}"
+        if is_peft(model):
+            model.get_base_model().save_pretrained(folder, state_dict=merged_state_dict(model), safe_serialization=True)
+        else:
+            model.save_pretrained(folder, safe_serialization=True)
+        return folder
+
+    @torch.no_grad()
+    def check_sync(self, model) -> float:
+        """Mean |trainer - vLLM| log-prob gap on the probe sequence; raises WeightSyncError above the tolerance."""
+        trainer = trainer_probe_logprobs(model, self.probe_ids)
+        self._wake()
+        engine = self._engine_probe_logprobs()
+        gap = float((trainer - engine).abs().mean())
+        drift = float((trainer - self._last_trainer_probe).abs().mean()) if self._last_trainer_probe is not None else None
+        if not gap <= self.tolerance:
+            moved = f"; the trainer's own probe log-probs moved by {drift:.3g} since the last sync" if drift is not None else ""
+            raise WeightSyncError(
+                f"vLLM's log-probs of the probe sequence differ from the trainer's by {gap:.3g} on average (tolerance "
+                f"{self.tolerance}{moved}): vLLM is not sampling from the weights being trained. If vLLM computes in "
+                f"lower precision than the trainer, raise rollout.vllm.sync_check_tolerance."
+            )
+        self._last_trainer_probe = trainer
+        return gap
+
+    def _engine_probe_logprobs(self) -> torch.Tensor:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        probe = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([{"prompt_token_ids": self.probe_ids}], probe, use_tqdm=False)[0]
+        # prompt_logprobs[0] is None (the first token has no prefix); raw log softmax (prompts skip temperature).
+        return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], self.probe_ids[1:])])
+
+    # ---- memory between phases --------------------------------------------------------------------
+
+    def _sleep(self) -> None:
+        if self.can_sleep and not self._asleep:
+            self.llm.sleep(level=1)  # weights to CPU memory, KV cache freed: the trainer gets the GPU
+            self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Stop vLLM and remove the weight folders; the engine cannot be used afterwards. vLLM has no
+        public shutdown: its processes stop when the `LLM` is released (else at interpreter exit)."""
+        self.llm = None
+        gc.collect()
+        self._cleanup()
+
+
+@torch.no_grad()
+def trainer_probe_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, in fp32 [len - 1]."""
+    was_training = model.training
+    model.eval()
+    batch = pack([Example([Sequence(ids, [False] + [True] * (len(ids) - 1))])]).to(next(model.parameters()).device)
+    values = token_logprobs(model, batch)[1:].float().cpu()
+    model.train(was_training)
+    return values
+
+
+def _finish_reason(sample) -> str:
+    """vLLM says `stop` for EOS, stop tokens and stop strings alike; `stop_reason` is the string for the last."""
+    if sample.finish_reason == "length":
+        return "length"
+    if sample.finish_reason == "stop":
+        return "stop" if isinstance(sample.stop_reason, str) else "eos"
+    raise RuntimeError(f"vLLM ended a completion with finish_reason {sample.finish_reason!r} (aborted?)")
+
+
+def _config(model):
+    return model.get_base_model().config if is_peft(model) else model.config
+
+
+def _sync_root(sync_dir: str | None) -> Path:
+    """A fresh folder for the weight files: memory-backed /dev/shm when there is one."""
+    if sync_dir is not None:
+        Path(sync_dir).mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="oxrl-vllm-", dir=sync_dir))
+    shm = Path("/dev/shm")
+    parent = str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 0 else None
+    return Path(tempfile.mkdtemp(prefix="oxrl-vllm-", dir=parent))
