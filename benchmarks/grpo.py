@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/grpo.py                       # 4 prompts x 8, 32 new tokens, 1 warm-up + 3 timed steps
     .venv/bin/python benchmarks/grpo.py --preset dr_grpo      # Dr. GRPO on both sides
     .venv/bin/python benchmarks/grpo.py --steps 2 --skip-trl  # quick check of oxRL alone
+    ~/.cache/oxrl/venv-vllm-cpu/bin/python benchmarks/grpo.py --engine vllm --skip-trl   # oxRL sampling with vLLM
+    (vLLM needs its own environment on CPU: `bash scripts/setup_vllm_cpu.sh` creates it)
 
 What is measured. SmolLM2-135M-Instruct (the bundled alias, loaded from oxRL's cached safetensors
 folder by both libraries), fp32, CPU, on oxRL's generated `arithmetic` task ("What is 12+7?" in a
@@ -12,7 +14,8 @@ order), samples `--n` completions of each (temperature 1, at most `--max-new-tok
 at end-of-turn), scores them, and makes ONE optimizer step on all of them (one rollout, one update:
 TRL's `num_iterations=1`, oxRL's `rl.epochs=1, rl.mini_batches=1`), with beta = 0 (no reference
 model on either side), AdamW at a constant lr, grad-norm clipping at 1.0, no gradient
-checkpointing, no autocast, transformers `generate` (no vLLM) for sampling.
+checkpointing, no autocast, transformers `generate` for sampling (`--engine vllm`: oxRL samples with its
+colocated vLLM engine instead, weights synced and checked after every update; TRL keeps `generate`).
 
 * oxRL: `oxrl.loops.rl.train_rl` wired as `oxrl.runner.run_rl` wires it (HFEngine, SingleDevice),
   all of a step's completions generated in one `generate` call and trained in one packed
@@ -99,7 +102,8 @@ class RunResult:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens: int, steps: int, lr: float, seed: int):
+def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens: int, steps: int, lr: float, seed: int,
+                     engine: str = "hf"):
     """oxRL's config for the run; TRL's settings are derived from it, so the two cannot drift apart."""
     from oxrl.config.schema import Config
 
@@ -112,7 +116,8 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
         "rl": {
             "task": "arithmetic", "task_size": prompts_per_step * steps, "validation_size": 0,
             "prompts_per_step": prompts_per_step,
-            "rollout": {"n": n, "temperature": 1.0, "max_new_tokens": max_new_tokens, "max_batch_size": completions},
+            "rollout": {"engine": engine, "n": n, "temperature": 1.0, "max_new_tokens": max_new_tokens,
+                        "max_batch_size": completions},
             "kl_coef": 0.0, "epochs": 1, "mini_batches": 1,
         },
         "train": {
@@ -133,7 +138,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     from oxrl.loops.rl_presets import resolve
     from oxrl.loops.rl_setup import encode, reward_function
     from oxrl.models.load import load_model, load_tokenizer
-    from oxrl.rollout.hf import HFEngine
+    from oxrl.rollout.build import build_engine
     from oxrl.runner import set_seed
 
     _quiet_child(spec.threads)
@@ -143,12 +148,15 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     tokenizer = load_tokenizer(cfg.model)
     train = encode(spec.prompts, tokenizer)
     model = load_model(cfg.model, device)
-    engine = HFEngine(model, tokenizer, rl.rollout.max_batch_size)
     strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+    engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     no_validation = RLPromptBatch([], [], [], [])
     set_seed(cfg.run.seed)
     with tempfile.TemporaryDirectory() as run_dir:
-        train_rl(cfg, rl, model, tokenizer, engine, reward_function(cfg, rl), train, no_validation, strategy, Path(run_dir))
+        try:
+            train_rl(cfg, rl, model, tokenizer, engine, reward_function(cfg, rl), train, no_validation, strategy, Path(run_dir))
+        finally:
+            engine.close()
         records = read_metrics(Path(run_dir))
     # Step 1 has no previous step end: its own `time/step` stands in (it is a warm-up step anyway).
     step_seconds = [records[0]["time/step"]] + [b["time"] - a["time"] for a, b in zip(records, records[1:])]
@@ -344,6 +352,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=usable_cores(), help="torch intra-op threads (default: usable cores)")
     parser.add_argument("--skip-trl", action="store_true", help="run oxRL only")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="oxRL's rollout engine; `vllm` needs vLLM importable (on CPU: run this script with the python of the venv that scripts/setup_vllm_cpu.sh creates)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0 or args.n < 2 or args.prompts_per_step < 1:
         parser.error("--steps >= 1, --warmup-steps >= 0, --n >= 2 (a group needs two samples), --prompts-per-step >= 1")
@@ -356,11 +366,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     total_steps = args.warmup_steps + args.steps
-    cfg = benchmark_config(args.preset, args.prompts_per_step, args.n, args.max_new_tokens, total_steps, args.lr, args.seed)
+    if args.engine == "vllm":
+        from oxrl.rollout.build import require_vllm
+
+        try:
+            require_vllm()
+        except ImportError as error:
+            parser.error(f"--engine vllm: {error}")
+    cfg = benchmark_config(args.preset, args.prompts_per_step, args.n, args.max_new_tokens, total_steps, args.lr, args.seed,
+                           args.engine)
     prompts, _ = load_prompts(cfg, resolve(cfg.algorithm.name, cfg.rl))
     spec = RunSpec(cfg, prompts, args.warmup_steps, args.threads)
     completions_per_step = args.prompts_per_step * args.n
-    print(f"GRPO settings: preset {args.preset}, {args.prompts_per_step} prompts x {args.n} completions per step, "
+    print(f"GRPO settings: preset {args.preset}, oxRL engine {args.engine}, {args.prompts_per_step} prompts x {args.n} completions per step, "
           f"max {args.max_new_tokens} new tokens, temperature 1.0, lr {args.lr}, beta 0, 1 update per rollout, "
           f"{args.warmup_steps} warm-up + {args.steps} timed steps; first prompt: {prompts[0].messages[-1]['content']!r}")
     print(f"machine before: {machine_summary()}")

@@ -96,6 +96,7 @@ def run_rl(cfg: Config) -> RunResult:
         result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic, env)
         final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
     finally:
+        engine.close()
         strategy.close()
     summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
     if not strategy.is_main:

@@ -68,3 +68,8 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model) -> None:
         """Make the engine sample from `model`'s current weights."""
         ...
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, files). Call it when done: a vLLM engine left to
+        interpreter exit can hang a spawned process, which joins its children before vLLM shuts down."""
+        ...

@@ -38,6 +38,9 @@ class HFEngine:
         if model is not self.model:
             raise ValueError("HFEngine samples from the training model itself; pass that same model object")
 
+    def close(self) -> None:
+        """Nothing to release: the engine is the training model."""
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         requests = [(index, ids) for index, ids in enumerate(prompts) for _ in range(params.n)]
