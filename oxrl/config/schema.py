@@ -213,7 +213,7 @@ class VLLMConfig(Section):
     sync_check_tolerance: float | None = Field(
         None, gt=0,
         description="After every weight sync, the mean absolute gap allowed between vLLM's and the trainer's "
-        "log-probs of a fixed probe sequence; larger raises WeightSyncError. null: 1e-3 when vLLM runs in float32, "
+        "log-probs of a fixed probe sequence; larger raises WeightSyncError. null: 1e-4 when vLLM runs in float32, "
         "5e-2 in bfloat16/float16.",
     )
     sync_dir: str | None = Field(

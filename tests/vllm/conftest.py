@@ -31,14 +31,14 @@ def number_tokenizer():
                                    unk_token="<unk>")
 
 
-def make_model(seed: int = 0):
-    """A 2-layer Llama, fp32, untied embeddings, random weights."""
+def make_model(seed: int = 0, tied: bool = False):
+    """A 2-layer Llama, fp32, random weights; `tied` shares the embedding with the lm_head (as SmolLM2 does)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+                         tie_word_embeddings=tied, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
     return LlamaForCausalLM(config).eval()
 
 
@@ -47,12 +47,24 @@ def tokenizer():
     return number_tokenizer()
 
 
-@pytest.fixture(scope="session")
-def engine(tokenizer):
+def start_engine(model, tokenizer):
     pytest.importorskip("vllm", reason=f"vLLM is not installed: {VLLM_INSTALL_HINT}")
     from oxrl.config.schema import VLLMConfig
     from oxrl.rollout.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(make_model(0), tokenizer, VLLMConfig(max_model_len=256, kv_cache_gib=0.25), seed=0)
+    return VLLMEngine(model, tokenizer, VLLMConfig(max_model_len=256, kv_cache_gib=0.25), seed=0)
+
+
+@pytest.fixture(scope="session")
+def engine(tokenizer):
+    engine = start_engine(make_model(0), tokenizer)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def tied_engine(tokenizer):
+    """vLLM's model architecture is fixed at start-up, and tying is part of it: a tied model needs its own engine."""
+    engine = start_engine(make_model(0, tied=True), tokenizer)
     yield engine
     engine.close()
