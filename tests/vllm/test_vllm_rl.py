@@ -14,12 +14,6 @@ from tests.vllm.conftest import make_model
 pytest.importorskip("vllm", reason=f"vLLM is not installed: {VLLM_INSTALL_HINT}")
 
 
-def share_of_sevens(prompt: str, completion: str) -> float:
-    """The fraction of completion words that are "7" (tests/test_rl_loop.py's reward, on real decoded text)."""
-    words = completion.split()
-    return sum(w == "7" for w in words) / max(1, len(words))
-
-
 def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
     cfg = Config.model_validate({
         "run": {"name": "vllm-rl", "output_dir": str(tmp_path), "seed": 0},
@@ -36,7 +30,7 @@ def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
     engine.sync_weights(model)
     ids = [[1, 4 + i, 5 + i] for i in range(8)]
     train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])
-    reward = build_reward_fn([{"name": "tests.vllm.test_vllm_rl:share_of_sevens"}])
+    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])  # the words "7" in the decoded text
     result = train_rl(cfg, rl, model, tokenizer, engine, reward, train, RLPromptBatch([], [], [], []),
                       SingleDevice(torch.device("cpu"), max_grad_norm=1.0), tmp_path / "run")
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
