@@ -43,7 +43,7 @@ class RecordingEngine:
         return out
 
     def sync_weights(self, model):
-        self.engine.sync_weights(model)
+        return self.engine.sync_weights(model)
 
 
 # Never done by itself (max_turns ends it); appends " 9 9" to the conversation; reward 0.5 a turn.

@@ -57,7 +57,7 @@ def _run(tmp_path, algorithm, engine_model=None, **rl):
     model = make_tiny_llama()
     engine = HFEngine(engine_model if engine_model is not None else model, TinyTokenizer())
     if engine_model is not None:
-        engine.sync_weights = lambda m: None  # a stale engine that never receives the new weights
+        engine.sync_weights = lambda m: {}  # a stale engine that never receives the new weights
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
     strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
     critic = _tiny_critic() if resolved.advantage == "gae" else None

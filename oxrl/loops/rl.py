@@ -354,7 +354,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
             warming_up = critic is not None and step < rl.critic_warmup_steps  # only the critic learns
             metrics.update(update(cfg, rl, policy, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
                                   critic=critic, train_policy=not warming_up))
-            engine.sync_weights(model)
+            metrics.update(engine.sync_weights(model))  # e.g. vLLM: the sync's seconds and probe gap
             metrics["time/train"] = time.perf_counter() - train_started
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollouts.completions)))

@@ -65,8 +65,8 @@ class RolloutEngine(Protocol):
         """`params.n` completions per prompt, grouped by prompt in order."""
         ...
 
-    def sync_weights(self, model) -> None:
-        """Make the engine sample from `model`'s current weights."""
+    def sync_weights(self, model) -> dict[str, float]:
+        """Make the engine sample from `model`'s current weights; returns metrics of the sync (may be empty)."""
         ...
 
     def close(self) -> None:

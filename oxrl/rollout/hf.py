@@ -34,9 +34,10 @@ class HFEngine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model) -> dict[str, float]:
         if model is not self.model:
             raise ValueError("HFEngine samples from the training model itself; pass that same model object")
+        return {}
 
     def close(self) -> None:
         """Nothing to release: the engine is the training model."""

@@ -116,8 +116,9 @@ class VLLMEngine:
 
     # ---- weights ----------------------------------------------------------------------------------
 
-    def sync_weights(self, model) -> None:
-        """Load `model`'s current weights into vLLM, then verify them (WeightSyncError if they differ)."""
+    def sync_weights(self, model) -> dict[str, float]:
+        """Load `model`'s current weights into vLLM, then verify them (WeightSyncError if they differ);
+        returns the sync's seconds and probe gap, for the step's metrics."""
         started = time.perf_counter()
         self._wake()
         previous = self.root / f"weights-{self._version}"
@@ -130,8 +131,10 @@ class VLLMEngine:
         shutil.rmtree(previous)
         reloaded = time.perf_counter()
         gap = self.check_sync(model)
-        logger.info("vLLM weight sync %.2f s (write %.2f s, reload %.2f s, probe %.2f s); probe gap %.2e",
-                    time.perf_counter() - started, written - started, reloaded - written, time.perf_counter() - reloaded, gap)
+        seconds = time.perf_counter() - started
+        logger.debug("vLLM weight sync %.2f s (write %.2f s, reload %.2f s, probe %.2f s); probe gap %.2e",
+                     seconds, written - started, reloaded - written, time.perf_counter() - reloaded, gap)
+        return {"time/weight_sync": seconds, "weight_sync/probe_gap": gap}
 
     def _write_weights(self, model) -> Path:
         """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""

@@ -36,3 +36,4 @@ def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
     assert last > first + 0.2, result.rewards
     assert result.final_metrics["logprob_mismatch/mean_abs"] < 1e-4
+    assert result.final_metrics["weight_sync/probe_gap"] < 1e-4 and result.final_metrics["time/weight_sync"] > 0
