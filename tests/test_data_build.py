@@ -102,3 +102,23 @@ def test_bundled_chat_sft_with_smollm2(smollm2_tokenizer):
         ids, mask = example.sequences[0].input_ids, example.sequences[0].loss_mask
         trained = smollm2_tokenizer.decode([t for t, m in zip(ids, mask) if m])
         assert trained.startswith("The answer is ") and trained.endswith(".<|im_end|>")
+
+
+def test_a_margin_column_reaches_the_reward_model_batch(tmp_path):
+    """`preference.rm_margin_field: margin` reads the rows' `margin` column (Llama 2's required score gap)."""
+    from oxrl.config.schema import PreferenceConfig
+    from oxrl.data.types import pack
+    from oxrl.loops.objectives import get_objective
+    from tests.test_reward_model_training import tiny_reward_model
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "margin": float(i)} for i in range(3)]
+    data = load_examples(config(write_jsonl(tmp_path / "pairs.jsonl", rows)), char_tokenizer(), seed=0)
+    batch = pack(sorted(data.train, key=lambda e: e.row))
+    assert batch.fields["margin"].tolist() == [0.0, 1.0, 2.0]
+    model = tiny_reward_model()
+    with_margin = get_objective("rm", PreferenceConfig(rm_margin_field="margin")).compute(model, batch, normaliser=3.0).loss
+    without = get_objective("rm").compute(model, batch, normaliser=3.0).loss
+    assert float(with_margin.detach()) > float(without.detach())  # the required gaps cost more
+    plain = load_examples(config(write_jsonl(tmp_path / "plain.jsonl", [{k: v for k, v in r.items() if k != "margin"} for r in rows])),
+                          char_tokenizer(), seed=0)
+    assert all(e.fields == {} for e in plain.train)

@@ -51,6 +51,8 @@ MALFORMED = [
     ("preference", {"prompt": "q", "chosen": "a"}, "rejected", "missing field"),
     ("preference", {"prompt": "q", "chosen": [{"role": "user", "content": "a"}], "rejected": "b"}, "chosen[0].role", "expected role 'assistant'"),
     ("preference", {"prompt": "q", "chosen": "a", "rejected": {"text": "b"}}, "rejected", "expected a string, got an object"),
+    ("preference", {"prompt": "q", "chosen": "a", "rejected": "b", "margin": "2"}, "margin", "expected a number, got a string"),
+    ("preference", {"prompt": "q", "chosen": "a", "rejected": "b", "margin": True}, "margin", "expected a number, got a boolean"),
     ("kto", {"prompt": "q", "completion": "a", "label": "yes"}, "label", "expected a boolean (true or false), got a string"),
     ("kto", {"prompt": "q", "completion": "a", "label": 1}, "label", "expected a boolean (true or false), got a number (1)"),
     ("kto", {"prompt": "q", "completion": None, "label": True}, "completion", "expected a string, got null"),

@@ -178,7 +178,8 @@ class PreferenceConfig(Section):
     temperature: float = Field(1.0, gt=0, description="`kd_*`: softmax temperature of student and teacher (no T^2 factor).")
     jsd_beta: float = Field(0.5, gt=0, lt=1, description="`kd_jsd`: GKD's beta, the teacher's weight in the mixture.")
     rm_margin_field: str | None = Field(
-        None, description="`rm`: per-example field holding the required score margin (Llama 2); null = plain Bradley-Terry."
+        None, description="`rm`: per-example field holding the required score margin (Llama 2): `margin`, read from a "
+        "numeric `margin` column of preference rows (rename another column with `columns`); null = plain Bradley-Terry."
     )
 
 

@@ -89,7 +89,9 @@ def parse_row(fmt: str, values: dict[str, Any], *, location: str, row: int, chat
     if fmt == "preference":
         prompt = check.prompt(values)
         pair = [_sequence(prompt, check.completion(values, name, prompt), chat_template) for name in ("chosen", "rejected")]
-        return ParsedRow(pair)
+        # An optional `margin` column (the score gap a reward model must keep, Llama 2) rides along as a field.
+        margin = {"margin": check.number(values, "margin")} if values.get("margin") is not None else {}
+        return ParsedRow(pair, margin)
     if fmt == "kto":
         prompt = check.prompt(values)
         label = check.boolean(values, "label")
@@ -155,6 +157,12 @@ class _RowChecker:
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         raise self.fail(name, f"expected a boolean (true or false), got {_kind(value)}")
+
+    def number(self, values: dict[str, Any], name: str) -> float:
+        value = values.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN != NaN
+            raise self.fail(name, f"expected a number, got {_kind(value)}")
+        return float(value)
 
     def messages(self, values: dict[str, Any], name: str, need_assistant: bool) -> list[Message]:
         if name not in values:
