@@ -36,6 +36,7 @@ class RecordingEngine:
     def __init__(self, engine):
         self.engine = engine
         self.calls: list[tuple[list[list[int]], list[Completion]]] = []
+        self.offloads = 0
 
     def generate(self, prompts, params):
         out = self.engine.generate(prompts, params)
@@ -44,6 +45,10 @@ class RecordingEngine:
 
     def sync_weights(self, model):
         return self.engine.sync_weights(model)
+
+    def offload(self):
+        self.offloads += 1
+        self.engine.offload()
 
 
 # Never done by itself (max_turns ends it); appends " 9 9" to the conversation; reward 0.5 a turn.
@@ -241,6 +246,7 @@ def test_collect_compares_and_trains_only_sampled_tokens(tmp_path):
     rl = resolve("dr_grpo", cfg.rl)
     model, engine = tiny_engine()
     rollouts, metrics = collect(cfg, rl, engine, None, model, None, prompts(2), env=env)
+    assert len(engine.calls) == 2 and engine.offloads == 1  # the engine frees memory once, after the last turn
     assert metrics["turns/mean"] == 2.0 and metrics["reward/mean"] == 3.0 and metrics["accuracy"] == 1.0
     assert metrics["logprob_mismatch/mean_abs"] < 1e-4
     for completion, old, advantage in zip(rollouts.completions, rollouts.old_logprobs, rollouts.advantages):

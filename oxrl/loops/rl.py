@@ -105,9 +105,11 @@ def sample_and_score(engine, reward_fn, env: Environment | None, batch: RLPrompt
     started = time.perf_counter()
     if env is not None:
         episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
+        engine.offload()  # every turn is sampled: the trainer gets the memory back
         return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
                                                                 **episodes.metrics()}
     completions = engine.generate(batch.prompt_ids, params)
+    engine.offload()
     generated = time.perf_counter()
     scored = reward_fn([batch.prompt_texts[c.prompt_index] for c in completions], [c.text for c in completions],
                        [batch.fields[c.prompt_index] for c in completions], [batch.origins[c.prompt_index] for c in completions])

@@ -69,6 +69,11 @@ class RolloutEngine(Protocol):
         """Make the engine sample from `model`'s current weights; returns metrics of the sync (may be empty)."""
         ...
 
+    def offload(self) -> None:
+        """The rollout phase is over (all of a step's turns sampled): free the memory the trainer needs until the
+        next `generate` or `sync_weights`, which bring it back (vLLM sleeps on GPU; a no-op elsewhere)."""
+        ...
+
     def close(self) -> None:
         """Release what the engine holds (processes, files). Call it when done: a vLLM engine left to
         interpreter exit can hang a spawned process, which joins its children before vLLM shuts down."""

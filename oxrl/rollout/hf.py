@@ -39,6 +39,9 @@ class HFEngine:
             raise ValueError("HFEngine samples from the training model itself; pass that same model object")
         return {}
 
+    def offload(self) -> None:
+        """Nothing to free: the engine is the training model."""
+
     def close(self) -> None:
         """Nothing to release: the engine is the training model."""
 

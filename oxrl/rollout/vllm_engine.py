@@ -101,9 +101,8 @@ class VLLMEngine:
             top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
         )
-        self._wake()
+        self._wake()  # stays awake for the rollout phase's later turns; the loop calls `offload` at its end
         outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], sampling, use_tqdm=False)
-        self._sleep()
         return [self._completion(index, prompts[index], sample) for index, out in enumerate(outputs) for sample in out.outputs]
 
     def _completion(self, index: int, prompt_ids: list[int], sample) -> Completion:
@@ -174,9 +173,11 @@ class VLLMEngine:
 
     # ---- memory between phases --------------------------------------------------------------------
 
-    def _sleep(self) -> None:
+    def offload(self) -> None:
+        """The rollout phase is over: on GPU, sleep (weights to CPU memory, KV cache freed) so the trainer has the
+        memory; the next generate or sync wakes vLLM. A no-op where vLLM has no sleep mode (CPU)."""
         if self.can_sleep and not self._asleep:
-            self.llm.sleep(level=1)  # weights to CPU memory, KV cache freed: the trainer gets the GPU
+            self.llm.sleep(level=1)
             self._asleep = True
 
     def _wake(self) -> None:
