@@ -22,7 +22,8 @@ colocated vLLM engine instead, weights synced and checked after every update; TR
   (padding-free) forward/backward (`rollout.max_batch_size` = `micro_batch_size_per_device` =
   prompts x n), with oxRL's default attention on CPU (per-sequence SDPA over the packed row).
   Its per-step metrics give the split: `time/generate`, `time/reward`, `time/logprobs` (the
-  no-grad old-log-prob pass and the advantages), `time/train`.
+  advantages, plus a no-grad old-log-prob pass only when a step makes several updates: with one
+  update per rollout, as here, the update's own log-probs are the old ones), `time/train`.
 * TRL: `GRPOTrainer` with a `datasets.Dataset` whose `prompt` column holds the same chat messages
   (TRL renders them with the same chat template: the prompt ids are checked equal to oxRL's) and
   whose `answer` column feeds the same reward function, wrapped for TRL's

@@ -242,7 +242,7 @@ async def step(state, action, extra_info):
 
 def test_collect_compares_and_trains_only_sampled_tokens(tmp_path):
     env = load_environment(env_file(tmp_path, RESTARTING), 2, WordTokenizer())
-    cfg = rl_config(tmp_path, "dr_grpo")
+    cfg = rl_config(tmp_path, "dr_grpo", epochs=2)  # several updates: collect scores the old log-probs itself
     rl = resolve("dr_grpo", cfg.rl)
     model, engine = tiny_engine()
     rollouts, metrics = collect(cfg, rl, engine, None, model, None, prompts(2), env=env)

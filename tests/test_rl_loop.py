@@ -111,3 +111,47 @@ def test_engine_mismatch_is_measured_and_tis_reweights(tmp_path):
     assert stale["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)
     assert 0.0 < stale["tis_capped_frac"] < 1.0  # some tokens the trainer likes far more than the engine did
     assert stale["tis_weight_mean"] <= 2.0
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
+def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass(tmp_path, algorithm):
+    """One update per rollout: the old log-probs taken from the update's own forward (detached) give the same
+    loss, gradients and metrics as scoring them in a separate no-grad pass first."""
+    from oxrl.loops.rl import collect, score_logprobs, single_on_policy_update, update
+
+    cfg = rl_config(tmp_path, algorithm, tis_cap=2.0)
+    rl = resolve(algorithm, cfg.rl)
+    assert single_on_policy_update(rl)
+    model = make_tiny_llama()
+    critic = _tiny_critic() if rl.advantage == "gae" else None
+    torch.manual_seed(0)
+    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    rollouts, metrics = collect(cfg, rl, HFEngine(model, TinyTokenizer()), reward, model, None, prompts(4), critic)
+    assert rollouts.old_logprobs is None and "logprob_mismatch/mean_abs" not in metrics
+    results = {}
+    for mode in ("own", "separate"):
+        policy = copy.deepcopy(model)
+        rollouts.old_logprobs = None if mode == "own" else score_logprobs(policy, rollouts.completions, 3, 1.0)
+        strategy = SingleDevice(torch.device("cpu"), max_grad_norm=None)
+        strategy.prepare(policy, torch.optim.SGD(policy.parameters(), lr=0.0))
+        # micro-batches of 3: the own-log-prob path must also sum its mismatch over micro-batches
+        cfg.train.micro_batch_size_per_device = 3
+        results[mode] = update(cfg, rl, policy, strategy, rollouts, first_check=True)
+    own, separate = results["own"], results["separate"]
+    assert own["logprob_mismatch/mean_abs"] < 1e-5 and own["logprob_mismatch/kl"] < 1e-8
+    for key in ("loss", "pg_loss", "grad_norm", "tis_weight_mean", "approx_kl", "ratio_mean"):
+        assert own[key] == pytest.approx(separate[key], rel=1e-5, abs=1e-7), key
+
+
+def test_single_update_strict_check_catches_a_stale_engine_before_stepping(tmp_path):
+    stale = make_tiny_llama(seed=5)
+    cfg = rl_config(tmp_path, "dr_grpo", strict_on_policy=True)
+    cfg.train.max_steps = 1
+    resolved = resolve("dr_grpo", cfg.rl)
+    model = make_tiny_llama()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    with pytest.raises(OffPolicyError, match="stale or different weights"):
+        train_rl(cfg, resolved, model, None, HFEngine(stale, TinyTokenizer()), reward, prompts(), RLPromptBatch([], [], [], []),
+                 SingleDevice(torch.device("cpu")), tmp_path / "stale")
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # refused before the optimizer step

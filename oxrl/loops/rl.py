@@ -6,6 +6,7 @@
         rewards      <- reward functions(prompt, completion, row fields)
                         (multi-turn: engine turns alternate with env.step, whose rewards are summed)
         old_logp     <- policy log-probs of the samples (trainer, no grad); ref_logp if KL is on
+                        (one update per rollout: the update's own log-probs, detached, are old_logp)
         advantages   <- estimator(rewards, groups)                      e.g. Dr. GRPO: r - mean(group)
                         (over every rank's rewards: groups and batch statistics are global)
         for epoch in rl.epochs, for mini-batch in rl.mini_batches:
@@ -25,7 +26,6 @@ from pathlib import Path
 import torch
 
 from oxrl.algorithms.advantages import compute_advantages
-from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, policy_loss
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
@@ -33,6 +33,7 @@ from oxrl.data.types import pack
 from oxrl.engine.optim import build_optimizer, build_scheduler
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import critic_step, gae_advantages, score_values
+from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums, sampled_logprobs
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_presets import advantage_params, loss_params
 from oxrl.loops.sl import _mlflow_uri, _resume_path
@@ -41,10 +42,6 @@ from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.multiturn import Environment, run_episodes
 
 logger = logging.getLogger(__name__)
-
-
-class OffPolicyError(RuntimeError):
-    """`strict_on_policy` found the samples were not drawn from the policy being trained."""
 
 
 @dataclass
@@ -60,7 +57,7 @@ class Rollouts:
     completions: list[Completion]
     rewards: torch.Tensor  # [N]
     group_ids: torch.Tensor  # [N]
-    old_logprobs: list[torch.Tensor]  # per completion [len]
+    old_logprobs: list[torch.Tensor] | None  # per completion [len]; None: the single update computes them
     ref_logprobs: list[torch.Tensor] | None
     advantages: list[torch.Tensor] | None = None  # per completion [len]; outcome estimators repeat one value
     values: list[torch.Tensor] | None = None  # PPO critic, per completion [len]
@@ -123,7 +120,7 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
     started = time.perf_counter()
     temperature = rl.rollout.temperature or 1.0
     micro = cfg.train.micro_batch_size_per_device
-    old = score_logprobs(model, completions, micro, temperature)
+    old = None if single_on_policy_update(rl) else score_logprobs(model, completions, micro, temperature)
     ref = score_logprobs(reference, completions, micro, temperature) if reference is not None else None
     rewards = torch.tensor(scored.totals, dtype=torch.float32)
     group_ids = torch.tensor([c.prompt_index for c in completions])
@@ -141,6 +138,13 @@ def collect(cfg: Config, rl: RLConfig, engine, reward_fn, model, reference, batc
     timings = {**sampling_metrics, "time/logprobs": time.perf_counter() - started}
     quality = {"accuracy": accuracy_of(scored.components)}
     return rollouts, {**scored.metrics("reward"), **quality, **timings, **rollout_metrics(rollouts, rl)}
+
+
+def single_on_policy_update(rl: RLConfig) -> bool:
+    """One optimizer step per rollout, on the policy that sampled it: pi_old IS the policy at update time, so the
+    update's own log-probs (detached) are the old ones and no separate no-grad pass is needed (TRL and verl skip
+    it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update."""
+    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0)
 
 
 def global_outcome_advantages(rl: RLConfig, rewards: torch.Tensor, group_ids: torch.Tensor, strategy=None) -> torch.Tensor:
@@ -175,22 +179,9 @@ def global_metrics(strategy, metrics: dict[str, float], rewards: torch.Tensor) -
     return combined
 
 
-def sampled_logprobs(completions: list[Completion], old_logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Engine and trainer log-probs [N] of every sampled token, aligned. Both cover the sampled tokens only:
-    environment-written tokens (multi-turn) have no engine log-prob and are never trained."""
-    for completion, old in zip(completions, old_logprobs):
-        if len(completion.logprobs) != old.numel():
-            raise ValueError(f"the engine gave {len(completion.logprobs)} log-probs for a completion with "
-                             f"{old.numel()} trained tokens")
-    engine = [torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
-    return (torch.cat(engine), torch.cat(old_logprobs)) if engine else (torch.zeros(0), torch.zeros(0))
-
-
 def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
     lengths = torch.tensor([c.num_sampled for c in r.completions], dtype=torch.float32)  # sampled tokens
     advantages = torch.cat(r.advantages)
-    engine_logprobs, trainer_logprobs = sampled_logprobs(r.completions, r.old_logprobs)
-    engine_gap = engine_logprobs - trainer_logprobs
     metrics = {
         "reward/mean": float(r.rewards.mean()),
         "reward/std": float(r.rewards.std()) if r.rewards.numel() > 1 else 0.0,
@@ -200,27 +191,13 @@ def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
         "advantage/mean": float(advantages.mean()),
         "advantage/std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
         "advantage/abs_max": float(advantages.abs().max()),
-        # Engine vs trainer log-probs of the same samples: how off-policy the samples are.
-        "logprob_mismatch/mean_abs": float(engine_gap.abs().mean()) if engine_gap.numel() else 0.0,
-        # KL(engine || trainer) by k3 on the engine's own samples (y ~ engine): 0 when they agree.
-        "logprob_mismatch/kl": float(k3(engine_logprobs, trainer_logprobs).mean()) if engine_gap.numel() else 0.0,
     }
-    if r.ref_logprobs is not None:
+    if r.old_logprobs is not None:  # else the update measures the engine/trainer mismatch (oxrl/loops/mismatch.py)
+        metrics.update(mismatch_metrics(mismatch_sums(*sampled_logprobs(r.completions, r.old_logprobs))))
+    if r.ref_logprobs is not None and r.old_logprobs is not None:  # (without old_logprobs the loss reports kl_ref)
         kl = torch.cat([o - f for o, f in zip(r.old_logprobs, r.ref_logprobs)])
         metrics["kl_ref/k1_mean"] = float(kl.mean()) if kl.numel() else 0.0
     return metrics
-
-
-def check_on_policy(rollouts: Rollouts, tolerance: float) -> None:
-    """Raise unless the engine sampled from the policy being trained."""
-    engine_logprobs, trainer_logprobs = sampled_logprobs(rollouts.completions, rollouts.old_logprobs)
-    gaps = engine_logprobs - trainer_logprobs
-    gap = float(gaps.abs().mean()) if gaps.numel() else 0.0
-    if not gap <= tolerance:
-        raise OffPolicyError(
-            f"strict_on_policy: the rollout engine's log-probs differ from the trainer's by {gap:.3g} on average "
-            f"(tolerance {tolerance}); the engine is sampling from stale or different weights"
-        )
 
 
 def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first_check: bool,
@@ -253,24 +230,30 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
     local = local_normaliser(pad_rows([torch.ones(n) for n in lengths], max(lengths)), params.aggregation)
     normaliser = strategy.all_reduce_sum(float(local))
     sums: dict[str, float] = {}
+    gap: dict[str, float] = {}  # engine/trainer mismatch sums, when this update supplies the old log-probs
     for mb in micro:
         batch = pack([completion_example(rollouts.completions[i]) for i in mb]).to(strategy.device)
         with strategy.autocast():
             logprobs, entropy, valid = policy_rows(model, batch, temperature, with_entropy=True)
         width = valid.shape[1]
-        old = pad_rows([rollouts.old_logprobs[i] for i in mb], width).to(logprobs.device)
+        # The engine's own log-probs of its samples (the behaviour policy).
+        behaviour = pad_rows([torch.tensor(rollouts.completions[i].logprobs) for i in mb], width).to(logprobs.device)
+        if rollouts.old_logprobs is None:  # single on-policy update: pi_old is the policy right now
+            old = logprobs.detach().float()
+            for key, value in mismatch_sums(behaviour[valid], old[valid]).items():
+                gap[key] = gap.get(key, 0.0) + value
+        else:
+            old = pad_rows([rollouts.old_logprobs[i] for i in mb], width).to(logprobs.device)
         ref = pad_rows([rollouts.ref_logprobs[i] for i in mb], width).to(logprobs.device) if rollouts.ref_logprobs is not None and params.kl_coef > 0 else None
         if check:
             ratio_gap = float(((logprobs.detach().float() - old).abs() * valid).max())
             if ratio_gap > rl.on_policy_tolerance:
                 raise OffPolicyError(f"strict_on_policy: the first update's ratio is not 1 (max |log ratio| = {ratio_gap:.3g})")
         advantages = pad_rows([rollouts.advantages[i] for i in mb], width).to(logprobs.device)
-        # The engine's own log-probs of its samples: only truncated importance sampling reads them.
-        behaviour = pad_rows([torch.tensor(rollouts.completions[i].logprobs) for i in mb], width).to(logprobs.device) if params.tis_cap is not None else None
         inp = PolicyLossInput(
             logprobs=logprobs.float(), old_logprobs=old, advantages=advantages, mask=valid, normaliser=normaliser,
             ref_logprobs=ref, entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
-            behaviour_logprobs=behaviour,
+            behaviour_logprobs=behaviour if params.tis_cap is not None else None,  # read by truncated IS only
         )
         loss, metrics = policy_loss(rl.policy_loss, inp, params)
         strategy.backward(loss)
@@ -278,6 +261,11 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
     sums = {key: strategy.all_reduce_sum(value) for key, value in sums.items()}  # shares of global means: add ranks
+    if gap:
+        mismatch = mismatch_metrics({key: strategy.all_reduce_sum(value) for key, value in gap.items()})
+        if check:  # before the optimizer step: a refused update changes nothing
+            check_on_policy(mismatch["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
+        sums.update(mismatch)
     sums["grad_norm"] = strategy.step()
     return sums
 
@@ -350,8 +338,8 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
             batch = subset(train, split_for_rank(sampler.step_indices(step), strategy.rank, strategy.world_size))
             rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy, env)
             metrics = global_metrics(strategy, metrics, rollouts.rewards)
-            if rl.strict_on_policy:
-                check_on_policy(rollouts, rl.on_policy_tolerance)
+            if rl.strict_on_policy and rollouts.old_logprobs is not None:  # else the update checks it
+                check_on_policy(metrics["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
             train_started = time.perf_counter()
             warming_up = critic is not None and step < rl.critic_warmup_steps  # only the critic learns
             metrics.update(update(cfg, rl, policy, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
