@@ -52,12 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     from oxrl.config.load import ConfigError
     from oxrl.data.errors import DataError
     from oxrl.logging.setup import setup_logging
+    from oxrl.rollout.build import MissingDependencyError
 
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as error:
+    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError) as error:
         # Input problems: the message is the whole story, so no traceback.
         logger.error("%s", error)
         return 2

@@ -50,6 +50,22 @@ def test_missing_vllm_is_a_clear_error_before_the_model_loads(tmp_path):
     assert "pip install 'oxrl[vllm]'" in str(error.value) and "scripts/setup_vllm_cpu.sh" in str(error.value)
 
 
+@pytest.mark.skipif(vllm_importable(), reason="vLLM is importable here: the missing-vLLM error cannot happen")
+def test_missing_vllm_through_the_cli_is_one_clear_line(tmp_path, caplog):
+    import yaml
+
+    from oxrl.cli import main
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({
+        "run": {"name": "no-vllm", "output_dir": str(tmp_path)}, "model": {"name_or_path": str(tmp_path / "none")},
+        "algorithm": {"name": "grpo"},
+        "rl": {"task": "arithmetic", "task_size": 4, "validation_size": 0, "rollout": {"engine": "vllm"}},
+    }))
+    assert main(["train", str(path)]) == 2  # an input problem: exit 2, no traceback
+    assert "rl.rollout.engine is `vllm` but vLLM cannot be imported" in caplog.text
+
+
 @pytest.mark.parametrize("world_size, shards", [(2, False), (1, True)])
 def test_vllm_refuses_several_processes_or_sharded_weights(world_size, shards):
     strategy = SimpleNamespace(world_size=world_size, shards_parameters=shards)

@@ -10,6 +10,10 @@ VLLM_INSTALL_HINT = (
 )
 
 
+class MissingDependencyError(ImportError):
+    """An optional dependency the config asks for is not installed; the message says how to install it."""
+
+
 def check_engine(rollout: RolloutConfig, strategy) -> None:
     """Fail fast (before any model is loaded) when the configured engine cannot run here."""
     if rollout.engine != "vllm":
@@ -26,7 +30,7 @@ def require_vllm() -> None:
     try:
         import vllm  # noqa: F401
     except (ImportError, RuntimeError) as error:  # a vLLM built for another torch fails with RuntimeError
-        raise ImportError(f"rollout.engine is `vllm` but vLLM cannot be imported ({error}); {VLLM_INSTALL_HINT}") from error
+        raise MissingDependencyError(f"rl.rollout.engine is `vllm` but vLLM cannot be imported ({error}); {VLLM_INSTALL_HINT}") from error
 
 
 def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int = 0):
