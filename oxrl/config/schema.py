@@ -238,7 +238,11 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
     max_new_tokens: int = Field(256, gt=0, description="Maximum completion length in tokens.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (kept in the completion).")
-    max_batch_size: int = Field(64, gt=0, description="Completions generated together in one `generate` call.")
+    max_batch_size: int = Field(
+        64, gt=0,
+        description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
+        "(all `n` samples of a prompt share one prefill), and at least one prompt's `n`.",
+    )
 
 
 class RewardSpec(Section):
