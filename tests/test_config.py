@@ -82,3 +82,11 @@ def test_doctor_reports_without_changing_anything(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "torch" in out and "cuda" in out
+
+
+def test_a_cross_key_check_names_its_keys_without_dumping_the_config():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["model.name_or_path=m", "algorithm.name=rm", "data.train=[{path: x.jsonl}]", "logging.samples=[hi]"])
+    message = str(caught.value)
+    assert "`rm` trains a reward model" in message and "remove logging.samples" in message
+    assert "'run':" not in message and "Value error" not in message  # no dump of the whole config

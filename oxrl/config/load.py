@@ -93,6 +93,9 @@ def describe_errors(error: ValidationError, source: str) -> str:
             lines.append(f"  - unknown key `{dotted}`.{hint} Valid keys here: {', '.join(valid)}")
         elif kind == "missing":
             lines.append(f"  - missing required key `{dotted}`")
+        elif isinstance(item.get("input"), dict):  # a check across a section's keys: the message names them
+            where = f"in `{dotted}`: " if dotted else ""
+            lines.append(f"  - {where}{item['msg'].removeprefix('Value error, ')}")
         else:
             value = item.get("input")
             lines.append(f"  - `{dotted}` = {value!r}: {item['msg']}")
