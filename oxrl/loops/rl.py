@@ -236,16 +236,18 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
         with strategy.autocast():
             logprobs, entropy, valid = policy_rows(model, batch, temperature, with_entropy=True)
         width = valid.shape[1]
-        # The engine's own log-probs of its samples (the behaviour policy).
-        behaviour = pad_rows([torch.tensor(rollouts.completions[i].logprobs) for i in mb], width).to(logprobs.device)
-        if rollouts.old_logprobs is None:  # single on-policy update: pi_old is the policy right now
+        own_old = rollouts.old_logprobs is None  # single on-policy update: pi_old is the policy right now
+        behaviour = None  # the engine's own log-probs of its samples: for the mismatch sums and truncated IS
+        if own_old or params.tis_cap is not None:
+            behaviour = pad_rows([torch.tensor(rollouts.completions[i].logprobs) for i in mb], width).to(logprobs.device)
+        if own_old:
             old = logprobs.detach().float()
             for key, value in mismatch_sums(behaviour[valid], old[valid]).items():
                 gap[key] = gap.get(key, 0.0) + value
         else:
             old = pad_rows([rollouts.old_logprobs[i] for i in mb], width).to(logprobs.device)
         ref = pad_rows([rollouts.ref_logprobs[i] for i in mb], width).to(logprobs.device) if rollouts.ref_logprobs is not None and params.kl_coef > 0 else None
-        if check:
+        if check and not own_old:  # with its own old log-probs the first ratio is 1 by construction
             ratio_gap = float(((logprobs.detach().float() - old).abs() * valid).max())
             if ratio_gap > rl.on_policy_tolerance:
                 raise OffPolicyError(f"strict_on_policy: the first update's ratio is not 1 (max |log ratio| = {ratio_gap:.3g})")
@@ -253,7 +255,7 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
         inp = PolicyLossInput(
             logprobs=logprobs.float(), old_logprobs=old, advantages=advantages, mask=valid, normaliser=normaliser,
             ref_logprobs=ref, entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
-            behaviour_logprobs=behaviour if params.tis_cap is not None else None,  # read by truncated IS only
+            behaviour_logprobs=behaviour if params.tis_cap is not None else None,
         )
         loss, metrics = policy_loss(rl.policy_loss, inp, params)
         strategy.backward(loss)

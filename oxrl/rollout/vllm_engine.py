@@ -64,7 +64,7 @@ class VLLMEngine:
         self.can_sleep = options.sleep_between_phases and current_platform.is_sleep_mode_available()
         # vLLM 0.32's reload_weights leaves a tied lm_head at its old values (measured; the probe catches it),
         # so vLLM keeps an untied copy and every sync writes the output embedding explicitly.
-        self.tied = bool(getattr(_config(model), "tie_word_embeddings", False))
+        self.tied = bool(getattr(_base(model).config, "tie_word_embeddings", False))
         on_cpu = current_platform.is_cpu()
         self.root = _sync_root(options.sync_dir)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
@@ -73,7 +73,7 @@ class VLLMEngine:
         self._last_trainer_probe: torch.Tensor | None = None
         weights = self._write_weights(model)
         tokenizer.save_pretrained(self.root / "tokenizer")
-        _config(model).save_pretrained(self.root / "tokenizer")  # vLLM reads a config beside any tokenizer
+        _base(model).config.save_pretrained(self.root / "tokenizer")  # vLLM reads a config beside any tokenizer
         kv_gib = options.kv_cache_gib or (CPU_KV_CACHE_GIB if on_cpu else None)
         started = time.perf_counter()
         self.llm = LLM(
@@ -84,7 +84,7 @@ class VLLMEngine:
             enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs",
             hf_overrides={"tie_word_embeddings": False} if self.tied else None,
         )
-        vocab = min(len(tokenizer), _config(model).vocab_size)
+        vocab = min(len(tokenizer), _base(model).config.vocab_size)
         self.probe_ids = torch.randint(vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(0)).tolist()
         gap = self.check_sync(model)  # vLLM's own loading of the first folder is checked like every reload
         logger.info("vLLM engine started in %.1f s (%s, %s); probe gap %.2e", time.perf_counter() - started, self.dtype,
@@ -138,7 +138,7 @@ class VLLMEngine:
     def _write_weights(self, model) -> Path:
         """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""
         folder = self.root / f"weights-{self._version}"
-        base = model.get_base_model() if is_peft(model) else model
+        base = _base(model)
         state = merged_state_dict(model) if is_peft(model) else dict(model.state_dict())
         if self.tied:  # a separate tensor, so save_pretrained keeps it
             state[_weight_key(base, base.get_output_embeddings())] = state[_weight_key(base, base.get_input_embeddings())].clone()
@@ -217,8 +217,9 @@ def _weight_key(model, module) -> str:
     return next(f"{name}.weight" for name, candidate in model.named_modules() if candidate is module)
 
 
-def _config(model):
-    return model.get_base_model().config if is_peft(model) else model.config
+def _base(model):
+    """The plain transformers model: the peft wrapper's base model under LoRA."""
+    return model.get_base_model() if is_peft(model) else model
 
 
 def _sync_root(sync_dir: str | None) -> Path:
