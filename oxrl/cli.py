@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 
@@ -48,9 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors of the output location (full disk, read-only, a file in the way): one line naming the path.
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                           errno.EEXIST, errno.EISDIR})
+
+
+def describe_os_error(error: OSError) -> str:
+    """`could not write <path>: <reason>` (an OutputWriteError already reads so)."""
+    from oxrl.engine.folders import OutputWriteError
+
+    if isinstance(error, OutputWriteError) or not error.filename:
+        return str(error)
+    return f"could not write {error.filename}: {error.strerror}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from oxrl.config.load import ConfigError
     from oxrl.data.errors import DataError
+    from oxrl.engine.folders import OutputWriteError
+    from oxrl.engine.run_dir import RunDirError
     from oxrl.logging.setup import setup_logging
     from oxrl.rollout.build import MissingDependencyError
 
@@ -58,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError) as error:
+    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError) as error:
         # Input problems: the message is the whole story, so no traceback.
         logger.error("%s", error)
+        return 2
+    except OSError as error:
+        if not (isinstance(error, OutputWriteError) or error.errno in OUTPUT_ERRNOS):
+            raise
+        logger.error("%s", describe_os_error(error))
         return 2
 
 

@@ -1,15 +1,17 @@
 """One run, start to finish: config -> run directory -> tokenizer -> data -> model -> loop -> save.
 
-Everything that can fail on bad input (config, algorithm name, data rows) fails before the model
-is loaded or any step is computed.
+Everything that can fail on bad input (config, algorithm name, run directory, data rows) fails
+before the model is loaded or any step is computed. The run directory is claimed (locked, checked:
+oxrl/engine/run_dir.py) before anything is written; `config.yaml` is written once the data are read.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,35 +39,77 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_dir_for(cfg: Config) -> Path:
-    parent = os.environ.get("OXRL_CHECKPOINT_DIR") if cfg.run.output_dir == "runs" else None
-    return Path(parent or cfg.run.output_dir) / cfg.run.name
+@contextmanager
+def claimed_run(cfg: Config, strategy):
+    """Yield (config with `run.name` resolved, run directory), the directory locked by rank 0 until the
+    block ends, and every RNG seeded. Rank 0 picks the default name and checks the directory; the other
+    ranks take its name and fail with its error, so that none waits in a collective for a rank that left."""
+    from oxrl.engine.run_dir import RunDirError, claim_run_dir, default_run_name, run_dir_for
+
+    name = cfg.run.name or (default_run_name(cfg.algorithm.name) if strategy.is_main else None)
+    lock, error = None, None
+    if strategy.is_main:
+        try:
+            lock = claim_run_dir(run_dir_for(cfg.run.output_dir, name), _named(cfg, name))
+        except Exception as caught:  # raised below, once the other ranks have heard of it
+            error = caught
+    name, message = strategy.gather_objects((name, None if error is None else str(error)))[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RunDirError(f"rank 0 could not claim the run directory: {message}")
+    cfg = _named(cfg, name)
+    set_seed(cfg.run.seed)
+    try:
+        yield cfg, run_dir_for(cfg.run.output_dir, name)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def prepare_run_dir(cfg: Config, is_main: bool = True) -> Path:
-    """The run directory (the resolved config written once, by rank 0) and every RNG seeded alike."""
-    run_dir = run_dir_for(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+def _named(cfg: Config, name: str) -> Config:
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": name})})
+
+
+def write_config(cfg: Config, run_dir: Path, is_main: bool) -> None:
+    """The resolved config, written (by rank 0) once the inputs are checked, and logged."""
     if is_main:
         save_config(cfg, run_dir / "config.yaml")
         logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
-    set_seed(cfg.run.seed)
-    return run_dir
+
+
+def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | None:
+    """`<run>/final`: written into `.final.partial` and renamed when complete, so a failed save leaves no
+    half-written `final/` (nor removes an older one). Every rank calls it; the path on rank 0."""
+    from oxrl.engine.folders import publish_folder, writing_folder
+
+    partial, final = run_dir / ".final.partial", run_dir / "final"
+    if strategy.is_main and partial.exists():
+        shutil.rmtree(partial)
+    with writing_folder(partial, final, remove_on_error=strategy.is_main):
+        written = strategy.save_hf_folder(tokenizer, partial, lora_save=lora_save)
+        return publish_folder(partial, final) if written is not None else None
 
 
 def run_rl(cfg: Config) -> RunResult:
     """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
     from oxrl.engine.strategy import build_strategy
-    from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
-    from oxrl.loops.rl_setup import encode, environment, load_prompts, reward_function
-    from oxrl.models.load import load_model, load_tokenizer
-    from oxrl.rollout.build import build_engine, check_engine
+    from oxrl.rollout.build import check_engine
 
     rl = resolve(cfg.algorithm.name, cfg.rl)
     strategy = build_strategy(cfg)
     check_engine(rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
-    run_dir = prepare_run_dir(cfg, strategy.is_main)
+    with claimed_run(cfg, strategy) as (cfg, run_dir):
+        return _run_rl_in(run_dir, cfg, rl, strategy)
+
+
+def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
+    from oxrl.loops.rl import train_rl
+    from oxrl.loops.rl_setup import encode, environment, load_prompts, reward_function
+    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.rollout.build import build_engine
+
     device = strategy.device
     reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
     tokenizer = load_tokenizer(cfg.model)
@@ -78,6 +122,7 @@ def run_rl(cfg: Config) -> RunResult:
     train_prompts, val_prompts = load_prompts(cfg, rl)
     train, val = encode(train_prompts, tokenizer), encode(val_prompts, tokenizer)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
+    write_config(cfg, run_dir, strategy.is_main)
     model = load_model(cfg.model, device, cfg.lora)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
@@ -94,7 +139,7 @@ def run_rl(cfg: Config) -> RunResult:
     engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     try:
         result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic, env)
-        final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
     finally:
         engine.close()
         strategy.close()
@@ -127,15 +172,19 @@ def run(cfg: Config) -> RunResult:
     from oxrl.engine.strategy import build_strategy
 
     strategy = build_strategy(cfg)
-    run_dir = prepare_run_dir(cfg, strategy.is_main)
-    device = strategy.device
+    with claimed_run(cfg, strategy) as (cfg, run_dir):
+        return _run_offline_in(run_dir, cfg, objective, strategy)
 
+
+def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResult:
     from oxrl.data.build import load_examples
     from oxrl.models.load import load_tokenizer
 
+    device = strategy.device
     tokenizer = load_tokenizer(cfg.model)
     data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
     logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
+    write_config(cfg, run_dir, strategy.is_main)
 
     model = _load_trained_model(cfg, tokenizer, device)
     from oxrl.loops.samples import generate_samples
@@ -152,7 +201,7 @@ def run(cfg: Config) -> RunResult:
             samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
         result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
         del reference  # free a frozen copy or teacher before saving
-        final_dir = strategy.save_hf_folder(tokenizer, run_dir / "final", lora_save=cfg.lora.save) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
         if cfg.logging.samples:
             samples["after"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
     finally:

@@ -5,7 +5,9 @@
     Trainer(model="path/to/model", algorithm="dpo").train(data="pairs.jsonl", **{"train.optim.lr": 5e-7})
 
 A task preset (`oxrl.config.presets`) supplies a complete config; `data`, `algorithm` and dotted
-overrides refine it. The result is the same as `oxrl train` with the equivalent YAML file.
+overrides refine it. The result is the same as `oxrl train` with the equivalent YAML file. Without
+a `run.name` override every `train` call gets a new run directory (`RunResult.run_dir`); with one, a
+second call is refused unless `run.resume` or `run.overwrite` says what to do with the first run.
 """
 
 from __future__ import annotations

@@ -90,3 +90,27 @@ def test_a_cross_key_check_names_its_keys_without_dumping_the_config():
     message = str(caught.value)
     assert "`rm` trains a reward model" in message and "remove logging.samples" in message
     assert "'run':" not in message and "Value error" not in message  # no dump of the whole config
+
+
+def test_malformed_yaml_names_the_file_line_and_column(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  name_or_path: m\n algorithm: {name: sft}\n")  # line 3 is indented by one space
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}, line 3, column 2: not valid YAML: expected <block end>")
+    assert "(while parsing a block mapping that starts at line 1, column 1)" in message
+    assert message.endswith("\n     algorithm: {name: sft}\n     ^")  # the line, a caret under column 2
+    assert "<unicode string>" not in message
+    path.write_bytes(b"model: {name_or_path: \xff}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: not UTF-8 text \(byte 22\)"):
+        load_config(path)
+
+
+def test_malformed_override_value_names_the_override():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, BASE + ["data.train=[{path: a.jsonl"])
+    message = str(caught.value)  # the value ends (column 16) before its mapping and list are closed
+    assert message.startswith("the value of override 'data.train=[{path: a.jsonl', line 1, column 16: not valid YAML: "
+                              "expected ',' or '}'")
+    assert "<unicode string>" not in message

@@ -124,3 +124,72 @@ def test_bundled_dataset():
     assert data.name == "chat_sft.jsonl" and len(data.rows) == 200 and data.columns == ["messages"]
     with pytest.raises(DataError, match=r"no such bundled dataset; bundled datasets are \['chat_sft.jsonl'\]"):
         read_dataset(DatasetSpec(path="bundled:nope.jsonl"))
+
+
+def _write_empty(path: Path) -> Path:
+    """A file of `path`'s type with columns but no rows (or no bytes at all)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty_table = pa.table({"prompt": pa.array([], pa.string())})
+    if path.name == "header_only.csv":
+        path.write_text("prompt,response\n\n")
+    elif path.name == "blank.jsonl":
+        path.write_text("\n  \n")
+    elif path.name == "empty_array.json":
+        path.write_text("[]")
+    elif path.suffix == ".parquet":
+        pq.write_table(empty_table, path)
+    elif path.suffix == ".arrow":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, empty_table.schema) as writer:
+            writer.write_table(empty_table)
+    else:
+        path.write_bytes(b"")
+    return path
+
+
+@pytest.mark.parametrize("name, message", [
+    ("empty.jsonl", "the file is empty: no rows"),  # `datasets` alone: a bare StopIteration
+    ("blank.jsonl", "the file is empty: no rows"),
+    ("empty.json", "the file is empty: no rows"),
+    ("empty_array.json", "the dataset is empty: no rows"),
+    ("empty.csv", "the file is empty: no rows"),
+    ("header_only.csv", r"the file is empty: no rows \(only a header line\)"),
+    ("empty.parquet", r"the file is empty: no rows \(a parquet table of 0 rows\)"),
+    ("empty.arrow", r"the file is empty: no rows \(an Arrow table of 0 rows\)"),
+])
+def test_a_source_without_rows_is_a_data_error_naming_it(tmp_path, name, message):
+    path = _write_empty(tmp_path / name)
+    with pytest.raises(DataError, match=f"^{path}: {message}$"):
+        read_dataset(DatasetSpec(path=str(path)))
+
+
+def test_an_empty_saved_dataset_is_a_data_error(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    empty = Dataset.from_dict({"prompt": []})
+    empty.save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match="saved: the dataset is empty: no rows"):
+        read_dataset(DatasetSpec(path=str(tmp_path / "saved")))
+    # An empty split does not stop another split from loading.
+    DatasetDict({"train": Dataset.from_list(ROWS), "test": empty}).save_to_disk(str(tmp_path / "dict"))
+    assert len(read_dataset(DatasetSpec(path=str(tmp_path / "dict"))).rows) == 3
+    with pytest.raises(DataError, match="dict/test: the dataset is empty: no rows"):
+        read_dataset(DatasetSpec(path=str(tmp_path / "dict"), split="test"))
+
+
+def test_unreadable_files_and_folders_are_data_errors_naming_them(tmp_path):
+    for name in ("latin1.csv", "latin1.jsonl"):
+        (tmp_path / name).write_bytes("prompt,response\ncaf\xe9,ok\n".encode("latin-1"))
+        with pytest.raises(DataError, match=rf"{name}: not UTF-8 text \(invalid .* at byte 19\)"):
+            read_dataset(DatasetSpec(path=str(tmp_path / name)))
+    (tmp_path / "fake.parquet").write_text("not parquet at all")
+    with pytest.raises(DataError, match=r"fake.parquet: cannot be read as a parquet file: ArrowInvalid: .*magic bytes"):
+        read_dataset(DatasetSpec(path=str(tmp_path / "fake.parquet")))
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(DataError, match="nothing: cannot read this folder of data files: .*doesn't contain any data files"):
+        read_dataset(DatasetSpec(path=str(tmp_path / "nothing")))
+    (tmp_path / "files").mkdir()
+    write_jsonl(tmp_path / "files" / "train.jsonl", ROWS)
+    with pytest.raises(DataError, match=r"files: cannot read this folder of data files: Unknown split \"test\""):
+        read_dataset(DatasetSpec(path=str(tmp_path / "files"), split="test"))

@@ -33,3 +33,27 @@ def test_mlflow_sqlite_store(tmp_path):
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["oxrl"])
     assert len(runs) == 1 and runs["metrics.loss"].iloc[0] == 1.0 and runs["params.a"].iloc[0] == "1"
+
+
+def test_a_resumed_run_keeps_only_the_rows_its_checkpoint_records(tmp_path):
+    """Killed after logging step 3 but before checkpointing it: the resume from step 2 drops row 3 (and a torn
+    last line), keeps RL's step-0 evaluation row, and logs step 3 once."""
+    log = MetricsLogger(tmp_path, total_steps=4, progress_bar=False)
+    log.log(0, {"val/accuracy": 0.1}, advance=False)
+    for step in (1, 2, 3):
+        log.log(step, {"loss": float(step)})
+    log.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "lo')  # the write the kill interrupted
+    resumed = MetricsLogger(tmp_path, total_steps=4, start_step=2, progress_bar=False)
+    resumed.log(3, {"loss": 30.0})
+    resumed.close()
+    assert [(r["step"], r.get("loss")) for r in read_metrics(tmp_path)] == [(0, None), (1, 1.0), (2, 2.0), (3, 30.0)]
+    MetricsLogger(tmp_path, total_steps=4, start_step=0, progress_bar=False).close()  # starting over
+    assert read_metrics(tmp_path) == []
+
+
+def test_a_malformed_row_before_the_last_is_an_error_naming_the_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2"):
+        MetricsLogger(tmp_path, total_steps=4, start_step=1, progress_bar=False)

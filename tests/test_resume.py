@@ -60,3 +60,21 @@ def test_sampler_sees_the_same_data_in_the_same_order_across_epochs():
     first_epoch = sum(stream_a[:2], []) + stream_a[2][:2]
     assert sorted(first_epoch) == list(range(10))  # each epoch is a permutation
     assert StepSampler(10, 4, seed=4).step_indices(0) != stream_a[0]
+
+
+def test_a_resume_trains_with_the_configured_lr_and_weight_decay(tmp_path):
+    """The checkpoint supplies the schedule's position; the config its peak lr, shape and AdamW settings."""
+    from oxrl.engine.optim import lr_factor
+
+    cfg = tiny_config(tmp_path, max_steps=4, optim={"lr": 1e-3, "schedule": "cosine", "warmup_steps": 1})
+    cfg.checkpoint.every = 2
+    _train(cfg, make_tiny_llama(), tmp_path / "first")
+    changed = tiny_config(tmp_path, max_steps=4, optim={"lr": 2e-4, "schedule": "linear", "warmup_steps": 1,
+                                                        "weight_decay": 0.05})
+    changed.run.resume = str(tmp_path / "first" / "checkpoints" / "step_000002")
+    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=changed.train.optim.max_grad_norm)
+    train_offline(changed, get_objective("sft"), make_tiny_llama(), None, copy_task(12), [], strategy, tmp_path / "second")
+    logged = {json.loads(line)["step"]: json.loads(line)["lr"] for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()}
+    assert logged == {step: 2e-4 * lr_factor(step - 1, 4, changed.train.optim) for step in (3, 4)}
+    assert [g["weight_decay"] for g in strategy.optimizer.param_groups] == [0.05, 0.0]
+    assert all(g["initial_lr"] == 2e-4 for g in strategy.optimizer.param_groups)

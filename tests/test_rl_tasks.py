@@ -167,3 +167,29 @@ def test_plain_question_answer_rows_via_a_column_rename(tmp_path):
         read_rl_prompts(path)
     (prompt,) = read_rl_prompts(path, columns={"question": "prompt"})
     assert prompt.prompt == "What is 2+2?" and prompt.fields == {"answer": "4"}
+
+
+@pytest.mark.parametrize("name, content", [("empty.jsonl", ""), ("header.csv", "question,answer\n")])
+def test_an_empty_prompt_file_is_a_data_error_naming_it(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DataError, match=f"{re.escape(str(path))}: the file is empty: no rows"):
+        read_rl_prompts(str(path))
+
+
+def test_bad_task_options_and_names_get_suggestions():
+    with pytest.raises(ValueError, match="rl.task_config: task 'arithmetic' has no option 'max_operan'. Did you mean "
+                                         "'max_operand'\\? Its options: max_operand"):
+        generate_rl_prompts("arithmetic", train_size=2, validation_size=0, max_operan=5)
+    with pytest.raises(ValueError, match="unknown generated task 'arithmetc'. Did you mean 'arithmetic'\\?"):
+        generate_rl_prompts("arithmetc", train_size=2, validation_size=0)
+
+
+def test_bad_reasoning_gym_options_are_named():
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(ValueError, match="task 'chain_sum' has no option 'min_term'. Did you mean 'min_terms'\\?"):
+        generate_rl_prompts("chain_sum", train_size=2, validation_size=0, min_term=2)
+    with pytest.raises(ValueError, match="is not valid for reasoning-gym 'chain_sum': max_terms must be >= min_terms"):
+        generate_rl_prompts("chain_sum", train_size=2, validation_size=0, min_terms=5, max_terms=2)
+    with pytest.raises(ValueError, match="unknown generated task 'chainsum'. Did you mean 'chain_sum'\\?"):
+        generate_rl_prompts("chainsum", train_size=2, validation_size=0)

@@ -1,40 +1,64 @@
-"""Hostile programs in the code sandbox: each fails promptly, and the host is left unharmed."""
+"""The code sandbox: limits, fail-closed behaviour, the `isolation` switch. Escapes: test_sandbox_escapes.py."""
 
 from __future__ import annotations
 
+import logging
 import socket
-import subprocess
-import sys
+import stat
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from oxrl.rewards import sandbox
 from oxrl.rewards.code_reward import code_reward
-from oxrl.rewards.sandbox import SandboxLimits, network_isolation_prefix, run_python
+from oxrl.rewards.combine import build_reward_fn
+from oxrl.rewards.sandbox import SandboxLimits, SandboxUnavailableError, require_sandbox, run_python
+from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 # Small limits keep every hostile test well under 5 s.
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, memory_mb=256)
 FAST = {"cpu_seconds": 1, "wall_seconds": 2.0, "memory_mb": 256}
 
 
+def _sandbox_problem() -> str | None:
+    try:
+        require_sandbox()
+    except SandboxUnavailableError as error:
+        return str(error)
+    return None
+
+
+SANDBOX_PROBLEM = _sandbox_problem()
+needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no code sandbox here: {SANDBOX_PROBLEM}")
+
+
 def fenced(code: str) -> str:
     return f"Here is my solution:\n```python\n{code}\n```"
 
 
-def score(code: str, tests) -> tuple[float, float]:
+def score(code: str, tests, **kwargs) -> tuple[float, float]:
     """(score, seconds) of one completion."""
     start = time.monotonic()
-    (value,) = code_reward(["p"], [fenced(code)], tests=[tests], **FAST)
+    (value,) = code_reward(["p"], [fenced(code)], tests=[tests], **{**FAST, **kwargs})
     return value, time.monotonic() - start
 
 
+@needs_sandbox
 def test_a_correct_program_passes():
     code = "import collections, heapq, math, re, json, fractions, itertools, functools\nn = int(input())\nprint(n * 2)\nexit(0)"
     assert score(code, {"inputs": ["21\n"], "outputs": ["42\n"]})[0] == 1.0
 
 
+@needs_sandbox
+def test_the_program_runs_as_nobody_in_its_own_namespaces():
+    result = run_python("import os, socket\nprint(os.getuid(), os.getgid(), os.getpid(), os.getcwd(), socket.gethostname())", limits=LIMITS)
+    assert result.ok, result.stderr
+    assert result.stdout.split() == ["65534", "65534", "1", "/tmp", "sandbox"]
+
+
+@needs_sandbox
 def test_only_the_standard_library_and_a_fixed_hash_seed():
     assert not run_python("import code_reward", limits=LIMITS).ok  # oxrl's own folder is not on sys.path
     assert not run_python("import numpy", limits=LIMITS).ok  # no site-packages
@@ -42,16 +66,21 @@ def test_only_the_standard_library_and_a_fixed_hash_seed():
     assert run_python(program, limits=LIMITS).stdout == run_python(program, limits=LIMITS).stdout
 
 
+@needs_sandbox
 def test_infinite_loop_is_stopped_by_the_cpu_limit():
     value, seconds = score("while True:\n    pass", {"inputs": [""], "outputs": ["done"]})
     assert value == 0.0 and seconds < 4
+    result = run_python("while True:\n    pass", limits=LIMITS)
+    assert result.returncode < 0 and not result.timed_out  # a signal, mapped back from bwrap's 128 + N
 
 
+@needs_sandbox
 def test_sleeping_program_is_killed_at_the_wall_clock_timeout():
     result = run_python("import time\ntime.sleep(60)", limits=LIMITS)
     assert result.timed_out and not result.ok and result.elapsed_seconds < 4
 
 
+@needs_sandbox
 def test_fork_bomb_fails_fast():
     value, seconds = score("import os\nwhile True:\n    os.fork()", ["assert True"])
     assert value == 0.0 and seconds < 4
@@ -61,49 +90,28 @@ def test_fork_bomb_fails_fast():
     assert not result.ok and "not allowed" in result.stderr
 
 
+@needs_sandbox
 def test_memory_bomb_hits_the_memory_limit():
     value, seconds = score("chunks = []\nwhile True:\n    chunks.append(' ' * 10**7)", ["assert True"])
     assert value == 0.0 and seconds < 4
     assert "MemoryError" in run_python("x = bytearray(10**9)", limits=LIMITS).stderr
 
 
-def test_writes_outside_the_sandbox_are_refused(tmp_path):
-    outside = tmp_path / "outside.txt"
-    in_home = Path.home() / f"oxrl-sandbox-probe-{uuid.uuid4().hex}.txt"
-    try:
-        for target in (outside, in_home):
-            code = f"with open({str(target)!r}, 'w') as f:\n    f.write('pwned')\nprint('written')"
-            value, seconds = score(code, {"inputs": [""], "outputs": ["written"]})
-            assert value == 0.0 and seconds < 4
-            assert not target.exists()
-        removal = run_python(f"import os\nos.remove({str(tmp_path / 'kept.txt')!r})", limits=LIMITS)
-        assert not removal.ok
-    finally:
-        in_home.unlink(missing_ok=True)
-
-
-def test_writes_inside_the_sandbox_work_and_the_directory_is_deleted():
-    result = run_python("import os\nopen('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read(), os.getcwd())", limits=LIMITS)
-    assert result.ok, result.stderr
-    text, work_dir = result.stdout.split()
-    assert text == "ok" and not Path(work_dir).exists()
-
-
-def test_environment_secrets_are_not_visible(monkeypatch):
-    secret = f"hunter2-{uuid.uuid4().hex}"
-    monkeypatch.setenv("OXRL_TEST_SECRET", secret)
-    code = (
-        "import os\n"
-        "print(os.environ.get('OXRL_TEST_SECRET', 'absent'))\n"
-        "print(open(f'/proc/{os.getppid()}/environ', 'rb').read())\n"  # the trainer's environment
-    )
-    value, _ = score(code, {"inputs": [""], "outputs": [secret]})
-    assert value == 0.0
+@needs_sandbox
+def test_scratch_space_is_private_and_bounded():
+    name = f"oxrl-scratch-{uuid.uuid4().hex}"
+    code = f"open('/tmp/{name}', 'w').write('ok')\nprint(open('/tmp/{name}').read())"
     result = run_python(code, limits=LIMITS)
-    assert secret not in result.stdout and secret not in result.stderr
-    assert result.stdout.startswith("absent")
+    assert result.ok and result.stdout == "ok\n", result.stderr
+    assert not Path("/tmp", name).exists()  # the sandbox's /tmp is its own tmpfs
+    # Many files, each under the file-size limit, still cannot fill more than scratch_mb.
+    filler = "block = b'x' * (1 << 20)\nfor i in range(64):\n    open(f'/tmp/f{i}', 'wb').write(block)"
+    small = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256, scratch_mb=8)
+    result = run_python(filler, limits=small)
+    assert not result.ok and "No space left on device" in result.stderr
 
 
+@needs_sandbox
 def test_no_network_even_to_localhost():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -117,24 +125,13 @@ def test_no_network_even_to_localhost():
             server.accept()  # nobody connected
 
 
-def test_network_namespace_alone_blocks_localhost():
-    """The OS layer without the audit hook: a plain interpreter inside the namespace cannot connect."""
-    prefix = network_isolation_prefix()
-    if not prefix:
-        pytest.skip("no network namespace on this machine (the audit hook still blocks sockets)")
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        code = f"import socket; socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)"
-        probe = subprocess.run([*prefix, sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=10, check=False)
-    assert probe.returncode != 0 and ("unreachable" in probe.stderr or "refused" in probe.stderr)
-
-
+@needs_sandbox
 def test_huge_output_is_bounded():
     result = run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", limits=LIMITS)
     assert not result.ok and len(result.stdout) <= LIMITS.max_output_bytes and result.elapsed_seconds < 4
 
 
+@needs_sandbox
 def test_parallel_batch_is_deterministic_and_ordered():
     programs = [
         "print(int(input()) + 1)",  # right
@@ -150,3 +147,64 @@ def test_parallel_batch_is_deterministic_and_ordered():
     first = code_reward(["p"] * len(programs), completions, tests=tests, **limits)
     second = code_reward(["p"] * len(programs), completions, tests=tests, **limits)
     assert first == second == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+
+# --- fail closed -------------------------------------------------------------------------------
+
+
+def test_a_missing_bwrap_is_one_clear_error(monkeypatch):
+    with pytest.raises(SandboxUnavailableError) as caught:
+        require_sandbox("/nonexistent/oxrl-test/bwrap")
+    message = str(caught.value)
+    assert "apt-get install bubblewrap" in message and "dnf install bubblewrap" in message
+    assert "isolation: none" in message  # and the way out, for trusted code
+    # The code reward, and building it from a config, fail the same way before running anything.
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+        code_reward(["p"], [fenced("print(1)")], tests=[["assert True"]], **FAST)
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+        run_python("print(1)", limits=LIMITS)
+    with pytest.raises(SandboxUnavailableError):
+        build_reward_fn([{"name": "code", "kwargs": {"cpu_seconds": 2}}])
+
+
+def test_a_bwrap_that_cannot_create_namespaces_reports_what_it_said(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(SandboxUnavailableError) as caught:
+        require_sandbox(str(fake))
+    message = str(caught.value)
+    assert "setting up uid map: Permission denied" in message and "user namespaces" in message
+
+
+def test_isolation_none_runs_without_bwrap_and_warns(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
+    sandbox._warn_unsandboxed.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="oxrl.rewards.sandbox"):
+        result = run_python("print(6 * 7)", limits=SandboxLimits(cpu_seconds=2, wall_seconds=5.0, isolation="none"))
+    assert result.ok and result.stdout == "42\n", result.stderr
+    assert "UNSAFE" in caplog.text
+    (value,) = code_reward(["p"], [fenced("print(int(input()) * 2)")], tests=[{"inputs": ["4\n"], "outputs": ["8\n"]}],
+                           cpu_seconds=2, wall_seconds=5.0, isolation="none")
+    assert value == 1.0
+    build_reward_fn([{"name": "code", "kwargs": {"isolation": "none"}}])  # no probe, no error
+
+
+def test_an_unknown_isolation_lists_the_allowed_values():
+    with pytest.raises(ValueError, match=r"isolation must be one of \['bwrap', 'none'\], got 'docker'"):
+        SandboxLimits(isolation="docker")
+    with pytest.raises(ValueError, match="reward 'code': isolation must be one of"):
+        build_reward_fn([{"name": "code", "kwargs": {"isolation": "bwarp"}}])
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        code_reward(["p"], [fenced("print(1)")], tests=[["assert True"]], isolation="off")
+
+
+def test_seccomp_program_shape():
+    strict = seccomp_program(allow_new_processes=False, machine="x86_64")
+    lenient = seccomp_program(allow_new_processes=True, machine="x86_64")
+    assert strict is not None and lenient is not None and len(strict) % 8 == 0  # struct sock_filter: 8 bytes
+    # Refusing processes adds fork and vfork (2 instructions each) and the CLONE_THREAD check (2).
+    assert len(strict) - len(lenient) == 6 * 8
+    assert seccomp_program(allow_new_processes=False, machine="aarch64") is not None
+    assert seccomp_program(allow_new_processes=False, machine="riscv64") is None  # undescribed: no filter

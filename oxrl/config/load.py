@@ -38,7 +38,42 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key part")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    if raw == "":
+        return key.split("."), ""
+    try:
+        return key.split("."), yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise ConfigError(_describe_yaml_error(error, raw, f"the value of override {text!r}")) from error
+
+
+def _describe_yaml_error(error: yaml.YAMLError, text: str, where: str) -> str:
+    """`where` (a file, an override), the 1-based line and column, what PyYAML found wrong, the line marked.
+
+    PyYAML's own message names the source `"<unicode string>"` and counts lines from 0.
+    """
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"{where}: not valid YAML: {error}"
+    mark = error.problem_mark
+    message = f"{where}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {error.problem}"
+    if error.context and error.context_mark is not None:
+        start = error.context_mark
+        message += f" ({error.context} that starts at line {start.line + 1}, column {start.column + 1})"
+    lines = text.splitlines()
+    if mark.line < len(lines):
+        message += f"\n    {lines[mark.line]}\n    {' ' * mark.column}^"
+    return message
+
+
+def _read_yaml(file: Path) -> Any:
+    """The YAML document in `file`; a ConfigError naming the file, line and column if it is not valid YAML."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {error.start}): is it a YAML config?") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(_describe_yaml_error(error, text, str(file))) from error
 
 
 def apply_override(tree: dict, keys: list[str], value: Any) -> None:
@@ -98,7 +133,8 @@ def describe_errors(error: ValidationError, source: str) -> str:
             lines.append(f"  - {where}{item['msg'].removeprefix('Value error, ')}")
         else:
             value = item.get("input")
-            lines.append(f"  - `{dotted}` = {value!r}: {item['msg']}")
+            # A field validator's own message (e.g. an unknown algorithm.name) arrives prefixed "Value error, ".
+            lines.append(f"  - `{dotted}` = {value!r}: {item['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
 
 
@@ -111,7 +147,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"config file not found: {file}")
-        loaded = yaml.safe_load(file.read_text())
+        loaded = _read_yaml(file)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -127,4 +163,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 
 
 def save_config(config: Config, path: str | os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    """Write the resolved config as YAML; a failed write (e.g. a full disk) leaves the previous file intact."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise

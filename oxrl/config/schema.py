@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-# Names of the RL presets (oxrl/loops/rl_presets.py); their batches are sized by the `rl` section.
-RL_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo", "ppo")
+from oxrl.config.names import RL_ALGORITHMS, canonical_algorithm
 
 
 class Section(BaseModel):
@@ -21,7 +19,12 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
-    name: str = Field("oxrl-run", description="Run name; the run directory is `<output_dir>/<name>`.")
+    name: str | None = Field(
+        None, min_length=1,
+        description="Run name; the run directory is `<output_dir>/<name>`. Unset: a new "
+        "`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>` for every run (the same on every rank under torchrun). "
+        "A directory that already holds a run is refused unless `resume` or `overwrite` says what to do with it.",
+    )
     output_dir: str = Field(
         "runs",
         description="Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default.",
@@ -30,8 +33,31 @@ class RunConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when available.")
     resume: bool | str = Field(
         False,
-        description="`true` resumes from the latest checkpoint in the run directory; a path resumes from that checkpoint.",
+        description="`true` continues the run named `name` from the latest checkpoint in its directory. A checkpoint "
+        "path continues from that checkpoint: one of this run's own rewinds the run (its later checkpoints and "
+        "metrics rows are dropped), another run's starts this run from its state. Config keys that differ from "
+        "the checkpoint's saved `config.yaml` stop the run unless `accept_config_changes`.",
     )
+    overwrite: bool = Field(
+        False,
+        description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
+        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png) is deleted first; other "
+        "files stay.",
+    )
+    accept_config_changes: bool = Field(
+        False,
+        description="Resume although config keys differ from the checkpoint's saved `config.yaml` (the differences "
+        "are logged). The new values apply from the resumed step, the learning rate and schedule included.",
+    )
+
+    @model_validator(mode="after")
+    def _resume_is_possible(self) -> "RunConfig":
+        if self.resume is True and self.name is None:
+            raise ValueError("run.resume: true continues the run named by run.name, and none is set (unnamed runs "
+                             "get a new name every time): set run.name, or run.resume to a checkpoint path")
+        if self.resume is True and self.overwrite:
+            raise ValueError("run.resume: true continues the run and run.overwrite deletes it: set only one")
+        return self
 
 
 class ModelConfig(Section):
@@ -139,16 +165,28 @@ class TrainConfig(Section):
     mixed_precision: Literal["auto", "no", "bf16"] = Field(
         "auto", description="`auto`: bf16 autocast on GPU, none on CPU."
     )
+    max_nonfinite_steps: int = Field(
+        3, gt=0,
+        description="A step whose loss or gradient norm is inf/NaN is skipped (gradients dropped, weights untouched, "
+        "the schedule still advances; counted as `train/nonfinite_steps`); this many such steps IN A ROW stop the run "
+        "with an error (1: stop at the first).",
+    )
 
 
 class AlgorithmConfig(Section):
     name: str = Field(
         ...,
-        description="Training objective: offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, `hinge`, `ipo`, "
-        "`simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, `kd_jsd` "
-        "(hyper-parameters in the `preference` section); RL `grpo`, `dr_grpo`, `dapo`, `rloo`, "
-        "`reinforce_pp`, `cispo`, `gspo`, `ppo` (presets of the `rl` section).",
+        description="Training objective (case-insensitive): offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, "
+        "`hinge`, `ipo`, `simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, "
+        "`kd_jsd` (hyper-parameters in the `preference` section); RL `grpo`, `sgrpo` (GRPO with its paper's KL "
+        "term: `rl.kl_coef` 0.04, k3), `dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `cispo`, `gspo`, `ppo` (presets "
+        "of the `rl` section).",
     )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _known_name(cls, name: object) -> str:
+        return canonical_algorithm(name)
 
 
 class PreferenceConfig(Section):
@@ -272,7 +310,12 @@ class RLConfig(Section):
         "name (`basic_arithmetic`, `countdown`, ...).",
     )
     task_size: int = Field(2000, gt=0, description="Training prompts generated for `task`.")
-    validation_size: int = Field(100, ge=0, description="Held-out prompts (generated with another seed or split off).")
+    validation_size: int | None = Field(
+        None, ge=0,
+        description="Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and no "
+        "`data.validation`: the first N rows are split off (null: 10% of the rows, at most 100, so files of fewer "
+        "than 10 rows keep all for training; a count that leaves no training rows is an error). 0: none.",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     rewards: list[RewardSpec] = Field(
@@ -283,6 +326,13 @@ class RLConfig(Section):
     )
     on_reward_error: Literal["raise", "zero"] = Field(
         "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
+    )
+    reward_timeout_s: float | None = Field(
+        300.0, gt=0,
+        description="Seconds one call of a user reward function (a `pkg.module:fn` or `file.py:fn` reward) may take; "
+        "a call that takes longer stops the run with an error naming the reward, whatever `on_reward_error` says "
+        "(a Python thread cannot be killed: the hung call is left behind in a daemon thread, still using CPU). "
+        "Built-in rewards bound their own time (math-verify's limits, the code sandbox's). null: no limit.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] | None = Field(
         None, description="Advantage estimator; default from the algorithm preset. `gae` trains a critic (PPO)."
@@ -304,7 +354,11 @@ class RLConfig(Section):
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
         None, description="Loss aggregation; default from the preset (token_mean)."
     )
-    kl_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference); 0 builds no reference model.")
+    kl_coef: float | None = Field(
+        None, ge=0,
+        description="Weight of KL(policy || reference); 0 builds no reference model. Default from the preset: 0, "
+        "except `sgrpo` 0.04 (DeepSeekMath, arXiv:2402.03300).",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the loss term.")
     kl_in_reward: bool = Field(False, description="Apply the KL as a k1 reward penalty instead of a loss term.")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
@@ -369,6 +423,12 @@ class StrategyConfig(Section):
         None,
         description="`deepspeed` only: a JSON file merged over the DeepSpeed config oxRL generates (nested keys "
         "replace ours), for settings oxRL does not expose, e.g. bucket sizes.",
+    )
+    collective_timeout_s: float = Field(
+        1800.0, gt=0,
+        description="Multi-process runs: seconds any collective (all-reduce, gather, barrier) may wait for the other "
+        "ranks; a rank that died or hangs then ends the run with an error instead of a silent hang. Raise it when "
+        "one rank legitimately works alone for longer (e.g. rank 0 saving a very large model).",
     )
 
 

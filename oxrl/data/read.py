@@ -11,6 +11,9 @@ Local files are read with `datasets` by suffix (.json/.jsonl/.csv/.parquet/.arro
 
 Row numbers count records from 1 in file order: in a JSON Lines file row N is the N-th non-blank
 line, in a CSV file the N-th line after the header.
+
+A source with no rows (an empty file, a CSV file with only its header, an empty JSON array, a
+parquet file or saved dataset of 0 rows) is a `DataError`, as is a file `datasets` cannot parse.
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
         if spec.max_rows is not None and len(loaded) > spec.max_rows:
             loaded = loaded.select(range(spec.max_rows))
         rows = [Row(number, values) for number, values in enumerate(loaded.to_list(), start=1)]
+    if not rows:  # e.g. an empty JSON array, a saved dataset of 0 rows (empty files are caught when read)
+        raise DataError(location, None, None, "the dataset is empty: no rows")
     columns, rows = _rename_columns(columns, rows, spec.columns, location)
     return RawDataset(dataset_name(spec), location, columns, rows)
 
@@ -130,46 +135,115 @@ def _load_from_hub(spec: DatasetSpec) -> Dataset:
 
 
 def _load_folder(folder: Path, split: str) -> Dataset:
-    from datasets import DatasetDict, load_dataset, load_from_disk
+    from datasets import load_dataset
 
     if (folder / "dataset_dict.json").exists() or (folder / "state.json").exists():
-        saved = load_from_disk(str(folder))
-        if isinstance(saved, DatasetDict):
-            if split not in saved:
-                raise DataError(str(folder), None, None, f"no split {split!r}; the splits are {list(saved)} (set `split`)")
-            return saved[split]
-        return saved
+        return _load_saved(folder, split)
     # A plain folder of data files (train.jsonl, test.jsonl, ...): `datasets` maps files to splits.
-    return load_dataset(str(folder), split=split)
+    try:
+        return load_dataset(str(folder), split=split)
+    except (FileNotFoundError, ValueError) as error:  # no data files (EmptyDatasetError); no such split
+        raise DataError(str(folder), None, None, f"cannot read this folder of data files: {error}") from error
+
+
+def _load_saved(folder: Path, split: str) -> Dataset:
+    """A `save_to_disk` folder: the dataset, or the `split` of a DatasetDict (only that split is loaded)."""
+    from datasets import load_from_disk
+
+    if (folder / "dataset_dict.json").exists():
+        splits = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        if split not in splits:
+            raise DataError(str(folder), None, None, f"no split {split!r}; the splits are {splits} (set `split`)")
+        folder = folder / split
+    # A dataset saved with 0 rows has no data files, and `load_from_disk` fails on it with an IndexError.
+    if json.loads((folder / "state.json").read_text()).get("_data_files") == []:
+        raise DataError(str(folder), None, None, "the dataset is empty: no rows")
+    return load_from_disk(str(folder))
 
 
 def _load_file(path: Path) -> Dataset | list[Row]:
-    from datasets import Features, Value, load_dataset
+    from datasets import load_dataset
     from datasets.exceptions import DatasetGenerationError
 
     suffix = path.suffix.lower()
     builder = FILE_BUILDERS.get(suffix)
     if builder is None:
         raise DataError(str(path), None, None, f"unknown file type {suffix!r}; expected one of {sorted(FILE_BUILDERS)}")
-    if builder == "csv":
-        # CSV cells are text: read every column as a string so "42" stays "42" and "NA" stays "NA".
-        with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: as pandas, ignore a BOM
-            header = next(csv.reader(handle), [])
-        features = Features({name: Value("string") for name in header})
-        return load_dataset("csv", data_files=str(path), split="train", features=features, na_filter=False)
     try:
-        return load_dataset(builder, data_files=str(path), split="train")
+        no_rows = _why_no_rows(path, builder)
+        if no_rows is None:
+            return _load_csv(path) if builder == "csv" else load_dataset(builder, data_files=str(path), split="train")
     except (DatasetGenerationError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         if builder != "json":
-            raise
+            raise _unreadable(path, builder, error) from error
         # pyarrow could not parse the file as a whole (a broken line); parse it record by record
         # so that the broken records get their own row numbers.
         logger.info("%s: datasets could not read it (%s); reading it record by record", path, error.__cause__ or error)
         return _read_json_records(path)
+    raise DataError(str(path), None, None, f"the file is empty: no rows{no_rows}")
+
+
+def _why_no_rows(path: Path, builder: str) -> str | None:
+    """None when the file has rows, else the detail for the error message (empty, or " (why)").
+
+    Checked before `datasets` reads the file: it fails on files without rows with a bare
+    StopIteration (JSON) or an unrelated message (CSV, parquet, arrow).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _is_blank(path):
+        return ""
+    if builder == "csv":
+        # CSV cells are UTF-8 text; -sig: as pandas, ignore a BOM.
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            records = csv.reader(handle)
+            next(records, None)  # the header
+            # any() stops at the first non-blank record (pandas skips blank lines too).
+            return None if any(records) else " (only a header line)"
+    if builder == "parquet":
+        return None if pq.read_metadata(path).num_rows else " (a parquet table of 0 rows)"  # reads the footer only
+    if builder == "arrow":
+        with pa.memory_map(str(path)) as source:  # zero-copy: reading the table costs no memory
+            try:
+                table = pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:  # not a stream: the IPC file format, which `datasets` reads too
+                table = pa.ipc.open_file(source).read_all()
+        return None if table.num_rows else " (an Arrow table of 0 rows)"
+    return None
+
+
+def _load_csv(path: Path) -> Dataset:
+    from datasets import Features, Value, load_dataset
+
+    # CSV cells are text: read every column as a string so "42" stays "42" and "NA" stays "NA".
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        header = next(csv.reader(handle), [])
+    features = Features({name: Value("string") for name in header})
+    return load_dataset("csv", data_files=str(path), split="train", features=features, na_filter=False)
+
+
+def _is_blank(path: Path) -> bool:
+    """Whether the file holds nothing but whitespace (read until the first other byte)."""
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
+def _unreadable(path: Path, builder: str, error: Exception) -> DataError:
+    cause = error.__cause__ or error  # DatasetGenerationError wraps the parser's own error
+    if isinstance(cause, UnicodeDecodeError):
+        return DataError(str(path), None, None, f"not UTF-8 text ({cause.reason} at byte {cause.start})")
+    return DataError(str(path), None, None, f"cannot be read as a {builder} file: {type(cause).__name__}: {cause}")
 
 
 def _read_json_records(path: Path) -> list[Row]:
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise _unreadable(path, "json", error) from error
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
             records = json.loads(text)

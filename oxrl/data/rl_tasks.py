@@ -20,6 +20,8 @@ RL2 rows carry their own finished prompt and are not wrapped.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import logging
 import random
@@ -40,6 +42,7 @@ ANSWER_INSTRUCTIONS = {
 }
 TASK_REWARDS: dict[str, str] = {"arithmetic": "math", "gsm8k": "math", "openr1": "math", "reasoning_gym": "reasoning_gym"}
 FILE_FORMATS = ("gsm8k", "openr1", "rl2")
+ARITHMETIC_OPTIONS = ("max_operand",)  # the `task_config` keys of the built-in `arithmetic` task
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,30 @@ def generate_rl_prompts(
         raise ValueError(f"train_size must be > 0 and validation_size >= 0, got {train_size} and {validation_size}")
     template = template or PromptTemplate()
     if task == "arithmetic":
+        _check_task_options(task, task_config, ARITHMETIC_OPTIONS)
         return _arithmetic(train_size, validation_size, seed, template, **task_config)
     if _is_reasoning_gym_task(task):
         return _reasoning_gym(task, train_size, validation_size, seed, template, **task_config)
-    raise ValueError(f"unknown generated task {task!r}: expected 'arithmetic' or a reasoning-gym dataset name")
+    raise ValueError(_unknown_task_message(task))
+
+
+def _unknown_task_message(task: str) -> str:
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        return f"unknown generated task {task!r}: expected 'arithmetic' (reasoning-gym, for its datasets, is not installed)"
+    close = difflib.get_close_matches(task, ["arithmetic", *DATASETS], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown generated task {task!r}.{hint} Expected 'arithmetic' or a reasoning-gym dataset: {', '.join(sorted(DATASETS))}"
+
+
+def _check_task_options(task: str, options: dict[str, Any], valid: tuple[str, ...]) -> None:
+    """Unknown `rl.task_config` keys are named (with the closest valid one) instead of failing as a TypeError."""
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"rl.task_config: task {task!r} has no option {key!r}.{hint} Its options: {', '.join(valid)}")
 
 
 def _arithmetic(
@@ -267,8 +290,15 @@ def _reasoning_gym(
     name: str, train_size: int, validation_size: int, seed: int, template: PromptTemplate, **config: Any
 ) -> tuple[list[RLPrompt], list[RLPrompt]]:
     import reasoning_gym
+    from reasoning_gym.factory import DATASETS
 
-    train_entries = list(reasoning_gym.create_dataset(name, size=train_size, seed=seed, **config))
+    # `size` and `seed` are ours to set; everything else in the dataset's config class is an option.
+    options = tuple(f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("size", "seed"))
+    _check_task_options(name, config, options)
+    try:
+        train_entries = list(reasoning_gym.create_dataset(name, size=train_size, seed=seed, **config))
+    except AssertionError as error:  # reasoning-gym's config `validate()` checks with asserts
+        raise ValueError(f"rl.task_config {config} is not valid for reasoning-gym {name!r}: {error}") from error
     # reasoning-gym draws item i from Random(seed + i), so seeds 0 and 1 give the same items shifted by
     # one. The validation seed starts after the training items' seeds; questions seen in training are
     # skipped all the same (small tasks repeat questions from different seeds).

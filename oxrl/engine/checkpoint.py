@@ -10,7 +10,11 @@
                                               by every rank (oxrl/engine/fsdp.py, deepspeed_strategy.py)
 
 A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
-never shadows the previous good one.
+never shadows the previous good one; a failed save removes its temporary folder (oxrl/engine/folders.py).
+
+On resume the schedule's POSITION comes from the checkpoint and its VALUES from the config: the
+learning rate, schedule shape and optimizer hyper-parameters the loop built from the (possibly
+changed, see oxrl/engine/run_dir.py) config replace the saved ones (`restore_configured`).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import json
 import logging
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from oxrl.engine.folders import publish_folder, writing_folder
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
 
@@ -85,9 +91,7 @@ def partial_and_final_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
 
 def publish_checkpoint(tmp: Path, final: Path, keep_last: int) -> Path:
     """Rename a complete temporary checkpoint into place and prune the old ones."""
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    publish_folder(tmp, final)
     _prune(final.parent, keep_last)
     logger.info("saved checkpoint %s", final)
     return final
@@ -98,6 +102,11 @@ def read_trainer_state(checkpoint: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
     return json.loads(path.read_text())
+
+
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint was written after."""
+    return int(read_trainer_state(checkpoint)["step"])
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
@@ -118,16 +127,17 @@ def save_checkpoint(
     tmp, final = partial_and_final_dirs(run_dir, step)
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_hf_folder(model, tokenizer, tmp, lora_save=lora_save)
-    state_dir = tmp / "training_state"
-    state_dir.mkdir()
-    torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
-    torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
-    save_rng_state(state_dir)
-    (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-    if is_peft(model):
-        save_file(trainable_state(model), state_dir / "adapter.safetensors")
-    return publish_checkpoint(tmp, final, keep_last)
+    with writing_folder(tmp, final):
+        save_hf_folder(model, tokenizer, tmp, lora_save=lora_save)
+        state_dir = tmp / "training_state"
+        state_dir.mkdir()
+        torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+        torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
+        save_rng_state(state_dir)
+        (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+        if is_peft(model):
+            save_file(trainable_state(model), state_dir / "adapter.safetensors")
+        return publish_checkpoint(tmp, final, keep_last)
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -169,9 +179,39 @@ def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
     checkpoint = Path(checkpoint)
     state_dir = checkpoint / "training_state"
     trainer_state = read_trainer_state(checkpoint)
+    configured = ConfiguredSchedule.of(optimizer, scheduler)
     _load_weights(model, checkpoint)
     optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(state_dir / "scheduler.pt", weights_only=True))
+    restore_configured(configured, optimizer, scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
     load_rng_state(state_dir)
     logger.info("resumed from %s", checkpoint)
     return trainer_state
+
+
+@dataclass
+class ConfiguredSchedule:
+    """The optimizer hyper-parameters and peak learning rates the loop built from the config."""
+
+    groups: list[dict]  # per param group, everything but the parameters (lr, initial_lr, betas, weight_decay...)
+    base_lrs: list[float]
+
+    @classmethod
+    def of(cls, optimizer, scheduler) -> "ConfiguredSchedule":
+        """Capture them before a checkpoint's optimizer state overwrites them."""
+        return cls([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups], list(scheduler.base_lrs))
+
+
+def restore_configured(configured: ConfiguredSchedule, optimizer, scheduler, saved_schedule: dict) -> None:
+    """Load the schedule's position (`last_epoch`) from `saved_schedule`, keep the configured peak
+    learning rates and hyper-parameters, and set every group's lr to the configured schedule's value
+    at that position. With an unchanged config this is exactly the saved state."""
+    position = saved_schedule["last_epoch"]
+    lrs = [base * factor(position) for base, factor in zip(configured.base_lrs, scheduler.lr_lambdas)]
+    if list(saved_schedule["base_lrs"]) != configured.base_lrs:
+        logger.warning("resume: peak learning rate %s from the config (the checkpoint had %s); lr %s from step %d",
+                       configured.base_lrs, saved_schedule["base_lrs"], lrs, position)
+    # `_last_lr` is the state-dict key of the lr the scheduler reports (get_last_lr): the configured one.
+    scheduler.load_state_dict({**saved_schedule, "base_lrs": configured.base_lrs, "_last_lr": lrs})
+    for group, hyper, lr in zip(optimizer.param_groups, configured.groups, lrs):
+        group.update(hyper)
+        group["lr"] = lr

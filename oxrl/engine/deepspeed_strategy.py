@@ -30,6 +30,7 @@ import torch
 
 from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.engine.distributed import DistEnv
+from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
 from oxrl.engine.strategy import MultiProcessStrategy
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def deepspeed_config(cfg: StrategyConfig, train: TrainConfig, bf16: bool) -> dic
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": train.optim.max_grad_norm or 0.0,
-        "bf16": {"enabled": bf16},
+        # ZeRO then skips a step whose gradient norm is inf/NaN (it always does in fp32); see `step`.
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # the loop's torch AdamW
         "zero_force_ds_cpu_optimizer": False,  # keep it when offloading too (no compiled CPU Adam)
@@ -84,6 +86,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         self.bf16 = train.mixed_precision == "bf16" or (train.mixed_precision == "auto" and env.device.type == "cuda")
         self.config = deepspeed_config(cfg, train, self.bf16)
         self.shards_parameters = self.config["zero_optimization"]["stage"] == 3
+        self.nonfinite = NonFiniteGuard(train.max_nonfinite_steps)
         self.engine = None
         self.scheduler = None
 
@@ -112,12 +115,29 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         # DeepSpeed averages gradients over ranks; the loss is a share of the GLOBAL loss, so sum instead.
         self.engine.backward(loss * self.world_size)
 
-    def step(self) -> float:
-        self.engine.step()  # reduce, clip, optimizer step, zero the gradients
-        if self.scheduler is not None:
-            self.scheduler.step()
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+    def step(self, loss: float | None = None, step: int | None = None) -> float:
+        """DeepSpeed's ZeRO optimizer checks the global gradient norm itself: a non-finite one makes it
+        skip the update and zero the gradients (every rank alike). We cannot ask it before `engine.step`
+        without its internals, so we read the outcome after: a skipped step is counted like the other
+        strategies' skips; a non-finite loss whose update was applied anyway (its gradients were finite,
+        or a user config turned the check off) may have damaged the weights, and stops the run."""
+        self.engine.step()  # reduce, clip, optimizer step (unless skipped), zero the gradients
+        applied = self.engine.was_step_applied()
+        self.advance_schedule(applied)
+        raw_norm = self.engine.get_global_grad_norm()  # None when the config turns the norm off
+        norm = float(raw_norm) if raw_norm is not None else float("nan")
+        if applied and not (is_finite(loss) and (raw_norm is None or is_finite(norm))):
+            raise NonFiniteError(
+                f"{step_name(step)}: non-finite loss {loss}, grad norm {norm}, and DeepSpeed applied the update "
+                "(it skips only steps whose gradient norm it sees as inf/NaN): the weights may be damaged. Resume from "
+                "the last checkpoint with a lower train.optim.lr (or set train.optim.max_grad_norm)"
+            )
+        self.nonfinite.allow(applied, loss, norm, step)
+        return norm
+
+    def trainable_tensors(self):
+        # ZeRO-3 keeps each parameter's local partition in `ds_tensor` (the parameter itself is empty).
+        return ((name, getattr(p, "ds_tensor", p)) for name, p in self.engine.module.named_parameters() if p.requires_grad)
 
     def _gathered(self):
         """All of the module's parameters, whole, for the duration of the context (ZeRO-3 partitions them)."""
@@ -127,7 +147,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
 
         return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
 
-    def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
         module = self.engine.module
         with self._gathered():
             if not self.is_main:

@@ -4,6 +4,9 @@ torchrun (or any launcher that sets the same variables) exports RANK, LOCAL_RANK
 MASTER_ADDR and MASTER_PORT for every process. One process group is created per run: NCCL when
 the process trains on a GPU, gloo on CPU (gloo also carries the Python-object collectives).
 Without those variables the run is a single process and nothing here talks to anyone.
+
+Every collective of the group is bounded by `strategy.collective_timeout_s`: a rank that died or
+hangs makes the others fail with an error after that long, instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,13 +43,14 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(device_name: str = "auto", process_group: bool = False) -> DistEnv:
+def init_distributed(device_name: str = "auto", process_group: bool = False, timeout_s: float = 1800.0) -> DistEnv:
     """Join (or create) the process group described by torchrun's environment variables.
 
     `device_name` is `run.device`: `auto` trains on this process's GPU (LOCAL_RANK) when CUDA is
     available, else on CPU. A group is created when torchrun started several processes, or when
     `process_group` asks for one (sharded strategies, even on `--nproc_per_node 1`). A plain single
-    process gets a world of one and no group, unless one already exists.
+    process gets a world of one and no group, unless one already exists. `timeout_s` bounds every
+    collective of the group created here (`strategy.collective_timeout_s`).
     """
     world_size = launched_world_size()
     rank = int(os.environ.get("RANK", "0"))
@@ -65,8 +70,9 @@ def init_distributed(device_name: str = "auto", process_group: bool = False) -> 
         backend = backend_for(device)
         if backend == "nccl" and not dist.is_nccl_available():
             raise RuntimeError("this torch build has no NCCL: multi-GPU training needs it (see `oxrl doctor`)")
-        dist.init_process_group(backend=backend, device_id=device if use_cuda else None)
-        logger.info("process group: %s, world size %d", backend, world_size)
+        dist.init_process_group(backend=backend, device_id=device if use_cuda else None,
+                                timeout=timedelta(seconds=timeout_s))
+        logger.info("process group: %s, world size %d, collective timeout %gs", backend, world_size, timeout_s)
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank, local_rank, world_size, device)

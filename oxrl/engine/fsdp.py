@@ -33,6 +33,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from oxrl.config.schema import StrategyConfig
 from oxrl.engine.distributed import DistEnv
+from oxrl.engine.nonfinite import NonFiniteGuard
 from oxrl.engine.strategy import MultiProcessStrategy
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ class FSDP2Strategy(MultiProcessStrategy):
     shards_parameters = True
     shard_dir = "sharded"
 
-    def __init__(self, env: DistEnv, cfg: StrategyConfig, mixed_precision: str, max_grad_norm: float | None):
+    def __init__(self, env: DistEnv, cfg: StrategyConfig, mixed_precision: str, max_grad_norm: float | None,
+                 max_nonfinite_steps: int = 3):
         self.device = env.device
         self.rank, self.world_size = env.rank, env.world_size
         bf16 = mixed_precision == "bf16" or (mixed_precision == "auto" and env.device.type == "cuda")
@@ -64,6 +66,7 @@ class FSDP2Strategy(MultiProcessStrategy):
         self.offload_policy = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
         self.reshard_after_forward = cfg.reshard_after_forward
         self.max_grad_norm = max_grad_norm
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
@@ -104,20 +107,21 @@ class FSDP2Strategy(MultiProcessStrategy):
         # FSDP averages gradients over ranks; the loss is a share of the GLOBAL loss, so sum instead.
         (loss * self.world_size).backward()
 
-    def step(self) -> float:
+    def clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
         # max_norm=inf leaves the gradients as they are and still returns the global norm.
         limit = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
         if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every rank's shards
             norm = norm.full_tensor()
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+    def trainable_tensors(self):
+        # This rank's shard of each parameter: checking it needs no collective.
+        return ((name, p.to_local() if hasattr(p, "to_local") else p)
+                for name, p in self.model.named_parameters() if p.requires_grad)
+
+    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.is_main:
             return None

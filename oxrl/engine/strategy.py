@@ -12,17 +12,23 @@ normaliser (all ranks' tokens, pairs, ...), so the step's gradient is the sum of
 gradient. FSDP2 and DeepSpeed average over ranks; their `backward` multiplies the loss by the
 world size to undo that average (a reduce op of SUM is not available on every backend: gloo
 has no PREMUL_SUM). Hence 1 rank == N ranks, up to float rounding.
+
+A step whose loss or gradient norm is inf/NaN is skipped on every rank alike (see
+oxrl/engine/nonfinite.py), and no checkpoint or final folder is written from weights holding
+inf/NaN: `NonFiniteError` stops the run instead, leaving the last good checkpoint as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from oxrl.engine import distributed
+from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,11 @@ class Strategy:
     # True when parameters live in shards that every forward gathers: then every rank must run
     # the same number of forward passes (generation included, see `HFEngine(synced=...)`).
     shards_parameters: bool = False
+
+    nonfinite: NonFiniteGuard  # skipped-step counts; set by each subclass from train.max_nonfinite_steps
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler = None
 
     @property
     def is_main(self) -> bool:
@@ -58,9 +69,56 @@ class Strategy:
     def backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def step(self) -> float:
-        """Clip, step the optimizer and schedule, zero the grads; returns the pre-clip global grad norm."""
+    def step(self, loss: float | None = None, step: int | None = None) -> float:
+        """Clip, step the optimizer and schedule, zero the grads; returns the pre-clip global grad norm.
+
+        `loss` is the step's global loss (the same on every rank) and `step` the loop's step number,
+        for messages. A non-finite loss or gradient norm skips the optimizer update (the schedule
+        still advances); too many in a row raise `NonFiniteError` (oxrl/engine/nonfinite.py).
+        """
+        norm = self.clip_gradients()
+        updated = self.update_allowed(loss, norm, step)
+        if updated:
+            self.optimizer.step()
+        self.advance_schedule(updated)
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def advance_schedule(self, updated: bool) -> None:
+        """One schedule step per optimizer step, whether the update was applied or skipped."""
+        if self.scheduler is None:
+            return
+        with warnings.catch_warnings():
+            if not updated:  # torch warns when a schedule moves before the optimizer ever stepped: here it is meant to
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
+
+    def clip_gradients(self) -> float:
+        """Clip the gradients to `max_grad_norm` (when set); returns their global norm before clipping."""
         raise NotImplementedError
+
+    def update_allowed(self, loss: float | None, grad_norm: float, step: int | None) -> bool:
+        """Whether this step may update the weights, decided alike on every rank (see `NonFiniteGuard`)."""
+        local_bad = not (is_finite(loss) and is_finite(grad_norm))
+        # The loss and norm are global already; the all-reduce makes the agreement explicit, whatever
+        # a backend does with NaN, so that no rank ever steps while another skips.
+        finite = self.all_reduce_sum(float(local_bad)) == 0.0
+        return self.nonfinite.allow(finite, loss, grad_norm, step)
+
+    def trainable_tensors(self):
+        """(name, this rank's local tensor) of every trainable parameter."""
+        return ((name, p) for name, p in self.model.named_parameters() if p.requires_grad)
+
+    def check_finite_weights(self, what: str) -> None:
+        """Raise `NonFiniteError` when a trainable parameter holds inf/NaN on any rank (every rank calls it)."""
+        local = [name for name, tensor in self.trainable_tensors() if not bool(torch.isfinite(tensor).all())]
+        bad = sorted({name for names in self.gather_objects(local) for name in names})
+        if bad:
+            raise NonFiniteError(
+                f"refusing to write {what}: {len(bad)} trainable parameter(s) hold inf/NaN values "
+                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); earlier checkpoints are kept as they are. "
+                "Lower train.optim.lr (or set train.optim.max_grad_norm) and resume from the last good checkpoint"
+            )
 
     def all_reduce_sum(self, value: float) -> float:
         return distributed.all_reduce_sum(value, self.device)
@@ -78,7 +136,13 @@ class Strategy:
         raise NotImplementedError
 
     def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
-        """The whole model as a Hugging Face folder (every rank must call it); the path on rank 0, else None."""
+        """The whole model as a Hugging Face folder (every rank must call it); the path on rank 0, else None.
+        Refuses (`NonFiniteError`) to write weights that hold inf/NaN."""
+        self.check_finite_weights(str(out_dir))
+        return self.write_hf_folder(tokenizer, out_dir, lora_save)
+
+    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+        """`save_hf_folder` without the check (every rank must call it)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -88,10 +152,12 @@ class Strategy:
 class SingleDevice(Strategy):
     """One process, CPU or one GPU."""
 
-    def __init__(self, device: torch.device, mixed_precision: str = "auto", max_grad_norm: float | None = None):
+    def __init__(self, device: torch.device, mixed_precision: str = "auto", max_grad_norm: float | None = None,
+                 max_nonfinite_steps: int = 3):
         self.device = device
         self.use_bf16_autocast = mixed_precision == "bf16" or (mixed_precision == "auto" and device.type == "cuda")
         self.max_grad_norm = max_grad_norm
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
@@ -103,16 +169,12 @@ class SingleDevice(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self) -> float:
+    def clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         else:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
     def all_reduce_sum(self, value: float) -> float:
@@ -125,6 +187,7 @@ class SingleDevice(Strategy):
                         lora_save: str = "merged") -> Path | None:
         from oxrl.engine.checkpoint import save_checkpoint
 
+        self.check_finite_weights(f"checkpoint step {step}")
         return save_checkpoint(run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, trainer_state,
                                keep_last=keep_last, lora_save=lora_save)
 
@@ -133,7 +196,7 @@ class SingleDevice(Strategy):
 
         return load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
 
-    def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
         from oxrl.models.save import save_hf_folder
 
         return save_hf_folder(self.model, tokenizer, out_dir, lora_save=lora_save)
@@ -151,7 +214,6 @@ class MultiProcessStrategy(Strategy):
     """
 
     shard_dir = ""
-    scheduler = None
 
     def save_shards(self, path: Path) -> None:
         raise NotImplementedError
@@ -168,22 +230,27 @@ class MultiProcessStrategy(Strategy):
         import shutil
 
         from oxrl.engine.checkpoint import partial_and_final_dirs, publish_checkpoint, save_rng_state
+        from oxrl.engine.folders import writing_folder
 
+        self.check_finite_weights(f"checkpoint step {step}")
         tmp, final = partial_and_final_dirs(run_dir, step)
         if self.is_main and tmp.exists():
             shutil.rmtree(tmp)
         distributed.barrier()
-        self.save_hf_folder(tokenizer, tmp, lora_save)
-        state_dir = tmp / "training_state"
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.save_shards(self.shards_of(state_dir))
-        save_rng_state(state_dir, self.rank)
-        if self.is_main:
-            torch.save(self.scheduler.state_dict(), state_dir / "scheduler.pt")
-            (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-        distributed.barrier()  # every rank's shards are on disk before the folder is published
-        if self.is_main:
-            publish_checkpoint(tmp, final, keep_last)
+        # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
+        # stops the other ranks.
+        with writing_folder(tmp, final, remove_on_error=self.is_main):
+            self.write_hf_folder(tokenizer, tmp, lora_save)
+            state_dir = tmp / "training_state"
+            state_dir.mkdir(parents=True, exist_ok=True)
+            self.save_shards(self.shards_of(state_dir))
+            save_rng_state(state_dir, self.rank)
+            if self.is_main:
+                torch.save(self.scheduler.state_dict(), state_dir / "scheduler.pt")
+                (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+            distributed.barrier()  # every rank's shards are on disk before the folder is published
+            if self.is_main:
+                publish_checkpoint(tmp, final, keep_last)
         distributed.barrier()
         return final if self.is_main else None
 
@@ -225,13 +292,16 @@ def build_strategy(cfg) -> Strategy:
                          "use `fsdp2` or `deepspeed` (or `auto`)")
     if name != "single" and cfg.lora.enabled:
         raise ValueError(f"LoRA under strategy `{name}` is not supported yet: train LoRA in one process, or set lora.enabled: false")
-    env = distributed.init_distributed(cfg.run.device, process_group=name != "single")
+    env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
+                                       timeout_s=cfg.strategy.collective_timeout_s)
     if name == "single":
-        return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+        return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
+                            cfg.train.max_nonfinite_steps)
     if name == "fsdp2":
         from oxrl.engine.fsdp import FSDP2Strategy
 
-        return FSDP2Strategy(env, cfg.strategy, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
+        return FSDP2Strategy(env, cfg.strategy, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
+                             cfg.train.max_nonfinite_steps)
     from oxrl.engine.deepspeed_strategy import DeepSpeedStrategy
 
     return DeepSpeedStrategy(env, cfg.strategy, cfg.train)

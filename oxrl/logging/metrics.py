@@ -1,4 +1,10 @@
-"""Where metrics go: `metrics.jsonl` always, MLflow when enabled, and a progress bar."""
+"""Where metrics go: `metrics.jsonl` always, MLflow when enabled, and a progress bar.
+
+`metrics.jsonl` holds one row per logged step of the training the run's checkpoint records: a run
+that starts at `start_step` (a resume) first drops the rows logged after that step by the process
+it replaces (killed after logging a step but before checkpointing it), and a run starting at step
+0 starts the file afresh. So after any resume the rows' steps are unique and increasing.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            keep_rows_up_to(self.path, start_step)
         self.bar = None
         self.mlflow = None
         if not enabled:
@@ -56,6 +63,31 @@ class MetricsLogger:
             self.bar.close()
         if self.mlflow is not None:
             self.mlflow.end_run()
+
+
+def keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrite `path` with only its rows of steps <= `step` (none when `step` is 0: the run starts over,
+    its step-0 rows included). A torn last line, from a process killed mid-write, is dropped too."""
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON metrics row ({error})") from None
+        if step > 0 and row["step"] <= step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text("".join(f"{line}\n" for line in kept))
+    partial.replace(path)
+    logger.info("%s: dropped %d row(s) logged after step %d, the step this run starts from",
+                path, len(lines) - len(kept), step)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -17,6 +17,7 @@ from oxrl.algorithms.advantages import gae, place_outcome_reward, whiten
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import micro_batches
+from oxrl.engine.nonfinite import NonFiniteGuard, is_finite
 from oxrl.data.types import pack
 from oxrl.loops.rl_batch import completion_example, completion_index, pad_rows
 from oxrl.rollout.base import Completion
@@ -69,8 +70,11 @@ def gae_advantages(rl: RLConfig, completions: list[Completion], rewards: torch.T
 
 
 def critic_step(rl: RLConfig, critic, optimizer, completions: list[Completion], old_values: list[torch.Tensor],
-                returns: list[torch.Tensor], micro_size: int) -> dict[str, float]:
-    """One optimizer step of the critic over the given completions (token-mean over all of them)."""
+                returns: list[torch.Tensor], micro_size: int, guard: NonFiniteGuard | None = None,
+                step: int | None = None) -> dict[str, float]:
+    """One optimizer step of the critic over the given completions (token-mean over all of them).
+    A non-finite loss or gradient norm skips the update, counted by `guard` (see oxrl/engine/nonfinite.py)."""
+    guard = guard if guard is not None else NonFiniteGuard(subject="critic")
     device = next(critic.parameters()).device
     normaliser = float(sum(c.num_sampled for c in completions))
     sums: dict[str, float] = {}
@@ -84,7 +88,9 @@ def critic_step(rl: RLConfig, critic, optimizer, completions: list[Completion], 
         loss.backward()
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
-    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
-    optimizer.step()
+    norm = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0))
+    loss = sums.get("critic/loss")
+    if guard.allow(is_finite(loss) and is_finite(norm), loss, norm, step):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums
+    return {**sums, "critic/grad_norm": norm}

@@ -9,7 +9,6 @@ New objectives register here; the loop does not change.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,6 +16,7 @@ import torch
 
 from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
+from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, SUPERVISED, unknown_algorithm_message
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import PackedBatch
 
@@ -48,6 +48,7 @@ OBJECTIVES: dict[str, Objective] = {
     "sft": _token_objective("sft", lambda b: b.loss_mask[0]),
     "cpt": _token_objective("cpt", _sequence_mask),
 }
+assert tuple(OBJECTIVES) == SUPERVISED, "keep oxrl.config.names.SUPERVISED in step with OBJECTIVES"
 
 
 def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Objective]:
@@ -60,8 +61,10 @@ def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Obje
 
 def get_objective(name: str, preference: PreferenceConfig | None = None) -> Objective:
     objectives = all_objectives(preference)
-    if name not in objectives:
-        close = difflib.get_close_matches(name, list(objectives), n=1)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise ValueError(f"unknown algorithm.name `{name}`.{hint} Valid: {', '.join(sorted(objectives))}")
-    return objectives[name]
+    key = name.strip().lower()  # the config stores names in lower case; library callers may not
+    if key not in objectives:
+        if key in RL_ALGORITHMS:
+            raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: resolve it with "
+                             "oxrl.loops.rl_presets.resolve and train it with oxrl.loops.rl.train_rl")
+        raise ValueError(unknown_algorithm_message(name, "offline objective", OFFLINE_ALGORITHMS))
+    return objectives[key]

@@ -11,8 +11,12 @@
                         (over every rank's rewards: groups and batch statistics are global)
         for epoch in rl.epochs, for mini-batch in rl.mini_batches:
             loss     <- policy loss(logp, old_logp, advantages) / step-wide normaliser
-            backward per micro-batch; optimizer step
+            backward per micro-batch; optimizer step (none when loss/grad norm is inf/NaN)
         engine.sync_weights(model)
+
+Resume: a checkpoint holds the weights, optimizer, schedule and every RNG; the prompts of a step are
+a function of the step, and the built-in `hf` engine samples from torch's global RNG, so a resumed
+run repeats the uninterrupted one exactly. PPO's critic is not checkpointed yet: it restarts.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +36,7 @@ from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, polic
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
 from oxrl.data.types import pack
+from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard
 from oxrl.engine.optim import build_optimizer, build_scheduler
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import critic_step, gae_advantages, score_values
@@ -70,6 +77,7 @@ class Critic:
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    nonfinite: NonFiniteGuard = field(default_factory=lambda: NonFiniteGuard(subject="critic"))
 
 
 def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
@@ -201,8 +209,9 @@ def rollout_metrics(r: Rollouts, rl: RLConfig) -> dict[str, float]:
 
 
 def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first_check: bool,
-           critic: Critic | None = None, train_policy: bool = True) -> dict[str, float]:
-    """rl.epochs x rl.mini_batches optimizer steps on one step's rollouts; returns metrics averaged over them."""
+           critic: Critic | None = None, train_policy: bool = True, step: int | None = None) -> dict[str, float]:
+    """rl.epochs x rl.mini_batches optimizer steps on one step's rollouts; returns metrics averaged over them.
+    `step` (the loop's step number) names the step in non-finite warnings and errors."""
     params = loss_params(rl)
     order = list(range(len(rollouts.completions)))
     per_mini = math.ceil(len(order) / rl.mini_batches)
@@ -212,18 +221,20 @@ def update(cfg: Config, rl: RLConfig, model, strategy, rollouts: Rollouts, first
         for mini in micro_batches(order, per_mini):
             sums = {}
             if train_policy:
-                sums = _mini_batch_step(cfg, rl, model, strategy, rollouts, mini, params, check=first_check and updates == 0)
+                sums = _mini_batch_step(cfg, rl, model, strategy, rollouts, mini, params,
+                                        check=first_check and updates == 0, step=step)
             if critic is not None:
                 sums.update(critic_step(rl, critic.model, critic.optimizer, [rollouts.completions[i] for i in mini],
                                         [rollouts.values[i] for i in mini], [rollouts.returns[i] for i in mini],
-                                        cfg.train.micro_batch_size_per_device))
+                                        cfg.train.micro_batch_size_per_device, critic.nonfinite, step))
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
             updates += 1
     return {key: value / updates for key, value in totals.items()}
 
 
-def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list[int], params, check: bool) -> dict[str, float]:
+def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list[int], params, check: bool,
+                     step: int | None = None) -> dict[str, float]:
     temperature = rl.rollout.temperature or 1.0
     micro = [indices[i : i + cfg.train.micro_batch_size_per_device] for i in range(0, len(indices), cfg.train.micro_batch_size_per_device)]
     lengths = [rollouts.completions[i].num_sampled for i in indices]  # trained tokens per completion
@@ -268,7 +279,7 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
         if check:  # before the optimizer step: a refused update changes nothing
             check_on_policy(mismatch["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
         sums.update(mismatch)
-    sums["grad_norm"] = strategy.step()
+    sums["grad_norm"] = strategy.step(loss=sums["loss"], step=step)  # skipped when either is inf/NaN
     return sums
 
 
@@ -289,6 +300,15 @@ def evaluate(engine, reward_fn, batch: RLPromptBatch, rl: RLConfig, env: Environ
 def subset(batch: RLPromptBatch, indices: list[int]) -> RLPromptBatch:
     return RLPromptBatch([batch.prompt_ids[i] for i in indices], [batch.prompt_texts[i] for i in indices],
                          [batch.fields[i] for i in indices], [batch.origins[i] for i in indices])
+
+
+@contextmanager
+def naming_step(step: int) -> Iterator[None]:
+    """Prefix the step to a NonFiniteError raised inside (the rollout engine does not know the step)."""
+    try:
+        yield
+    except NonFiniteError as error:
+        raise NonFiniteError(f"step {step}: {error}") from error
 
 
 @dataclass
@@ -322,7 +342,9 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
     start_step = 0
     resume_from = _resume_path(cfg, run_dir)
     if resume_from is not None:
-        start_step = strategy.load_checkpoint(resume_from)["step"]
+        state = strategy.load_checkpoint(resume_from)
+        start_step = state["step"]
+        strategy.nonfinite.load_state_dict(state)
         engine.sync_weights(model)
     metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
                                 progress_bar=cfg.logging.progress_bar, mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name)
@@ -338,29 +360,35 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
         for step in range(start_step, total_steps):
             started = time.perf_counter()
             batch = subset(train, split_for_rank(sampler.step_indices(step), strategy.rank, strategy.world_size))
-            rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy, env)
+            with naming_step(step + 1):  # e.g. sampling from weights that diverged in the last update
+                rollouts, metrics = collect(cfg, rl, engine, reward_fn, policy, reference, batch, critic, strategy, env)
             metrics = global_metrics(strategy, metrics, rollouts.rewards)
             if rl.strict_on_policy and rollouts.old_logprobs is not None:  # else the update checks it
                 check_on_policy(metrics["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
             train_started = time.perf_counter()
             warming_up = critic is not None and step < rl.critic_warmup_steps  # only the critic learns
             metrics.update(update(cfg, rl, policy, strategy, rollouts, first_check=rl.strict_on_policy and not warming_up,
-                                  critic=critic, train_policy=not warming_up))
+                                  critic=critic, train_policy=not warming_up, step=step + 1))
             metrics.update(engine.sync_weights(model))  # e.g. vLLM: the sync's seconds and probe gap
             metrics["time/train"] = time.perf_counter() - train_started
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollouts.completions)))
+            metrics["train/nonfinite_steps"] = strategy.nonfinite.skipped
+            if critic is not None:
+                metrics["critic/nonfinite_steps"] = critic.nonfinite.skipped
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step": elapsed,
                             "completions_per_s": len(rollouts.completions) * strategy.world_size / elapsed, "tokens_per_s": generated / elapsed})
             rewards.append(metrics["reward/mean"])
             done = step + 1
             if evaluate_now and (done % rl.validation_every == 0 or done == total_steps):
-                last_eval = evaluate(engine, reward_fn, val, rl, env)
+                with naming_step(done):
+                    last_eval = evaluate(engine, reward_fn, val, rl, env)
                 metrics.update(last_eval)
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)
             if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
-                strategy.save_checkpoint(run_dir, done, tokenizer, {}, cfg.checkpoint.keep_last, cfg.lora.save)
+                strategy.save_checkpoint(run_dir, done, tokenizer, strategy.nonfinite.state_dict(), cfg.checkpoint.keep_last,
+                                         cfg.lora.save)
     finally:
         metrics_log.close()
     return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics)

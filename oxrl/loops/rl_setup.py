@@ -12,30 +12,60 @@ from oxrl.rollout.multiturn import Environment, load_environment
 
 logger = logging.getLogger(__name__)
 
+# `rl.validation_size` left unset: a generated task gets this many held-out prompts; prompt files hold
+# out a tenth of their rows, at most this many (so files of fewer than 10 rows train on every row).
+DEFAULT_VALIDATION_SIZE = 100
+DEFAULT_VALIDATION_ONE_IN = 10
+
 
 def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLPrompt]]:
     custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
     template = PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
     if rl.task is not None:
-        return generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=rl.validation_size,
+        validation_size = DEFAULT_VALIDATION_SIZE if rl.validation_size is None else rl.validation_size
+        return generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=validation_size,
                                    seed=cfg.run.seed, template=template, **rl.task_config)
     if not cfg.data.train:
         raise ValueError("RL needs prompts: set rl.task (e.g. `arithmetic`) or data.train to prompt files")
 
     def read(specs) -> list[RLPrompt]:
-        return [p for spec in specs for p in read_rl_prompts(spec.path, rl.data_format, split=spec.split,
-                                                                 max_rows=spec.max_rows, template=template)]
+        prompts = []
+        for spec in specs:
+            prompts += read_rl_prompts(spec.path, rl.data_format, split=spec.split, max_rows=spec.max_rows,
+                                       columns=spec.columns, template=template)
+        return prompts
 
     train = read(cfg.data.train)
-    val = read(cfg.data.validation)
-    if not val and rl.validation_size:
-        val, train = train[: rl.validation_size], train[rl.validation_size :]  # files arrive in a fixed order
-    return train, val
+    if cfg.data.validation:
+        if rl.validation_size is not None:
+            logger.warning("rl.validation_size is ignored: the validation prompts are data.validation")
+        return train, read(cfg.data.validation)
+    held = validation_split_size(rl.validation_size, len(train))
+    logger.info("validation: the first %d of %d prompt rows of data.train are held out", held, len(train))
+    return train[held:], train[:held]  # files arrive in a fixed order
+
+
+def validation_split_size(requested: int | None, rows: int) -> int:
+    """How many of the `rows` training prompts to hold out for validation (see `RLConfig.validation_size`).
+
+    Unset: a bounded fraction that always leaves training rows. Set: exactly that many, which must
+    leave at least one row to train on.
+    """
+    if requested is None:
+        return min(DEFAULT_VALIDATION_SIZE, rows // DEFAULT_VALIDATION_ONE_IN)
+    if requested >= rows:
+        raise ValueError(
+            f"rl.validation_size is {requested} but data.train has {rows} prompt rows: holding out {requested} "
+            f"leaves none to train on; set rl.validation_size below {rows} (0 for no validation), leave it unset "
+            "(10% of the rows, at most 100), or give data.validation"
+        )
+    return requested
 
 
 def reward_function(cfg: Config, rl: RLConfig):
     if rl.rewards:
-        specs = [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error) for s in rl.rewards]
+        specs = [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
+                 for s in rl.rewards]
     else:
         task = rl.task if rl.task is not None else ("gsm8k" if rl.data_format in ("auto", "gsm8k", "openr1") else rl.data_format)
         specs = default_reward_specs(task, rl.answer_format)

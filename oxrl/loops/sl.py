@@ -7,7 +7,7 @@
         for each micro-batch (whole examples packed in one row, no padding):
             loss  <- objective(model, micro-batch) / N      (pure loss from oxrl.algorithms)
             backward(loss)                                   (gradients accumulate)
-        clip, optimizer step, schedule step
+        clip, optimizer step, schedule step                  (no update when loss/grad norm is inf/NaN)
         log; validate; checkpoint
 """
 
@@ -24,8 +24,8 @@ import torch
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
 from oxrl.data.types import Example, pack
-from oxrl.engine.checkpoint import latest_checkpoint
 from oxrl.engine.optim import build_optimizer, build_scheduler
+from oxrl.engine.run_dir import resume_checkpoint
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.objectives import Objective
 
@@ -99,6 +99,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
     if resume_from is not None:
         state = strategy.load_checkpoint(resume_from)
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
+        strategy.nonfinite.load_state_dict(state)
 
     metrics_log = MetricsLogger(
         run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
@@ -114,12 +115,13 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
             examples = [train_set[i] for i in indices]
             sums, tokens = run_micro_batches(objective, model, examples, tc.micro_batch_size_per_device, strategy, reference)
             lr = scheduler.get_last_lr()[0]
-            grad_norm = strategy.step()
+            grad_norm = strategy.step(loss=sums["loss"], step=step + 1)  # skipped when either is inf/NaN
             elapsed = time.perf_counter() - started
             tokens = int(strategy.all_reduce_sum(float(tokens)))
             tokens_seen += tokens
             metrics = {**sums, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed,
-                       "epoch": sampler.epoch_of(step + 1), "tokens_seen": tokens_seen}
+                       "epoch": sampler.epoch_of(step + 1), "tokens_seen": tokens_seen,
+                       "train/nonfinite_steps": strategy.nonfinite.skipped}
             losses.append(sums["loss"])
             done = step + 1
             if tc.eval_every and (done % tc.eval_every == 0 or done == total_steps):
@@ -137,19 +139,15 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
 
 def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy) -> None:
     # Every rank: sharded strategies write their shards from each process, the HF folder from rank 0.
-    strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen},
+    strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen, **strategy.nonfinite.state_dict()},
                              keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
 
 
 def _resume_path(cfg: Config, run_dir: Path) -> Path | None:
-    if cfg.run.resume is False:
-        return None
-    if cfg.run.resume is True:
-        found = latest_checkpoint(run_dir)
-        if found is None:
-            logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
-        return found
-    return Path(cfg.run.resume)
+    found = resume_checkpoint(cfg.run.resume, run_dir)
+    if cfg.run.resume is True and found is None:
+        logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
+    return found
 
 
 def _mlflow_uri(cfg: Config) -> str | None:

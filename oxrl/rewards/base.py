@@ -15,6 +15,11 @@ called once per batch with lists:
 
 A reward is named in a config by a built-in name (`math`), a dotted path
 (`my_pkg.rewards:exact` or `my_pkg.rewards.exact`) or a file path (`rewards/exact.py:exact`).
+
+A user reward runs under a time limit (`rl.reward_timeout_s`, see `call_with_timeout`): each call
+runs in a worker thread, so signal-based timeouts inside it (math-verify's defaults use
+`signal.alarm`) do not work there; turn them off (math-verify: `parsing_timeout=None`,
+`timeout_seconds=None`) and let the time limit bound the call.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +55,42 @@ class RewardError(RuntimeError):
 
 class RewardLoadError(ValueError):
     """A reward named in the config cannot be found or is not a function."""
+
+
+class RewardTimeoutError(RewardError):
+    """A reward call ran past its time limit. It always stops the run (`on_error` does not apply): the
+    call cannot be stopped, only abandoned, and it keeps its thread and CPU."""
+
+
+def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, what: str, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, or `RewardTimeoutError` naming `what` if it has not returned within `timeout_s`
+    seconds (None: no limit, called in this thread).
+
+    A Python thread cannot be killed, so the call runs in a daemon thread that is abandoned when it
+    overruns: the run can stop (the interpreter does not wait for daemon threads at exit) even while
+    the call sleeps or loops forever. Whatever the call raises is raised here, in the caller's thread.
+    """
+    if timeout_s is None:
+        return fn(*args, **kwargs)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread, raised there
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name=f"oxrl-reward {what}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardTimeoutError(
+            f"{what} did not return within {timeout_s:g} s (rl.reward_timeout_s), so the run stops; the call is "
+            "abandoned in a background thread. Make the reward faster (or find why it hangs), or raise rl.reward_timeout_s"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def load_reward_fn(reference: str) -> RewardFn:

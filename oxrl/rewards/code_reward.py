@@ -15,6 +15,12 @@ the results of the others. Once a test times out (wall clock or CPU limit), the 
 tests fail without being run: they would almost surely time out as well, each after the full limit.
 Completions are scored in parallel by `max_workers` threads, each driving one subprocess at a time;
 results keep the input order, so they are deterministic.
+
+`isolation` (a reward kwarg, `rl.rewards[].kwargs.isolation` in a config): "bwrap", the default,
+runs every program in the bubblewrap sandbox and fails closed: where bwrap is missing or cannot
+create namespaces, building the reward raises `SandboxUnavailableError` (before the model loads),
+saying what to install. "none" runs programs as plain subprocesses with the same limits: UNSAFE for
+model-written code, only for trusted code on a machine without bwrap (it logs a warning).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from oxrl.rewards.base import batched
 from oxrl.rewards.extract import extract_code
-from oxrl.rewards.sandbox import SandboxLimits, run_python
+from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
 
 
 # The kernel stops a program at its CPU limit with SIGXCPU (soft limit) or SIGKILL (hard limit).
@@ -51,12 +57,36 @@ def code_reward(
     wall_seconds: float = 10.0,
     memory_mb: int = 512,
     max_workers: int = 2,
+    isolation: str = "bwrap",
 ) -> list[float]:
-    limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+    limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb, isolation=isolation)
+    if limits.isolation == "bwrap":
+        require_sandbox()  # one clear error before any program runs, not one per worker thread
     # Parse every row's tests before running anything: a malformed row fails fast, whatever the completions.
     parsed = [parse_tests(row_tests) for row_tests in tests]
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="oxrl-code-reward") as pool:
         return list(pool.map(lambda item: score_program(*item, limits), zip(completions, parsed)))
+
+
+def check_code_reward(**kwargs: Any) -> None:
+    """Check a `code` reward's kwargs and the sandbox it will need, when the reward is built.
+
+    `build_reward_fn` calls this (as `code_reward.preflight`) before anything is trained, so a typo in
+    `isolation` or a machine without bubblewrap stops the run before the model loads.
+    """
+    names = ("cpu_seconds", "wall_seconds", "memory_mb", "isolation")
+    try:
+        limits = SandboxLimits(**{name: kwargs[name] for name in names if name in kwargs})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"reward 'code': {error}") from error
+    max_workers = kwargs.get("max_workers", 1)
+    if not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"reward 'code': max_workers must be a positive integer, got {max_workers!r}")
+    if limits.isolation == "bwrap":
+        require_sandbox()
+
+
+code_reward.preflight = check_code_reward  # type: ignore[attr-defined]
 
 
 def score_program(completion: str, tests: list[CodeTest], limits: SandboxLimits) -> float:

@@ -9,6 +9,11 @@
 Spec `kwargs` are passed unchanged to every call (e.g. `{"cpu_seconds": 2}` for `code`); row fields
 are passed per sample (as lists for `@batched` rewards). A name that is both a kwarg and a row field
 is an error, not a silent override.
+
+Each call of a user reward is bounded by the spec's `timeout_s` (`rl.reward_timeout_s`); a call
+that overruns stops the run with a `RewardTimeoutError` (see `oxrl.rewards.base.call_with_timeout`).
+Built-in rewards run without it: they bound their own time (math-verify's alarms, which work only
+in the main thread; the code sandbox's limits).
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from oxrl.rewards.base import RewardError, RewardFn, RewardLoadError, is_batched, load_reward_fn
+from oxrl.rewards.base import (
+    RewardError,
+    RewardFn,
+    RewardLoadError,
+    RewardTimeoutError,
+    call_with_timeout,
+    is_batched,
+    load_reward_fn,
+)
 from oxrl.rewards.code_reward import code_reward
 from oxrl.rewards.format_reward import format_reward
 from oxrl.rewards.gym_reward import reasoning_gym_reward
@@ -39,6 +52,7 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 EXCERPT_CHARS = 300
+DEFAULT_TIMEOUT_S = 300.0  # rl.reward_timeout_s's default
 
 
 @dataclass
@@ -52,10 +66,14 @@ class RewardSpec:
     # "zero": it scores 0 for that sample; failures are counted in the metrics and logged.
     on_error: Literal["raise", "zero"] = "raise"
     label: str | None = None  # metric name; default: the built-in name or the function's name
+    # Seconds one call of a user reward may take (None: no limit); built-ins ignore it.
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "zero"):
             raise ValueError(f"reward {self.name!r}: on_error must be 'raise' or 'zero', got {self.on_error!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"reward {self.name!r}: timeout_s must be a positive number of seconds or None, got {self.timeout_s}")
         if not math.isfinite(self.weight):
             raise ValueError(f"reward {self.name!r}: weight must be a finite number, got {self.weight}")
 
@@ -162,6 +180,7 @@ class BoundReward:
     batched: bool
     takes_all_fields: bool  # the function has **fields
     field_names: frozenset[str]  # the keyword parameters it names
+    timeout_s: float | None = None  # per call; None for built-ins, which bound their own time
 
     @classmethod
     def from_spec(cls, spec: RewardSpec) -> BoundReward:
@@ -171,7 +190,10 @@ class BoundReward:
         unknown = sorted(set(spec.kwargs) - names) if not takes_all else []
         if unknown:
             raise RewardLoadError(f"reward {spec.name!r} takes no argument(s) {unknown}; it takes {sorted(names)}")
-        return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names)
+        if hasattr(fn, "preflight"):  # e.g. `code` checks its kwargs and its sandbox now, before the model loads
+            fn.preflight(**spec.kwargs)
+        timeout = None if spec.name in REWARDS else spec.timeout_s
+        return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names, timeout)
 
     def score(self, batch: _Batch) -> tuple[list[float], int]:
         """Scores for the batch and the number of samples that failed (scored 0, only with on_error="zero")."""
@@ -183,6 +205,8 @@ class BoundReward:
             return self._score_one_by_one(batch)
         try:
             return self._call(batch, range(size)), 0
+        except RewardTimeoutError:
+            raise  # scoring the samples one by one would wait out the time limit again, once per sample
         except Exception as batch_error:  # noqa: BLE001 - find the failing samples: score them one at a time
             scores, failures = self._score_one_by_one(batch)
             if failures == 0:  # each sample scores alone but not together: a bug in the batched reward itself
@@ -198,6 +222,8 @@ class BoundReward:
         for index in range(len(batch.prompts)):
             try:
                 scores.extend(self._call(batch, [index]))
+            except RewardTimeoutError:
+                raise  # on_error does not apply: the hung call keeps running in the background
             except Exception as error:  # noqa: BLE001 - raised with the sample, or counted and logged
                 description = self._describe(error, batch, index, f"sample {index + 1} of {len(batch.prompts)}")
                 if self.on_error == "raise":
@@ -214,14 +240,18 @@ class BoundReward:
         passed = [key for key in dict.fromkeys(key for row in rows for key in row) if self._takes(key)]
         if self.batched:
             per_field = {key: [row.get(key) for row in rows] for key in passed}
-            values = self.fn([batch.prompts[i] for i in indices], [batch.completions[i] for i in indices],
-                             **per_field, **self.kwargs)
+            what = f"reward {self.label!r} on a batch of {len(indices)}"
+            values = call_with_timeout(self.fn, self.timeout_s, what, [batch.prompts[i] for i in indices],
+                                       [batch.completions[i] for i in indices], **per_field, **self.kwargs)
             if not isinstance(values, Sequence) or len(values) != len(indices):
                 raise TypeError(f"a @batched reward must return a list of {len(indices)} floats, got {values!r:.100}")
         else:
             (index,), (row,) = indices, rows
             selected = {key: row[key] for key in passed}
-            values = [self.fn(batch.prompts[index], batch.completions[index], **selected, **self.kwargs)]
+            origin = f" ({batch.origins[index]})" if batch.origins else ""
+            what = f"reward {self.label!r} on sample {index + 1} of {len(batch.prompts)}{origin}"
+            values = [call_with_timeout(self.fn, self.timeout_s, what, batch.prompts[index], batch.completions[index],
+                                        **selected, **self.kwargs)]
         return [_as_score(value) for value in values]
 
     def _describe(self, error: BaseException, batch: _Batch, index: int, where: str) -> str:
@@ -233,8 +263,15 @@ class BoundReward:
             f"  prompt:     {_excerpt(batch.prompts[index])!r}\n"
             f"  completion: {_excerpt(batch.completions[index])!r}\n"
             f"  fields:     {fields}\n"
+            f"{_THREAD_HINT if 'signal only works in main thread' in str(error) else ''}"
             "  (fix the reward or the data; with `on_error: zero` such samples score 0 and are counted instead)"
         )
+
+
+_THREAD_HINT = (
+    "  (a user reward runs in a worker thread under rl.reward_timeout_s, where signal-based timeouts fail: turn them "
+    "off, e.g. math-verify's `parsing_timeout=None, timeout_seconds=None`)\n"
+)
 
 
 def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozenset[str]]:

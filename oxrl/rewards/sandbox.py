@@ -1,36 +1,47 @@
-"""Run untrusted Python (model-generated code) in a separate, limited, network-less process.
+"""Run untrusted Python (model-generated code) inside a bubblewrap sandbox: a kernel boundary that fails closed.
 
 Model output never runs in the trainer's process. `run_python(code, stdin, limits)` runs it as
 
-    [unshare --net --] python -s -S -B sandbox_child.py WORK_DIR SOLUTION <limits>
+    bwrap <namespaces, mounts, seccomp> -- <real python> -s -S -B /sandbox/child.py /tmp /sandbox/solution.py <limits>
 
-Protections, outermost first:
+The boundary is the kernel's, set up by bubblewrap (`bwrap`, Debian/Fedora package `bubblewrap`):
 
-- a separate process in its own session/process group; a wall-clock timeout kills the whole group
-  (SIGKILL), and so does the end of every run, so nothing it started outlives it;
-- a fresh temporary directory as working directory, HOME and TMPDIR, deleted afterwards; the program,
-  its stdin and its stdout/stderr files live beside it, not in it;
-- a scrubbed environment, built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0
-  (no inherited tokens or keys); `-s -S` skip the user's and all site-packages (the program gets
-  the standard library only), `-B` writes no bytecode;
-- no network: a new network namespace (`unshare --net` as root, `unshare --map-root-user --net`
-  otherwise, probed once per process) where not even loopback is up; without unshare (or without
-  unprivileged user namespaces) only the audit hook below blocks sockets, and a warning is logged;
-- resource limits in the child before the program runs (see `sandbox_child.py`): CPU seconds,
-  address space, file size (which also caps its output: stdout/stderr are files), processes, open
-  files, no core dumps;
-- a Python audit hook in the child: no new processes, sockets, ctypes, signals to other processes or
-  limit changes; no writes outside the working directory; no reads outside it and the standard
-  library (so not `/proc/<trainer pid>/environ`, nor `~/.cache/huggingface/token`).
+- new user, PID, IPC, network, UTS, cgroup and mount namespaces. Inside, the program is uid/gid
+  65534 ("nobody") with no capabilities, cannot create further user namespaces, and runs in a new
+  session (no terminal to push input into);
+- a file system of its own, built from nothing: read-only /usr (and /bin, /lib, /lib64 as the host
+  has them), the real interpreter and its standard library read-only at their host paths (the base
+  installation's site-packages covered by an empty read-only tmpfs), the program read-only, private
+  size-limited tmpfs for /tmp (working directory, HOME and TMPDIR) and /dev/shm, a fresh /proc that
+  shows only the sandbox's own processes (not the trainer), a minimal /dev. Not the repository, not
+  the virtual environment, not /root, /home or /etc;
+- no network: the new network namespace has only a loopback interface, and it is down;
+- a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
+  kernel keyrings, no ptrace, io_uring, bpf, mounts and other calls no scored program needs;
+- resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space,
+  file size (which also caps stdout/stderr: they are files outside the sandbox, read back up to
+  `max_output_bytes`), processes, open files, no core dumps;
+- a wall-clock timeout: bwrap's whole process group is killed, so the PID namespace's init dies and
+  the kernel kills every process left in the namespace, double-forked daemons included; if the
+  trainer itself dies, `--die-with-parent` does the same;
+- an environment built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0.
 
-Limits, honestly: this is not a container. The audit hook is a Python-level guard, and a
-determined program that reaches interpreter internals can get around it; RLIMIT_NPROC does not
-bind root; when oxRL runs as root, so does the child (inside its network namespace); file size is
-capped per file, not in total, so a program could fill the temp file system until its time runs
-out. For hostile code at scale, run the trainer as an unprivileged user, or in a container/VM
-(gVisor, nsjail, bubblewrap). What the sandbox reliably stops is what RL policies actually do:
-infinite loops, memory and fork bombs, huge outputs, stray file writes, reading the environment,
-network access.
+`sandbox_child.py` also installs a Python audit hook. It is defence in depth only: it lives in the
+program's own interpreter, so a program can switch it off, and nothing above depends on it.
+
+Fail closed. Without a usable bwrap (not installed, or unable to create namespaces here) every run
+raises `SandboxUnavailableError`, which says what to install and what the trial run printed; the
+check runs once per process (`require_sandbox`). `isolation="none"` runs programs without bwrap (a
+plain subprocess with the same limits, temporary directory, environment and audit hook): that is
+UNSAFE for model-written code, meant only for trusted code on a machine without bwrap, and logs a
+warning.
+
+Limits, honestly. The sandbox shares the host's kernel, so a kernel exploit gets out of it (use a
+VM or gVisor against adversaries who have one). When the trainer runs as root, uid 65534 inside maps
+to root outside the namespaces: it has no capabilities and reaches no host object, but the kernel
+exempts root from RLIMIT_NPROC, so the seccomp filter is what stops process creation; a
+`max_processes` above 1 as root leaves a fork bomb bounded by the wall clock only. Memory is capped
+per process (RLIMIT_AS); files in the two tmpfs count apart from it, up to `scratch_mb` each.
 """
 
 from __future__ import annotations
@@ -42,18 +53,46 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from oxrl.rewards.sandbox_seccomp import seccomp_program
+
 logger = logging.getLogger(__name__)
 
+BWRAP = "bwrap"  # the bubblewrap executable: a name looked up on PATH, or a path
+ISOLATIONS = ("bwrap", "none")
+SANDBOX_ID = "65534"  # uid and gid inside the sandbox ("nobody")
+SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64")  # bound read-only (or re-created as the host's symlinks)
+DEVICE_NODES = ("null", "zero", "full", "random", "urandom", "tty")  # what `bwrap --dev` binds from the host
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
+# Inside the sandbox: the program folder (child script and solution, read-only) and the working
+# directory, which is the /tmp tmpfs itself.
+INSIDE_PROGRAM, INSIDE_WORK = "/sandbox", "/tmp"
 # -s: no user site-packages; -S: no `site` (no site-packages at all, no .pth hooks); -B: no bytecode
 # files. Not -I: it implies -E, which would ignore the PYTHONHASHSEED we set for reproducible set/dict
 # orders; the environment is built from scratch, so there are no other PYTHON* variables to ignore.
 INTERPRETER_FLAGS = ("-s", "-S", "-B")
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`, Fedora/RHEL: `dnf install bubblewrap`)"
+OPT_OUT_HINT = (
+    "Only for trusted code: the code reward's `isolation: none` runs programs without the sandbox "
+    "(UNSAFE for model-written code)."
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The code sandbox cannot run on this machine (bwrap missing or unable to create namespaces); nothing ran."""
+
+
+def check_isolation(isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise ValueError(
+            f"isolation must be one of {list(ISOLATIONS)}, got {isolation!r} "
+            "('bwrap': the kernel sandbox; 'none': no sandbox, UNSAFE for model-written code)"
+        )
 
 
 @dataclass(frozen=True)
@@ -62,20 +101,27 @@ class SandboxLimits:
     wall_seconds: float = 10.0  # also bounds programs that sleep or block without using CPU
     memory_mb: int = 512  # address space (RLIMIT_AS), interpreter included
     file_size_mb: int = 16  # largest file it may write, stdout and stderr included
-    # RLIMIT_NPROC counts every process and thread of the user, so any small value means "none".
+    scratch_mb: int = 64  # size of each private tmpfs: /tmp (the working directory) and /dev/shm
+    # Processes and threads, the program included (RLIMIT_NPROC; with 1 the seccomp filter also refuses
+    # every new process, which binds even when the trainer runs as root).
     max_processes: int = 1
     open_files: int = 64
     max_output_bytes: int = 1 << 20  # how much of stdout/stderr we read back
+    # "bwrap": the kernel sandbox (module docstring). "none": a plain subprocess with the same limits
+    # and no isolation: UNSAFE for model-written code, only for trusted code where bwrap is missing.
+    isolation: str = "bwrap"
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "wall_seconds", "memory_mb", "file_size_mb", "open_files", "max_output_bytes"):
+        for name in ("cpu_seconds", "wall_seconds", "memory_mb", "file_size_mb", "scratch_mb", "max_processes",
+                     "open_files", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)}")
+        check_isolation(self.isolation)
 
 
 @dataclass
 class SandboxResult:
-    returncode: int  # negative: killed by that signal (e.g. -9 for the wall-clock timeout)
+    returncode: int  # negative: killed by that signal (e.g. -9 for the wall-clock timeout, -24 at the CPU limit)
     stdout: str
     stderr: str
     timed_out: bool
@@ -87,30 +133,94 @@ class SandboxResult:
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run `code` as a program in the sandbox, feeding it `stdin`; thread-safe (no preexec_fn)."""
+    """Run `code` as a program in the sandbox, feeding it `stdin`; thread-safe (no preexec_fn).
+
+    Raises `SandboxUnavailableError` when `limits.isolation` is "bwrap" (the default) and bwrap cannot
+    run here: a program is never run with less isolation than asked for.
+    """
     limits = limits or SandboxLimits()
+    if limits.isolation == "none":
+        _warn_unsandboxed()
+        return _run(code, stdin, limits, bwrap=None)
+    return _run(code, stdin, limits, bwrap=require_sandbox())
+
+
+def require_sandbox(binary: str | None = None) -> str:
+    """The path of a bwrap that passed a trial run (once per process and binary), else `SandboxUnavailableError`."""
+    path, problem = _probe(binary or BWRAP)
+    if problem is not None:
+        raise SandboxUnavailableError(problem)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(binary: str) -> tuple[str, str | None]:
+    """(path, None) when a trivial program runs in the sandbox, else (binary, why not)."""
+    path = shutil.which(binary)
+    if path is None:
+        return binary, f"the code sandbox needs bubblewrap, and `{binary}` is not installed or not on PATH: {INSTALL_HINT}. {OPT_OUT_HINT}"
+    expected = "sandbox ok"
+    try:
+        result = _run(f"print({expected!r})", "", SandboxLimits(cpu_seconds=10, wall_seconds=30.0), bwrap=path)
+    except OSError as error:
+        return binary, f"the code sandbox cannot start `{path}`: {error}. Reinstall it: {INSTALL_HINT}. {OPT_OUT_HINT}"
+    if result.ok and result.stdout.strip() == expected:
+        return path, None
+    said = result.stderr.strip()[-600:] or result.stdout.strip()[-600:] or "(nothing)"
+    return binary, (
+        f"the code sandbox cannot run here: a trial run of `{path}` failed (exit {result.returncode}"
+        f"{', timed out' if result.timed_out else ''}) and said: {said}\n"
+        "bwrap needs user namespaces: check `sysctl user.max_user_namespaces` (> 0), "
+        "`kernel.unprivileged_userns_clone` (1, where it exists) and, on Ubuntu, "
+        "`kernel.apparmor_restrict_unprivileged_userns`; a container must allow creating namespaces. "
+        f"If bwrap itself is broken: {INSTALL_HINT}. {OPT_OUT_HINT}"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_unsandboxed() -> None:
+    logger.warning(
+        "code sandbox: isolation='none': programs run WITHOUT the bubblewrap sandbox (only rlimits, a "
+        "temporary directory and a Python audit hook, which a program can switch off); this is UNSAFE "
+        "for model-written code"
+    )
+
+
+def _run(code: str, stdin: str, limits: SandboxLimits, bwrap: str | None) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="oxrl-sandbox-") as root:
-        work = Path(root, "work")
-        work.mkdir()
-        solution, stdin_path, stdout_path, stderr_path = (Path(root, n) for n in ("solution.py", "stdin", "stdout", "stderr"))
-        solution.write_text(code, encoding="utf-8")
+        # program/ holds what the sandbox reads (bound read-only at /sandbox); the rest stays outside.
+        program = Path(root, "program")
+        program.mkdir()
+        Path(program, "child.py").write_text(_child_source(), encoding="utf-8")
+        Path(program, "solution.py").write_text(code, encoding="utf-8")
+        stdin_path, stdout_path, stderr_path = (Path(root, name) for name in ("stdin", "stdout", "stderr"))
         stdin_path.write_text(stdin, encoding="utf-8")
-        command = [
-            *network_isolation_prefix(),
-            sys.executable, *INTERPRETER_FLAGS, str(CHILD_SCRIPT), str(work), str(solution),
-            str(limits.cpu_seconds), str(limits.memory_mb << 20), str(limits.file_size_mb << 20),
-            str(limits.max_processes), str(limits.open_files),
-        ]
-        start = time.monotonic()
-        with stdin_path.open("rb") as fin, stdout_path.open("wb") as fout, stderr_path.open("wb") as ferr:
-            process = subprocess.Popen(
-                command, stdin=fin, stdout=fout, stderr=ferr, cwd=work, env=_scrubbed_env(work),
-                start_new_session=True, close_fds=True,
-            )
-            timed_out = _wait_then_kill_group(process, limits.wall_seconds)
+        seccomp_fd = _seccomp_fd(limits) if bwrap else None
+        try:
+            if bwrap:
+                command = bwrap_arguments(bwrap, program, limits, seccomp_fd)
+                home = INSIDE_WORK
+            else:
+                home = str(Path(root, "work"))
+                os.mkdir(home)
+                command = [sys.executable, *INTERPRETER_FLAGS, str(program / "child.py"), home, str(program / "solution.py")]
+            start = time.monotonic()
+            with stdin_path.open("rb") as fin, stdout_path.open("wb") as fout, stderr_path.open("wb") as ferr:
+                process = subprocess.Popen(
+                    [*command, *_limit_arguments(limits)], stdin=fin, stdout=fout, stderr=ferr,
+                    cwd=home if not bwrap else root, env=_scrubbed_env(home), start_new_session=True,
+                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                )
+                timed_out = _wait_then_kill_group(process, limits.wall_seconds)
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         elapsed = time.monotonic() - start
+        returncode = process.returncode
+        if bwrap and 128 < returncode <= 128 + 64:
+            returncode = 128 - returncode  # bwrap reports "killed by signal N" as 128 + N, like a shell
         return SandboxResult(
-            returncode=process.returncode,
+            returncode=returncode,
             stdout=_read_head(stdout_path, limits.max_output_bytes),
             stderr=_read_head(stderr_path, limits.max_output_bytes),
             timed_out=timed_out,
@@ -118,19 +228,120 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
         )
 
 
-def _scrubbed_env(work: Path) -> dict[str, str]:
+@functools.lru_cache(maxsize=1)
+def _child_source() -> str:
+    # Copied next to each program rather than bound from the package, so the sandbox learns nothing
+    # of where oxRL is installed.
+    return CHILD_SCRIPT.read_text(encoding="utf-8")
+
+
+def _limit_arguments(limits: SandboxLimits) -> list[str]:
+    """The child script's last arguments: CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES."""
+    return [
+        str(limits.cpu_seconds), str(limits.memory_mb << 20), str(limits.file_size_mb << 20),
+        str(limits.max_processes), str(limits.open_files),
+    ]
+
+
+def bwrap_arguments(bwrap: str, program: Path, limits: SandboxLimits, seccomp_fd: int | None) -> list[str]:
+    """The bwrap command line that runs `program`/solution.py, up to the child script's limit arguments."""
+    python = interpreter_layout()
+    scratch = str(limits.scratch_mb << 20)
+    arguments = [
+        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", SANDBOX_ID, "--gid", SANDBOX_ID,
+        "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv",
+        # The program is the namespace's PID 1: no bwrap process shares the sandbox with it (whose
+        # memory it could write through /proc, since both are the same user).
+        "--as-pid-1",
+    ]
+    for key, value in _scrubbed_env(INSIDE_WORK).items():
+        arguments += ["--setenv", key, value]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # e.g. /bin -> usr/bin on a merged-/usr system
+            arguments += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            arguments += ["--ro-bind", path, path]
+    for path in python.binds:
+        arguments += ["--ro-bind", path, path]
+    for path in python.hidden:
+        arguments += ["--tmpfs", path, "--remount-ro", path]
+    # Read-only: /proc (when the trainer is root, so is the program to the kernel's sysctl permission
+    # checks), bwrap's device nodes (host inodes: a chmod would change the host's /dev/null), /dev and /.
+    arguments += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+    for node in DEVICE_NODES:
+        arguments += ["--remount-ro", f"/dev/{node}"]
+    arguments += [
+        "--size", scratch, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        "--size", scratch, "--tmpfs", INSIDE_WORK,
+        "--ro-bind", str(program), INSIDE_PROGRAM, "--remount-ro", "/", "--chdir", INSIDE_WORK,
+    ]
+    if seccomp_fd is not None:
+        arguments += ["--seccomp", str(seccomp_fd)]
+    return [
+        *arguments, "--", python.executable, *INTERPRETER_FLAGS,
+        f"{INSIDE_PROGRAM}/child.py", INSIDE_WORK, f"{INSIDE_PROGRAM}/solution.py",
+    ]
+
+
+@dataclass(frozen=True)
+class InterpreterLayout:
+    executable: str  # the real interpreter, not a virtual environment's link to it
+    binds: tuple[str, ...]  # bound read-only at the same paths inside (beyond SYSTEM_DIRS)
+    hidden: tuple[str, ...]  # the base installation's site-packages inside those, covered by an empty tmpfs
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_layout() -> InterpreterLayout:
+    """What the sandbox binds so that the running Python (a venv's base interpreter) starts with its stdlib.
+
+    The interpreter finds its standard library relative to its real path; a shared libpython, and the
+    libraries that its extension modules link, sit in the base prefix's `lib` (pyenv, conda, uv).
+    """
+    executable = os.path.realpath(sys.executable)
+    base = os.path.realpath(sys.base_prefix)
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    wanted = [executable, os.path.join(base, "lib"), paths["stdlib"], paths["platstdlib"]]
+    covered = [os.path.realpath(path) for path in SYSTEM_DIRS if os.path.isdir(path)]
+    binds: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)}, key=len):
+        if not _inside(path, covered + binds):
+            binds.append(path)
+    hidden = sorted({
+        os.path.realpath(paths[key]) for key in ("purelib", "platlib")
+        if os.path.isdir(paths[key]) and _inside(os.path.realpath(paths[key]), covered + binds)
+    })
+    return InterpreterLayout(executable, tuple(binds), tuple(hidden))
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _seccomp_fd(limits: SandboxLimits) -> int | None:
+    """A pipe's read end holding the seccomp program (bwrap reads it to the end), or None where there is none."""
+    program = seccomp_program(allow_new_processes=limits.max_processes > 1)
+    if program is None:
+        return None
+    read_fd, write_fd = os.pipe()  # the program is a few hundred bytes: far below the pipe's buffer
+    try:
+        os.write(write_fd, program)
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def _scrubbed_env(home: str) -> dict[str, str]:
     # A fixed hash seed: the same program prints its sets in the same order, so it gets the same reward.
-    return {
-        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work),
-        "PYTHONHASHSEED": "0",
-    }
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home, "PYTHONHASHSEED": "0"}
 
 
 def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> bool:
     """Wait up to `timeout` s for the program, then SIGKILL its process group; True when it timed out.
 
     `waitid(WNOWAIT)` sees the exit without reaping the process: until it is reaped its pid, hence
-    its process group id, cannot be reused, so `killpg` can only hit processes it started.
+    its process group id, cannot be reused, so `killpg` can only hit processes it started. Under
+    bwrap the group holds bwrap and its PID-namespace init; the init's death makes the kernel kill
+    everything else in the namespace, whatever session or group it moved to.
     """
     deadline = time.monotonic() + timeout
     delay = 0.0005
@@ -155,43 +366,22 @@ def _read_head(path: Path, limit: int) -> str:
         return handle.read(limit).decode("utf-8", errors="replace")
 
 
-@functools.lru_cache(maxsize=1)
-def network_isolation_prefix() -> tuple[str, ...]:
-    """The command prefix that puts the child in a new network namespace, or () when none works here."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        logger.warning("sandbox: `unshare` not found; network access is blocked only by the Python audit hook")
-        return ()
-    candidates = [(unshare, "--net", "--"), (unshare, "--map-root-user", "--net", "--")]
-    if os.geteuid() != 0:
-        candidates.reverse()  # without root only a user namespace can create a network namespace
-    failures = []
-    for prefix in candidates:
-        probe = subprocess.run(
-            [*prefix, sys.executable, *INTERPRETER_FLAGS, "-c", "pass"],
-            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, check=False,
-        )
-        if probe.returncode == 0:
-            logger.debug("sandbox: network namespace via %s", " ".join(prefix))
-            return prefix
-        failures.append(f"{' '.join(prefix[1:])}: {probe.stderr.strip()[:200]}")
-    logger.warning(
-        "sandbox: cannot create a network namespace (%s); network access is blocked only by the Python audit hook",
-        "; ".join(failures),
+def sandbox_protections(binary: str | None = None) -> list[str]:
+    """Whether the sandbox runs here and what it uses, for `oxrl doctor` (runs the probe)."""
+    try:
+        path = require_sandbox(binary)
+    except SandboxUnavailableError as error:
+        return [f"unavailable: code rewards refuse to run. {error}"]
+    layout = interpreter_layout()
+    seccomp = "seccomp filter (no new processes, keyrings, ptrace, io_uring, bpf, mounts)" if seccomp_program(False) else (
+        "no seccomp filter on this architecture"
     )
-    return ()
-
-
-def sandbox_protections() -> list[str]:
-    """What the sandbox uses on this machine, for `oxrl doctor` and logs."""
-    prefix = network_isolation_prefix()
-    network = f"network namespace ({' '.join(prefix[1:-1])})" if prefix else "no network namespace (audit hook only)"
     return [
-        "separate process group, killed on timeout and at exit",
-        "temporary working directory, deleted afterwards",
-        "scrubbed environment; python -s -S -B, standard library only",
-        network,
-        "rlimits: CPU, address space, file size, processes, open files, no core",
-        "audit hook: no processes, sockets, ctypes, writes or reads outside the sandbox",
-        "running as root: RLIMIT_NPROC does not apply" if os.geteuid() == 0 else "running unprivileged",
+        f"bubblewrap at {path}: user, PID, IPC, network, UTS, cgroup and mount namespaces",
+        f"uid/gid {SANDBOX_ID} without capabilities; no nested user namespaces; new session",
+        f"read-only {', '.join(SYSTEM_DIRS)} and {layout.executable} with its stdlib; private /tmp and /dev/shm; fresh /proc",
+        seccomp,
+        "rlimits: CPU, address space, file size, processes, open files, no core; wall-clock timeout kills the namespace",
+        "as root: the sandbox's uid maps to root outside, RLIMIT_NPROC does not bind (the seccomp filter does)"
+        if os.geteuid() == 0 else "trainer unprivileged: RLIMIT_NPROC binds too",
     ]

@@ -1,8 +1,9 @@
 """The first code that runs inside the sandbox process; it then runs the untrusted program.
 
-Not imported by oxRL: `oxrl.rewards.sandbox` executes it as a script
-(`python -s -S -B sandbox_child.py WORK_DIR SOLUTION CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES`),
-so it uses the standard library only. In order, before any untrusted code runs:
+Not imported by oxRL: `oxrl.rewards.sandbox` copies it next to the program and executes it as a
+script (`python -s -S -B child.py WORK_DIR SOLUTION CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES`),
+inside bubblewrap unless isolation is "none", so it uses the standard library only. In order,
+before any untrusted code runs:
 
 1. resource limits (`setrlimit`, soft = hard) for CPU seconds, address space, file size, processes
    and open files; no core dumps. (Set here rather than in the parent's `preexec_fn`, which Python
@@ -10,12 +11,14 @@ so it uses the standard library only. In order, before any untrusted code runs:
 2. an audit hook (PEP 578) that refuses, with PermissionError: creating processes (fork, exec,
    spawn, system, subprocess), sockets, signals to other processes, changing resource limits,
    loading ctypes or `_posixsubprocess`, writing or changing files outside WORK_DIR, reading files
-   outside WORK_DIR and the standard library, and opening directories outside WORK_DIR (no `dir_fd`
-   tricks).
+   outside WORK_DIR and the standard library, and opening directories outside WORK_DIR.
 
-An audit hook is not a security boundary on its own (the Python docs say so: code that can reach
-the interpreter's internals can get around it); it is one layer, with the OS-level ones the parent
-sets up (separate process and session, scrubbed environment, network namespace, limits).
+The audit hook is defence in depth, NOT the boundary: it runs in the program's own interpreter,
+so a program can switch it off (by rebinding this module's globals or the hook's closure cells)
+or walk around it (`dir_fd` opens, `_posixshmem`, `signal.pidfd_send_signal`). What holds is
+what the kernel enforces: bubblewrap's namespaces and read-only mounts, the seccomp filter and the
+resource limits above. The hook only turns the common accidents of RL policies (a stray fork, a
+write to the home directory) into a clear PermissionError in the program's stderr.
 """
 
 from __future__ import annotations

@@ -8,13 +8,34 @@ the slowest rank's rows are done (transformers' `synced_gpus`), so the ranks nev
 The `n` samples of a prompt share its prefix: each prompt is run through the model once (its
 KV cache), the cache is repeated n times, and `generate` continues from it, so prefill costs one
 forward per prompt instead of n (27% of a GRPO step's generation for SmolLM2 at n = 8).
+
+Weights that diverged (e.g. one update with far too high a learning rate) give inf/NaN logits;
+sampling from them would fail deep inside `generate` ("probability tensor contains either inf,
+nan or element < 0", a device-side assert on GPU) and greedy decoding would silently pick junk.
+`FiniteLogits` checks every decoding step's scores first and raises `NonFiniteError` instead.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
+from oxrl.engine.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
+
+
+class FiniteLogits(LogitsProcessor):
+    """Raises `NonFiniteError` when a row's next-token scores hold NaN or +inf, or are all -inf (masked
+    tokens are -inf, which is fine while some token is left)."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        best = scores.amax(dim=-1)  # [B]; NaN when a row holds one, +inf or -inf in the other bad cases
+        if not bool(torch.isfinite(best).all()):
+            raise NonFiniteError(
+                f"the policy's next-token logits hold inf/NaN: its weights have diverged, so nothing can be sampled "
+                f"from them. Fix: {HINT}"
+            )
+        return scores
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -89,6 +110,7 @@ class HFEngine:
             output_logits=True,
             return_dict_in_generate=True,
             synced_gpus=self.synced,
+            logits_processor=LogitsProcessorList([FiniteLogits()]),
         )
         model.train(was_training)
         new_tokens = generated.sequences[:, width:].cpu()  # [B, L]

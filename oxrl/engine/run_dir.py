@@ -1,0 +1,214 @@
+"""The run directory: its name, its lock, and the checks that keep one run from clobbering another.
+
+    <output_dir>/<run.name>/
+        .lock            the PID of the run using the directory, flock-ed for the run's whole life
+        config.yaml      the resolved config          metrics.jsonl     one row per logged step
+        checkpoints/     step folders                 final/            the final HF folder
+        summary.json, samples.json, curves.png
+
+Rank 0 claims the directory before anything is written (`claim_run_dir`):
+
+- a second run on a directory in use fails at once, naming the holder's PID. The lock is an
+  `fcntl.flock`, so the OS releases it when the holder dies, however it dies; the `.lock` file
+  itself stays (deleting a lock file races with a process that has just opened it);
+- a directory that already holds a run is refused unless `run.resume` continues it or
+  `run.overwrite` clears it first (only what a run writes, see RUN_OUTPUTS; other files stay);
+- a resume lists every config key that differs from the run's saved `config.yaml` and stops unless
+  `run.accept_config_changes` is set; then the new values apply from the resumed step;
+- a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
+  the abandoned continuation (MetricsLogger drops their metrics rows the same way).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from oxrl.engine.checkpoint import latest_checkpoint, list_checkpoints, step_of
+from oxrl.engine.folders import OutputWriteError
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+# Any of these means the directory holds a run.
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
+# Everything a run writes into its directory: what `run.overwrite` clears.
+RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png")
+# Keys that say where a run lives or how its progress is shown: a resume may change them freely.
+IGNORED_ON_RESUME = frozenset({
+    "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",
+    "logging.progress_bar", "logging.plot", "logging.mlflow", "logging.mlflow_tracking_uri", "checkpoint.keep_last",
+})
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used as asked (in use, holds another run, config changed on resume)."""
+
+
+def default_run_name(algorithm: str) -> str:
+    """`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>`: unnamed runs never share a directory."""
+    return f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_dir_for(output_dir: str, name: str) -> Path:
+    """`<output_dir>/<name>`; `OXRL_CHECKPOINT_DIR` replaces the default output_dir `runs`."""
+    parent = os.environ.get("OXRL_CHECKPOINT_DIR") if output_dir == "runs" else None
+    return Path(parent or output_dir) / name
+
+
+def resume_checkpoint(resume: bool | str, run_dir: Path) -> Path | None:
+    """The checkpoint `run.resume` names: the latest in `run_dir` for `true`, else the given path."""
+    if resume is False:
+        return None
+    if resume is True:
+        return latest_checkpoint(run_dir)  # None: nothing saved yet, the run starts from scratch
+    return Path(resume)
+
+
+class RunLock:
+    """An exclusive `flock` on `<run_dir>/.lock`, which holds the owner's PID."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(f"run directory {self.path.parent} is in use by process {holder} (lock {self.path}): "
+                              "wait for it to finish, or choose another run.name") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def claim_run_dir(run_dir: Path, cfg) -> RunLock:
+    """Create and lock `run_dir`, then check that `cfg` may use it (module docstring). Writes nothing
+    but the lock file, unless `run.overwrite` clears an old run or a rewind drops later checkpoints."""
+    run_dir = Path(run_dir)
+    _make_dir(run_dir)
+    lock = RunLock(run_dir).acquire()
+    try:
+        resume_from = resume_checkpoint(cfg.run.resume, run_dir)
+        inside = resume_from is not None and resume_from.parent.resolve() == (run_dir / "checkpoints").resolve()
+        if inside and cfg.run.overwrite:
+            raise RunDirError(f"run.overwrite would clear {run_dir}, which holds the checkpoint run.resume names: set only one")
+        if resume_from is not None:
+            _check_resumable(resume_from, cfg)
+        if holds_run(run_dir) and not (cfg.run.resume is True or inside):
+            if not cfg.run.overwrite:
+                raise RunDirError(_refusal(run_dir, cfg.run.resume))
+            clear_run(run_dir)
+        if inside:
+            _drop_checkpoints_after(run_dir, step_of(resume_from))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def holds_run(run_dir: Path) -> bool:
+    return any((Path(run_dir) / name).exists() for name in RUN_MARKERS)
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove what a run writes (RUN_OUTPUTS); other files in the directory stay."""
+    for name in RUN_OUTPUTS:
+        path = Path(run_dir) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    logger.warning("run.overwrite: cleared the previous run's outputs from %s", run_dir)
+
+
+def config_changes(saved: dict, new: dict) -> list[str]:
+    """`key: saved -> new` for every dotted key whose value differs (IGNORED_ON_RESUME aside)."""
+    old_flat, new_flat = _flatten(saved), _flatten(new)
+    lines = []
+    for key in sorted(old_flat.keys() | new_flat.keys()):
+        if key in IGNORED_ON_RESUME or old_flat.get(key, _ABSENT) == new_flat.get(key, _ABSENT):
+            continue
+        lines.append(f"{key}: {_shown(old_flat.get(key, _ABSENT))} -> {_shown(new_flat.get(key, _ABSENT))}")
+    return lines
+
+
+_ABSENT = object()
+
+
+def _shown(value) -> str:
+    return "(not set)" if value is _ABSENT else json.dumps(value)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _make_dir(run_dir: Path) -> None:
+    """mkdir -p, with the one-line error of a path that is (under) a regular file."""
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise OutputWriteError(errno.ENOTDIR, "not a directory (a file is in the way of the run directory)", str(path))
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _refusal(run_dir: Path, resume: bool | str) -> str:
+    about = f" (run.resume names {resume}, a checkpoint of another run)" if isinstance(resume, str) else ""
+    return (f"run directory {run_dir} already holds a run{about}: set run.resume=true to continue it, "
+            "run.overwrite=true to replace it, or choose another run.name")
+
+
+def _check_resumable(checkpoint: Path, cfg) -> None:
+    """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
+    if not (checkpoint / "training_state" / "trainer_state.json").is_file():
+        raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
+    saved_path = checkpoint.parent.parent / "config.yaml"
+    if not saved_path.is_file():
+        logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",
+                       checkpoint, saved_path)
+        return
+    changes = config_changes(yaml.safe_load(saved_path.read_text()) or {}, cfg.model_dump(mode="json"))
+    if not changes:
+        return
+    listing = "\n  ".join(changes)
+    if not cfg.run.accept_config_changes:
+        raise RunDirError(f"run.resume: the config differs from the one {checkpoint} was trained with ({saved_path}):\n  "
+                          f"{listing}\nset run.accept_config_changes=true to resume with the new values (they apply "
+                          "from the resumed step, the learning rate and schedule included), or restore the saved ones")
+    logger.warning("resuming with config changes (run.accept_config_changes); the new values apply from step %d, "
+                   "the learning rate and schedule included:\n  %s", step_of(checkpoint), listing)
+
+
+def _drop_checkpoints_after(run_dir: Path, step: int) -> None:
+    later = [c for c in list_checkpoints(run_dir / "checkpoints") if step_of(c) > step]
+    for checkpoint in later:
+        shutil.rmtree(checkpoint)
+    if later:
+        logger.warning("resuming from step %d of %s: removed the later checkpoints %s (the abandoned continuation)",
+                       step, run_dir, ", ".join(c.name for c in later))

@@ -1,0 +1,114 @@
+"""The seccomp filter of the code sandbox: system calls a scored program never needs, refused by the kernel.
+
+`bwrap --seccomp FD` loads this classic-BPF program into the sandboxed process just before it
+executes the interpreter; it stays in force for everything that process runs. It is a second
+kernel layer behind the namespaces, for what namespaces do not cover:
+
+- new processes (`fork`, `vfork`, `clone` without `CLONE_THREAD`), when the limits allow only one.
+  RLIMIT_NPROC does the same job, but the kernel exempts uid 0, and when the trainer runs as root
+  the sandbox's uid 65534 is root outside its user namespace;
+- new namespaces (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag): a nested user namespace
+  would hand the program capabilities over whatever it creates inside it;
+- `clone3`, whose flags live in memory a filter cannot read: it answers ENOSYS, and the C library
+  falls back to `clone`, which the filter can check;
+- the kernel keyrings (`keyctl`, `add_key`, `request_key`), which are not namespaced: the program
+  would share the trainer's session keyring;
+- interfaces that only widen the kernel's attack surface: `ptrace`, `process_vm_readv/writev`,
+  `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*` (whose operations bypass seccomp), the
+  mount calls, module and kexec loading.
+
+Refused calls fail with EPERM (the program sees an OSError); they do not kill it. A call through
+another ABI (32-bit x86 or x32 on x86-64) kills the process: its numbers differ, so the checks
+above would not apply. Only x86-64 and aarch64 are described; elsewhere `seccomp_program` returns
+None and the sandbox runs without a filter (`oxrl doctor` says so).
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+from dataclasses import dataclass
+
+# Classic BPF opcodes (linux/filter.h) and seccomp return values (linux/seccomp.h).
+LOAD_WORD = 0x20  # BPF_LD | BPF_W | BPF_ABS: accumulator = 32-bit word at offset k of struct seccomp_data
+JUMP_IF_EQUAL = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+JUMP_IF_AT_LEAST = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+JUMP_IF_ANY_BIT = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+RETURN = 0x06  # BPF_RET | BPF_K
+KILL_PROCESS, ALLOW, ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
+# Offsets in struct seccomp_data: the syscall number, the audit arch, the low 32 bits of the first
+# argument (both architectures are little-endian).
+NR_OFFSET, ARCH_OFFSET, ARG0_OFFSET = 0, 4, 16
+CLONE_THREAD = 0x00010000
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+CLONE_NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+X32_SYSCALL_BIT = 0x40000000
+
+ALWAYS_REFUSED = (
+    "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key", "request_key",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount", "fspick", "mount_setattr",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+)
+PROCESS_CALLS = ("fork", "vfork")  # refused when only one process is allowed (aarch64 has neither)
+
+
+@dataclass(frozen=True)
+class Arch:
+    audit_arch: int  # AUDIT_ARCH_* (linux/audit.h), what seccomp_data.arch holds
+    syscalls: dict[str, int]
+    has_x32: bool = False  # x32 calls arrive with this arch and X32_SYSCALL_BIT set in the number
+
+
+# Numbers from asm/unistd_64.h (x86-64) and asm-generic/unistd.h (aarch64).
+ARCHES = {
+    "x86_64": Arch(0xC000003E, {
+        "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308, "ptrace": 101,
+        "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248, "request_key": 249,
+        "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155, "open_tree": 428,
+        "move_mount": 429, "fsopen": 430, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+        "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    }, has_x32=True),
+    "aarch64": Arch(0xC00000B7, {
+        "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
+        "process_vm_writev": 271, "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
+        "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41, "open_tree": 428,
+        "move_mount": 429, "fsopen": 430, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+        "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
+    }),
+}
+
+
+def seccomp_program(allow_new_processes: bool, machine: str | None = None) -> bytes | None:
+    """The filter as the raw `struct sock_filter` array bwrap reads, or None on an undescribed architecture."""
+    arch = ARCHES.get(machine or platform.machine())
+    if arch is None:
+        return None
+    refuse = ERRNO | errno.EPERM
+    code = [
+        (LOAD_WORD, 0, 0, ARCH_OFFSET),
+        (JUMP_IF_EQUAL, 1, 0, arch.audit_arch),  # our ABI: skip the kill
+        (RETURN, 0, 0, KILL_PROCESS),
+        (LOAD_WORD, 0, 0, NR_OFFSET),
+    ]
+    if arch.has_x32:
+        code += [(JUMP_IF_AT_LEAST, 0, 1, X32_SYSCALL_BIT), (RETURN, 0, 0, KILL_PROCESS)]
+    refused = [*ALWAYS_REFUSED, *(() if allow_new_processes else PROCESS_CALLS)]
+    for name in refused:
+        if name in arch.syscalls:
+            code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls[name]), (RETURN, 0, 0, refuse)]
+    code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls["clone3"]), (RETURN, 0, 0, ERRNO | errno.ENOSYS)]
+    # clone: never new namespaces; a new process only when allowed (a thread always).
+    thread_check = [] if allow_new_processes else [(JUMP_IF_ANY_BIT, 1, 0, CLONE_THREAD), (RETURN, 0, 0, refuse)]
+    clone_check = [
+        (LOAD_WORD, 0, 0, ARG0_OFFSET),  # clone's flags
+        (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEW_NAMESPACES),
+        (RETURN, 0, 0, refuse),
+        *thread_check,
+    ]
+    code += [(JUMP_IF_EQUAL, 0, len(clone_check), arch.syscalls["clone"]), *clone_check]
+    code.append((RETURN, 0, 0, ALLOW))
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in code)
