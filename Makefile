@@ -11,11 +11,12 @@ VLLM_VENV ?= $(HOME)/.cache/oxrl/venv-vllm-cpu
 env:
 	VENV=$(VENV) EXTRAS=dev bash scripts/setup_env.sh
 
+# A demo starts afresh each time: overwrite its earlier run directory (a named run is otherwise refused).
 demo: env
-	$(PY) -m oxrl train examples/grpo_smollm2_arithmetic.yaml
+	$(PY) -m oxrl train examples/grpo_smollm2_arithmetic.yaml run.overwrite=true
 
 demo-sft: env
-	$(PY) -m oxrl train examples/sft_smollm2_chat.yaml
+	$(PY) -m oxrl train examples/sft_smollm2_chat.yaml run.overwrite=true
 
 test: env
 	$(PY) -m pytest -q -rs tests --ignore=tests/vllm

@@ -45,7 +45,19 @@ def report() -> str:
     for dist_name, module, why in checks:
         version = _version(dist_name) if importlib.util.find_spec(module) else None
         lines.append(f"{dist_name:14s} {version or 'missing':10s} {'' if version else why}".rstrip())
+    lines.extend(_sandbox_lines())
     return "\n".join(lines) + "\n"
+
+
+def _sandbox_lines() -> list[str]:
+    """Whether code rewards can run here (bubblewrap found, a trial run passed) and what guards them."""
+    from oxrl.rewards.sandbox import SandboxUnavailableError, sandbox_protections
+
+    try:
+        protections = sandbox_protections()
+    except SandboxUnavailableError as error:
+        return [f"code sandbox   no: code rewards refuse to run. {error}"]
+    return ["code sandbox   yes", *(f"  {line}" for line in protections)]
 
 
 # DeepSpeed releases before this one lack `managed_gradient_accumulation: false`, which our loop needs.

@@ -46,7 +46,7 @@ def claimed_run(cfg: Config, strategy):
     ranks take its name and fail with its error, so that none waits in a collective for a rank that left."""
     from oxrl.engine.run_dir import RunDirError, claim_run_dir, default_run_name, run_dir_for
 
-    name = cfg.run.name or (default_run_name(cfg.algorithm.name) if strategy.is_main else None)
+    name = cfg.run.name or (default_run_name(cfg.algorithm.name, cfg.run.output_dir) if strategy.is_main else None)
     lock, error = None, None
     if strategy.is_main:
         try:
@@ -166,7 +166,7 @@ def run(cfg: Config) -> RunResult:
 
     if is_rl(cfg.algorithm.name):
         return run_rl(cfg)
-    objective = get_objective(cfg.algorithm.name, cfg.preference)  # unknown names fail here, before any loading
+    objective = get_objective(cfg.algorithm.name, cfg.preference)  # (names were checked when the config loaded)
     if not cfg.data.train:
         raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
     from oxrl.engine.strategy import build_strategy

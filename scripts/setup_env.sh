@@ -10,6 +10,16 @@ EXTRAS="${EXTRAS:-dev}"
 PYTHON="${PYTHON:-python3}"
 CPU_TORCH="${OXRL_CPU_TORCH:-torch==2.13.0}"
 
+# Code rewards run model-written programs under bubblewrap and refuse to run without it.
+bwrap_hint="note: code rewards need bubblewrap: sudo apt-get install bubblewrap (or: sudo dnf install bubblewrap)"
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap || echo "$bwrap_hint"
+    else
+        echo "$bwrap_hint"
+    fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi

@@ -192,6 +192,82 @@ def scenario_deepspeed_sft(out: Path) -> dict:
     return results
 
 
+def train_with_a_nan_step(cfg: Config, run_dir: Path) -> dict:
+    """SFT where rank 1 alone gets NaN losses at step 2 (2 micro-batches per rank per step): every rank
+    must skip that update, and the run goes on."""
+    from oxrl.algorithms.output import LossOutput
+    from oxrl.loops.objectives import Objective
+
+    import itertools
+
+    strategy = build_strategy(cfg)
+    sft = get_objective("sft")
+    calls = itertools.count()
+
+    def compute(model, batch, normaliser, reference=None) -> LossOutput:
+        out = sft.compute(model, batch, normaliser, reference)
+        if strategy.rank == 1 and next(calls) // 2 == 1:
+            nan = torch.tensor(float("nan"))
+            return LossOutput(out.loss * nan, {**out.metrics, "loss": out.metrics["loss"] * nan})
+        return out
+
+    result = train_offline(cfg, Objective("sft", sft.count_units, compute), make_tiny_llama(), None,
+                           varied_copy_task(), [], strategy, run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if strategy.is_main else []
+    return {"losses": result.losses, "nonfinite_steps": [row["train/nonfinite_steps"] for row in rows],
+            "skipped_on_every_rank": strategy.gather_objects(strategy.nonfinite.skipped)}
+
+
+def nan_step_config(out: Path, strategy: dict) -> Config:
+    cfg = config(out, strategy=strategy, max_steps=3)
+    cfg.checkpoint.every = 1
+    return cfg
+
+
+def scenario_fsdp2_nonfinite(out: Path) -> dict:
+    return train_with_a_nan_step(nan_step_config(out, {"name": "fsdp2"}), out / "run")
+
+
+def scenario_deepspeed_nonfinite(out: Path) -> dict:
+    return train_with_a_nan_step(nan_step_config(out, {"name": "deepspeed", "zero_stage": 3}), out / "run")
+
+
+COLLECTIVE_TIMEOUT_S = 5.0
+
+
+def lose_a_rank(out: Path, stuck: bool) -> None:
+    """Rank 1 leaves the group (exits, or hangs while alive) before a collective; rank 0 records how its
+    collective ended and how long it waited. Both then exit at once: the group is broken, so nothing
+    after it (main's shutdown) may touch it."""
+    import os
+    import time
+
+    cfg = config(out, strategy={"name": "fsdp2", "collective_timeout_s": COLLECTIVE_TIMEOUT_S})
+    strategy = build_strategy(cfg)
+    strategy.all_reduce_sum(1.0)  # the group works while both ranks take part
+    if strategy.rank == 1:
+        deadline = time.monotonic() + 120
+        while stuck and not (out / "result.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # alive, but never joins rank 0's collective
+        os._exit(0)  # exit 0: torchrun would stop rank 0 itself after a failed rank
+    started = time.monotonic()
+    try:
+        strategy.all_reduce_sum(1.0)
+        outcome = "returned"
+    except RuntimeError as error:  # gloo's timeout or lost-peer error
+        outcome = f"{type(error).__name__}: {error}"
+    (out / "result.json").write_text(json.dumps({"outcome": outcome, "seconds": time.monotonic() - started}))
+    os._exit(0)
+
+
+def scenario_dead_rank(out: Path) -> None:
+    lose_a_rank(out, stuck=False)
+
+
+def scenario_stuck_rank(out: Path) -> None:
+    lose_a_rank(out, stuck=True)
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 

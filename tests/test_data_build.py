@@ -55,6 +55,9 @@ def test_truncation_drop_counts_and_error_is_not_skipped(tmp_path):
     assert len(data.train) == 3 and data.skipped == {"too_long": 1}
     with pytest.raises(DataError, match=r"row 4: \d+ tokens, more than data.max_length=100"):
         load_examples(config(path, max_length=100, truncation="error", skip_invalid_rows=True), char_tokenizer(), seed=0)
+    with pytest.raises(DataError, match=r"none of its 1 rows is usable: 0 invalid .* 1 too long for data.max_length=100"):
+        load_examples(config(write_jsonl(tmp_path / "all_long.jsonl", rows[3:]), max_length=100, truncation="drop"),
+                      char_tokenizer(), seed=0)
     # `right` truncation that leaves the short response rows intact but cuts the long one.
     data = load_examples(config(path, max_length=100, truncation="right"), char_tokenizer(), seed=0)
     assert len(data.train) == 4 and max(len(e.sequences[0]) for e in data.train) == 100

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -256,3 +257,45 @@ def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "two" / "final")
+
+
+# ----------------------------------------------------------------------------- non-finite steps, lost ranks
+
+
+def assert_nan_step_skipped_everywhere(result: dict, out: Path) -> None:
+    """Rank 1 alone had NaN losses at step 2: both ranks skipped it, so step 2's weights are step 1's."""
+    from safetensors.torch import load_file
+
+    assert result["skipped_on_every_rank"] == [1, 1]
+    assert result["nonfinite_steps"] == [0, 1, 1]
+    assert math.isnan(result["losses"][1]) and math.isfinite(result["losses"][2])
+    step_1, step_2, step_3 = (load_file(out / "run" / "checkpoints" / f"step_{s:06d}" / "model.safetensors") for s in (1, 2, 3))
+    assert all(torch.equal(step_1[k], step_2[k]) for k in step_1)
+    assert any(not torch.equal(step_2[k], step_3[k]) for k in step_2)
+
+
+@pytest.mark.distributed
+def test_fsdp2_skips_a_step_that_is_nan_on_one_rank_on_every_rank(tmp_path_factory):
+    result, out = run_scenario("fsdp2_nonfinite", tmp_path_factory)
+    assert_nan_step_skipped_everywhere(result, out)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+def test_deepspeed_skips_a_step_that_is_nan_on_one_rank_on_every_rank(tmp_path_factory):
+    result, out = run_scenario("deepspeed_nonfinite", tmp_path_factory)
+    assert_nan_step_skipped_everywhere(result, out)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", ["dead_rank", "stuck_rank"])
+def test_a_lost_rank_ends_the_collective_with_an_error_within_the_timeout(tmp_path_factory, scenario):
+    """strategy.collective_timeout_s bounds every collective: a rank that exited or hangs makes the
+    others fail (gloo: lost peer, or timed out) instead of waiting forever."""
+    out = tmp_path_factory.mktemp(scenario)
+    torchrun(["-m", "tests.distributed_worker", scenario, str(out)], timeout=180)
+    result = json.loads((out / "result.json").read_text())
+    assert result["outcome"] != "returned" and "Error" in result["outcome"]
+    assert result["seconds"] < worker.COLLECTIVE_TIMEOUT_S + 10
+    if scenario == "stuck_rank":  # alive but silent: only the timeout ends the wait
+        assert result["seconds"] > worker.COLLECTIVE_TIMEOUT_S - 1

@@ -79,7 +79,12 @@ def test_a_malformed_row_stops_the_run_before_the_model_loads(tmp_path, tiny_mod
     data.write_text("\n".join(lines) + "\n")
     assert main(["train", str(config)]) == 2
     assert "chat.jsonl" in caplog.text and "row 7" in caplog.text and "content" in caplog.text
-    assert not (tmp_path / "runs" / "tiny" / "metrics.jsonl").exists()
+    run = tmp_path / "runs" / "tiny"
+    assert not (run / "metrics.jsonl").exists() and not (run / "config.yaml").exists()
+    # Nothing of a run was written, so the corrected command needs neither run.resume nor run.overwrite.
+    lines[6] = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    data.write_text("\n".join(lines) + "\n")
+    assert main(["train", str(config), "train.max_steps=1", "checkpoint.every=null"]) == 0
 
 
 @pytest.mark.slow

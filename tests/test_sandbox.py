@@ -168,6 +168,21 @@ def test_a_missing_bwrap_is_one_clear_error(monkeypatch):
         build_reward_fn([{"name": "code", "kwargs": {"cpu_seconds": 2}}])
 
 
+def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, monkeypatch):
+    from oxrl.config.schema import Config
+    from oxrl.runner import run_rl
+
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
+    cfg = Config.model_validate({
+        "run": {"name": "no-sandbox", "output_dir": str(tmp_path)},
+        "model": {"name_or_path": str(tmp_path / "no-such-model")},  # loading it would fail differently
+        "algorithm": {"name": "grpo"},
+        "rl": {"task": "arithmetic", "rewards": [{"name": "code", "kwargs": {"cpu_seconds": 2, "isolation": "bwrap"}}]},
+    })
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+        run_rl(cfg)
+
+
 def test_a_bwrap_that_cannot_create_namespaces_reports_what_it_said(tmp_path):
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
@@ -176,6 +191,25 @@ def test_a_bwrap_that_cannot_create_namespaces_reports_what_it_said(tmp_path):
         require_sandbox(str(fake))
     message = str(caught.value)
     assert "setting up uid map: Permission denied" in message and "user namespaces" in message
+
+
+def test_a_too_old_bwrap_is_refused_with_its_version(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bubblewrap 0.6.1'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(SandboxUnavailableError, match=r"bubblewrap 0\.6\.1, too old .* needs >= 0\.8"):
+        require_sandbox(str(fake))
+
+
+def test_doctor_says_whether_the_sandbox_works(monkeypatch):
+    from oxrl.doctor import _sandbox_lines
+
+    if SANDBOX_PROBLEM is None:
+        lines = _sandbox_lines()
+        assert lines[0] == "code sandbox   yes" and any("seccomp" in line for line in lines)
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
+    (line,) = _sandbox_lines()
+    assert line.startswith("code sandbox   no: code rewards refuse to run") and "apt-get install bubblewrap" in line
 
 
 def test_isolation_none_runs_without_bwrap_and_warns(monkeypatch, caplog):

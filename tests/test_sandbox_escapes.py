@@ -323,6 +323,17 @@ for fd in range(3, 256):
     assert result.stdout.startswith("['0', '1', '2', '3']")  # 3: the listing's own directory
 
 
+def test_the_program_has_no_capabilities(host):
+    """bwrap run by root keeps every capability unless told to drop them: a regression guard."""
+    contained(host, """
+status = open("/proc/self/status").read()
+capabilities = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines() if line.startswith("Cap")}
+print(capabilities)
+if len(capabilities) < 5 or any(capabilities.values()):
+    hits.append(capabilities)
+""")
+
+
 def test_only_its_own_process_is_visible(host):
     contained(host, """
 import os

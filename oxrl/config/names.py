@@ -38,7 +38,7 @@ def canonical_algorithm(name: str) -> str:
 
 
 def unknown_algorithm_message(name: str, family: str = "algorithm", valid: tuple[str, ...] = ALL_ALGORITHMS) -> str:
-    """"unknown algorithm `grpoo`. Did you mean `grpo`? Valid names: supervised: sft, cpt; ...; RL: grpo, ..."
+    """The error for an unknown name, e.g. "unknown algorithm `grpoo`. Did you mean `grpo`? Valid names: ...".
 
     `valid` narrows the suggestion to one family (e.g. only the RL presets); the listing always shows
     every group, so a name from the wrong family is easy to spot.

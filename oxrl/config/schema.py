@@ -167,9 +167,10 @@ class TrainConfig(Section):
     )
     max_nonfinite_steps: int = Field(
         3, gt=0,
-        description="A step whose loss or gradient norm is inf/NaN is skipped (gradients dropped, weights untouched, "
-        "the schedule still advances; counted as `train/nonfinite_steps`); this many such steps IN A ROW stop the run "
-        "with an error (1: stop at the first).",
+        description="An optimizer step whose loss or gradient norm is inf/NaN is skipped (gradients dropped, weights "
+        "untouched, the schedule still advances; counted as `train/nonfinite_steps`); this many such optimizer steps "
+        "IN A ROW stop the run with an error (1: stop at the first). RL counts each of a step's "
+        "`rl.epochs` x `rl.mini_batches` updates.",
     )
 
 

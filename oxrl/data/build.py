@@ -99,6 +99,11 @@ def _load_dataset(
     if invalid:
         skipped[INVALID_ROW] += invalid
         logger.warning("%s: skipped %d invalid rows of %d (data.skip_invalid_rows)", raw.name, invalid, len(raw.rows))
+    if not examples:
+        # Every row was skipped: say why now, rather than after the model has loaded.
+        raise DataError(raw.location, None, None, f"none of its {len(raw.rows)} rows is usable: {invalid} invalid "
+                        f"(data.skip_invalid_rows), {len(raw.rows) - invalid} too long for data.max_length="
+                        f"{cfg.max_length} (data.truncation={cfg.truncation!r})")
     return examples
 
 

@@ -179,10 +179,10 @@ def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
     checkpoint = Path(checkpoint)
     state_dir = checkpoint / "training_state"
     trainer_state = read_trainer_state(checkpoint)
-    configured = ConfiguredSchedule.of(optimizer, scheduler)
+    configured = ConfiguredSchedule.of(scheduler)
     _load_weights(model, checkpoint)
     optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
-    restore_configured(configured, optimizer, scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
+    restore_configured(configured, scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
     load_rng_state(state_dir)
     logger.info("resumed from %s", checkpoint)
     return trainer_state
@@ -196,15 +196,17 @@ class ConfiguredSchedule:
     base_lrs: list[float]
 
     @classmethod
-    def of(cls, optimizer, scheduler) -> "ConfiguredSchedule":
-        """Capture them before a checkpoint's optimizer state overwrites them."""
-        return cls([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups], list(scheduler.base_lrs))
+    def of(cls, scheduler) -> "ConfiguredSchedule":
+        """Capture them (from the schedule and the optimizer it drives) before a checkpoint overwrites them."""
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in scheduler.optimizer.param_groups]
+        return cls(groups, list(scheduler.base_lrs))
 
 
-def restore_configured(configured: ConfiguredSchedule, optimizer, scheduler, saved_schedule: dict) -> None:
+def restore_configured(configured: ConfiguredSchedule, scheduler, saved_schedule: dict) -> None:
     """Load the schedule's position (`last_epoch`) from `saved_schedule`, keep the configured peak
     learning rates and hyper-parameters, and set every group's lr to the configured schedule's value
-    at that position. With an unchanged config this is exactly the saved state."""
+    at that position. With an unchanged config this is exactly the saved state. Call it after the
+    optimizer state is loaded (which brings the checkpoint's hyper-parameters with it)."""
     position = saved_schedule["last_epoch"]
     lrs = [base * factor(position) for base, factor in zip(configured.base_lrs, scheduler.lr_lambdas)]
     if list(saved_schedule["base_lrs"]) != configured.base_lrs:
@@ -212,6 +214,6 @@ def restore_configured(configured: ConfiguredSchedule, optimizer, scheduler, sav
                        configured.base_lrs, saved_schedule["base_lrs"], lrs, position)
     # `_last_lr` is the state-dict key of the lr the scheduler reports (get_last_lr): the configured one.
     scheduler.load_state_dict({**saved_schedule, "base_lrs": configured.base_lrs, "_last_lr": lrs})
-    for group, hyper, lr in zip(optimizer.param_groups, configured.groups, lrs):
+    for group, hyper, lr in zip(scheduler.optimizer.param_groups, configured.groups, lrs):
         group.update(hyper)
         group["lr"] = lr

@@ -9,7 +9,8 @@ One skipped step can be a fluke (one bad batch); several in a row mean the weigh
 learning rate are broken, and more steps would only burn compute. After `max_consecutive`
 skipped steps in a row (`train.max_nonfinite_steps`) the run stops with a `NonFiniteError`.
 Every rank takes the same decision: the strategies all-reduce the finiteness before calling
-`NonFiniteGuard.allow`, so sharded ranks never diverge.
+`NonFiniteGuard.allow` (DeepSpeed: its own all-reduced overflow check), so sharded ranks never
+diverge.
 """
 
 from __future__ import annotations

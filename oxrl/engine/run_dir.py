@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from oxrl.config.schema import Config
 from oxrl.engine.checkpoint import latest_checkpoint, list_checkpoints, step_of
 from oxrl.engine.folders import OutputWriteError
 
@@ -54,9 +55,13 @@ class RunDirError(Exception):
     """The run directory cannot be used as asked (in use, holds another run, config changed on resume)."""
 
 
-def default_run_name(algorithm: str) -> str:
-    """`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>`: unnamed runs never share a directory."""
-    return f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+def default_run_name(algorithm: str, output_dir: str) -> str:
+    """`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>`, not yet taken in `output_dir`: unnamed runs never
+    share a directory (two started in the same second by a race would meet at the lock, not clobber)."""
+    while True:
+        name = f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not run_dir_for(output_dir, name).exists():
+            return name
 
 
 def run_dir_for(output_dir: str, name: str) -> Path:
@@ -102,7 +107,7 @@ class RunLock:
             self.fd = None
 
 
-def claim_run_dir(run_dir: Path, cfg) -> RunLock:
+def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
     """Create and lock `run_dir`, then check that `cfg` may use it (module docstring). Writes nothing
     but the lock file, unless `run.overwrite` clears an old run or a rewind drops later checkpoints."""
     run_dir = Path(run_dir)
@@ -184,7 +189,7 @@ def _refusal(run_dir: Path, resume: bool | str) -> str:
             "run.overwrite=true to replace it, or choose another run.name")
 
 
-def _check_resumable(checkpoint: Path, cfg) -> None:
+def _check_resumable(checkpoint: Path, cfg: Config) -> None:
     """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
     if not (checkpoint / "training_state" / "trainer_state.json").is_file():
         raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")

@@ -331,6 +331,8 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
     if critic is not None and strategy.world_size > 1:
         raise ValueError("PPO's critic (rl.advantage `gae`) trains in one process only for now: use a critic-free "
                          "algorithm (grpo, dr_grpo, rloo, reinforce_pp, ...) under torchrun")
+    if critic is not None:
+        critic.nonfinite.max_consecutive = cfg.train.max_nonfinite_steps
     optimizer = build_optimizer(model, cfg.train.optim)
     scheduler = build_scheduler(optimizer, total_steps * rl.epochs * rl.mini_batches, cfg.train.optim)
     # `policy` is what the loop calls (a DeepSpeed engine wraps the module); `model` stays the module the

@@ -4,44 +4,47 @@ Model output never runs in the trainer's process. `run_python(code, stdin, limit
 
     bwrap <namespaces, mounts, seccomp> -- <real python> -s -S -B /sandbox/child.py /tmp /sandbox/solution.py <limits>
 
-The boundary is the kernel's, set up by bubblewrap (`bwrap`, Debian/Fedora package `bubblewrap`):
+The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedora package `bubblewrap`):
 
 - new user, PID, IPC, network, UTS, cgroup and mount namespaces. Inside, the program is uid/gid
-  65534 ("nobody") with no capabilities, cannot create further user namespaces, and runs in a new
-  session (no terminal to push input into);
-- a file system of its own, built from nothing: read-only /usr (and /bin, /lib, /lib64 as the host
-  has them), the real interpreter and its standard library read-only at their host paths (the base
-  installation's site-packages covered by an empty read-only tmpfs), the program read-only, private
-  size-limited tmpfs for /tmp (working directory, HOME and TMPDIR) and /dev/shm, a fresh /proc that
-  shows only the sandbox's own processes (not the trainer), a minimal /dev. Not the repository, not
-  the virtual environment, not /root, /home or /etc;
+  65534 ("nobody") with no capabilities, cannot create further user namespaces, runs in a new
+  session (no terminal to push input into), and is the namespace's PID 1: no other process, the
+  trainer least of all, exists in its world;
+- a file system of its own, built from nothing and read-only except two private, size-limited
+  tmpfs (`scratch_mb`): /tmp, which is the working directory, HOME and TMPDIR, and /dev/shm. It
+  holds /usr (and /bin, /lib, /lib64 as the host has them), the real interpreter and its standard
+  library at their host paths (the base installation's site-packages covered by an empty tmpfs),
+  the program, a /proc of its own PID namespace and a minimal /dev. Not the repository, not the
+  virtual environment, not /root, /home or /etc;
 - no network: the new network namespace has only a loopback interface, and it is down;
 - a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
-  kernel keyrings, no ptrace, io_uring, bpf, mounts and other calls no scored program needs;
+  new namespaces, no kernel keyrings, no ptrace, io_uring, bpf, mounts or module loading;
 - resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space,
   file size (which also caps stdout/stderr: they are files outside the sandbox, read back up to
   `max_output_bytes`), processes, open files, no core dumps;
-- a wall-clock timeout: bwrap's whole process group is killed, so the PID namespace's init dies and
-  the kernel kills every process left in the namespace, double-forked daemons included; if the
-  trainer itself dies, `--die-with-parent` does the same;
+- a wall-clock timeout: bwrap is killed, `--die-with-parent` kills the program, and with the PID
+  namespace's init gone the kernel kills every process left in it, double-forked daemons included
+  (within moments of `run_python` returning); if the trainer dies, the same chain runs;
 - an environment built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0.
 
 `sandbox_child.py` also installs a Python audit hook. It is defence in depth only: it lives in the
 program's own interpreter, so a program can switch it off, and nothing above depends on it.
 
-Fail closed. Without a usable bwrap (not installed, or unable to create namespaces here) every run
-raises `SandboxUnavailableError`, which says what to install and what the trial run printed; the
-check runs once per process (`require_sandbox`). `isolation="none"` runs programs without bwrap (a
-plain subprocess with the same limits, temporary directory, environment and audit hook): that is
-UNSAFE for model-written code, meant only for trusted code on a machine without bwrap, and logs a
-warning.
+Fail closed. Without a usable bwrap (not installed, too old, or unable to create namespaces here)
+every run raises `SandboxUnavailableError`, which says what to install and what the trial run
+printed; the check runs once per process (`require_sandbox`). `isolation="none"` runs programs
+without bwrap (a plain subprocess with the same limits, temporary directory, environment and audit
+hook): UNSAFE for model-written code, meant only for trusted code on a machine without bwrap; it
+logs a warning.
 
 Limits, honestly. The sandbox shares the host's kernel, so a kernel exploit gets out of it (use a
-VM or gVisor against adversaries who have one). When the trainer runs as root, uid 65534 inside maps
-to root outside the namespaces: it has no capabilities and reaches no host object, but the kernel
-exempts root from RLIMIT_NPROC, so the seccomp filter is what stops process creation; a
-`max_processes` above 1 as root leaves a fork bomb bounded by the wall clock only. Memory is capped
-per process (RLIMIT_AS); files in the two tmpfs count apart from it, up to `scratch_mb` each.
+VM or gVisor against adversaries who have one). When the trainer runs as root, uid 65534 inside
+is root outside the namespaces: it has no capabilities, but it owns what root owns, which is why
+/proc, /dev and every bind are read-only (a writable /proc/sys would let it set the host's
+sysctls), and the kernel exempts it from RLIMIT_NPROC, which is why the seccomp filter refuses
+new processes (a `max_processes` above 1 as root leaves a fork bomb bounded by the wall clock
+only). Memory is capped per process (RLIMIT_AS); the tmpfs files count apart from it. The program
+can read the host paths of what is bound (in /proc/self/mountinfo), not anything else there.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -64,6 +68,7 @@ from oxrl.rewards.sandbox_seccomp import seccomp_program
 logger = logging.getLogger(__name__)
 
 BWRAP = "bwrap"  # the bubblewrap executable: a name looked up on PATH, or a path
+MIN_BWRAP_VERSION = (0, 8)  # --disable-userns (0.8) and --size for tmpfs (0.7)
 ISOLATIONS = ("bwrap", "none")
 SANDBOX_ID = "65534"  # uid and gid inside the sandbox ("nobody")
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64")  # bound read-only (or re-created as the host's symlinks)
@@ -159,6 +164,12 @@ def _probe(binary: str) -> tuple[str, str | None]:
     path = shutil.which(binary)
     if path is None:
         return binary, f"the code sandbox needs bubblewrap, and `{binary}` is not installed or not on PATH: {INSTALL_HINT}. {OPT_OUT_HINT}"
+    version = _bwrap_version(path)
+    if version is not None and version < MIN_BWRAP_VERSION:
+        return binary, (
+            f"`{path}` is bubblewrap {'.'.join(map(str, version))}, too old for the code sandbox, which needs "
+            f">= {'.'.join(map(str, MIN_BWRAP_VERSION))}: {INSTALL_HINT} from a newer release. {OPT_OUT_HINT}"
+        )
     expected = "sandbox ok"
     try:
         result = _run(f"print({expected!r})", "", SandboxLimits(cpu_seconds=10, wall_seconds=30.0), bwrap=path)
@@ -175,6 +186,21 @@ def _probe(binary: str) -> tuple[str, str | None]:
         "`kernel.apparmor_restrict_unprivileged_userns`; a container must allow creating namespaces. "
         f"If bwrap itself is broken: {INSTALL_HINT}. {OPT_OUT_HINT}"
     )
+
+
+def _bwrap_version(path: str) -> tuple[int, ...] | None:
+    """(0, 8, 0) from `bwrap --version` ("bubblewrap 0.8.0"), or None when it says something else."""
+    try:
+        said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # the trial run will fail and say why
+    words = said.split()
+    if len(words) != 2 or words[0] != "bubblewrap":
+        return None
+    try:
+        return tuple(int(part) for part in words[1].split("."))
+    except ValueError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -208,7 +234,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits, bwrap: str | None) -> San
             with stdin_path.open("rb") as fin, stdout_path.open("wb") as fout, stderr_path.open("wb") as ferr:
                 process = subprocess.Popen(
                     [*command, *_limit_arguments(limits)], stdin=fin, stdout=fout, stderr=ferr,
-                    cwd=home if not bwrap else root, env=_scrubbed_env(home), start_new_session=True,
+                    cwd=root if bwrap else home, env=_scrubbed_env(home), start_new_session=True,
                     close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 )
                 timed_out = _wait_then_kill_group(process, limits.wall_seconds)
@@ -340,8 +366,9 @@ def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> bool:
 
     `waitid(WNOWAIT)` sees the exit without reaping the process: until it is reaped its pid, hence
     its process group id, cannot be reused, so `killpg` can only hit processes it started. Under
-    bwrap the group holds bwrap and its PID-namespace init; the init's death makes the kernel kill
-    everything else in the namespace, whatever session or group it moved to.
+    bwrap the group holds bwrap alone (the program runs in a session of its own): bwrap's death sends
+    the program SIGKILL (`--die-with-parent`), and the death of the program, the PID namespace's
+    init, makes the kernel kill everything else in the namespace, whatever session it moved to.
     """
     deadline = time.monotonic() + timeout
     delay = 0.0005
@@ -367,21 +394,18 @@ def _read_head(path: Path, limit: int) -> str:
 
 
 def sandbox_protections(binary: str | None = None) -> list[str]:
-    """Whether the sandbox runs here and what it uses, for `oxrl doctor` (runs the probe)."""
-    try:
-        path = require_sandbox(binary)
-    except SandboxUnavailableError as error:
-        return [f"unavailable: code rewards refuse to run. {error}"]
+    """What guards a program here, for `oxrl doctor`; raises `SandboxUnavailableError` where the sandbox cannot run."""
+    path = require_sandbox(binary)
     layout = interpreter_layout()
-    seccomp = "seccomp filter (no new processes, keyrings, ptrace, io_uring, bpf, mounts)" if seccomp_program(False) else (
-        "no seccomp filter on this architecture"
-    )
+    seccomp = seccomp_program(allow_new_processes=False) is not None
     return [
-        f"bubblewrap at {path}: user, PID, IPC, network, UTS, cgroup and mount namespaces",
-        f"uid/gid {SANDBOX_ID} without capabilities; no nested user namespaces; new session",
-        f"read-only {', '.join(SYSTEM_DIRS)} and {layout.executable} with its stdlib; private /tmp and /dev/shm; fresh /proc",
-        seccomp,
-        "rlimits: CPU, address space, file size, processes, open files, no core; wall-clock timeout kills the namespace",
-        "as root: the sandbox's uid maps to root outside, RLIMIT_NPROC does not bind (the seccomp filter does)"
-        if os.geteuid() == 0 else "trainer unprivileged: RLIMIT_NPROC binds too",
+        f"bubblewrap {'.'.join(map(str, _bwrap_version(path) or ('?',)))} at {path}: new user, PID, IPC, network, "
+        "UTS, cgroup and mount namespaces",
+        f"uid/gid {SANDBOX_ID}, no capabilities, no nested user namespaces, new session",
+        f"read-only {', '.join(SYSTEM_DIRS)}, {layout.executable} and its stdlib; private /tmp and /dev/shm; own /proc",
+        "seccomp: no new processes, keyrings, ptrace, io_uring, bpf, mounts" if seccomp
+        else f"no seccomp filter: {platform.machine()} is not described in sandbox_seccomp",
+        "rlimits: CPU, address space, file size, processes, open files; the wall-clock timeout kills the namespace",
+        "trainer is root: uid 65534 is root outside its namespace; RLIMIT_NPROC does not bind, the seccomp filter does"
+        if os.geteuid() == 0 else "trainer is unprivileged: RLIMIT_NPROC binds as well",
     ]
