@@ -268,7 +268,7 @@ def heldout(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    cfg = load_config(EXAMPLE_CONFIG, args.overrides)
+    cfg = load_config(EXAMPLE_CONFIG, ["run.overwrite=true", *args.overrides])  # a benchmark re-runs afresh
     tokenizer = load_tokenizer(cfg.model)
     held_out = load_examples(cfg.data.model_copy(update={"train": cfg.data.validation, "validation": []}), tokenizer,
                              seed=cfg.run.seed).train
