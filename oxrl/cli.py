@@ -69,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from oxrl.engine.folders import OutputWriteError
     from oxrl.engine.run_dir import RunDirError
     from oxrl.logging.setup import setup_logging
+    from oxrl.rewards.base import RewardTimeoutError
+    from oxrl.rewards.sandbox import SandboxUnavailableError
     from oxrl.rollout.build import MissingDependencyError
 
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError) as error:
-        # Input problems: the message is the whole story, so no traceback.
+    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError,
+            SandboxUnavailableError, RewardTimeoutError) as error:
+        # Input or set-up problems: the message is the whole story, so no traceback.
         logger.error("%s", error)
         return 2
     except OSError as error:

@@ -55,7 +55,7 @@ def config(out: Path, algorithm: str = "sft", strategy: dict | None = None, **tr
 
 
 def grad_norms(run_dir: Path) -> list[float]:
-    return [json.loads(line)["grad_norm"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return logged(run_dir, "grad_norm")
 
 
 def train_sft(cfg: Config, strategy: Strategy, run_dir: Path, model=None, checkpointing: bool = False):
@@ -167,8 +167,18 @@ def scenario_fsdp2_sft(out: Path) -> dict:
     resumed_cfg = config(out, strategy=fsdp)
     resumed_cfg.run.resume = str(out / "plain" / "checkpoints" / "step_000002")
     _, resumed = train_sft(resumed_cfg, build_strategy(resumed_cfg), out / "resumed", model=make_tiny_llama(seed=123))
+    # Resumed with a third of the peak lr (an accepted config change): the new schedule applies from step 3.
+    lower_cfg = config(out, strategy=fsdp)
+    lower_cfg.train.optim.lr = 1e-3
+    lower_cfg.run.resume = resumed_cfg.run.resume
+    train_sft(lower_cfg, build_strategy(lower_cfg), out / "lower_lr", model=make_tiny_llama(seed=123))
     return {"losses": losses, "grad_norms": grad_norms(out / "plain"), "logits": logits,
-            "checkpointed": checkpointed, "resumed": resumed}
+            "checkpointed": checkpointed, "resumed": resumed,
+            "lr": logged(out / "plain", "lr"), "lower_lr": logged(out / "lower_lr", "lr")}
+
+
+def logged(run_dir: Path, key: str) -> list[float]:
+    return [json.loads(line)[key] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def scenario_fsdp2_dpo(out: Path) -> dict:

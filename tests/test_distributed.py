@@ -147,6 +147,8 @@ def test_fsdp2_resume_matches_the_uninterrupted_run(fsdp2_sft):
     assert_close(result["resumed"], result["losses"][2:], tol=1e-6)
     logged = [json.loads(line)["step"] for line in (out / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [3, 4]
+    # A changed peak lr on resume is the lr used (not the checkpoint's): the same schedule, a third as high.
+    assert_close([lr / 3 for lr in result["lr"][2:]], result["lower_lr"], tol=1e-12)
     state = out / "plain" / "checkpoints" / "step_000002" / "training_state"
     assert (state / "sharded").is_dir() and (state / "rng.pt").is_file() and (state / "rng_rank1.pt").is_file()
 

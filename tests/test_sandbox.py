@@ -168,19 +168,23 @@ def test_a_missing_bwrap_is_one_clear_error(monkeypatch):
         build_reward_fn([{"name": "code", "kwargs": {"cpu_seconds": 2}}])
 
 
-def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, monkeypatch):
-    from oxrl.config.schema import Config
-    from oxrl.runner import run_rl
+def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from oxrl.cli import main
 
     monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
-    cfg = Config.model_validate({
-        "run": {"name": "no-sandbox", "output_dir": str(tmp_path)},
+    config = tmp_path / "code.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"name": "no-sandbox", "output_dir": str(tmp_path / "runs")},
         "model": {"name_or_path": str(tmp_path / "no-such-model")},  # loading it would fail differently
         "algorithm": {"name": "grpo"},
         "rl": {"task": "arithmetic", "rewards": [{"name": "code", "kwargs": {"cpu_seconds": 2, "isolation": "bwrap"}}]},
-    })
-    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
-        run_rl(cfg)
+    }))
+    assert main(["train", str(config)]) == 2  # an input problem: one message, no traceback
+    said = capsys.readouterr().err
+    assert "apt-get install bubblewrap" in said and "Traceback" not in said
+    assert not (tmp_path / "runs" / "no-sandbox" / "config.yaml").exists()
 
 
 def test_a_bwrap_that_cannot_create_namespaces_reports_what_it_said(tmp_path):

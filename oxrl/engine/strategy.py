@@ -255,7 +255,7 @@ class MultiProcessStrategy(Strategy):
         return final if self.is_main else None
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
-        from oxrl.engine.checkpoint import load_rng_state, read_trainer_state
+        from oxrl.engine.checkpoint import ConfiguredSchedule, load_rng_state, read_trainer_state, restore_configured
 
         checkpoint = Path(checkpoint)
         trainer_state = read_trainer_state(checkpoint)
@@ -264,8 +264,9 @@ class MultiProcessStrategy(Strategy):
             raise FileNotFoundError(f"{checkpoint} holds no {type(self).__name__} shards ({self.shards_of(state_dir)}): "
                                     "it was written by another strategy; resume with that one, or start a new run "
                                     "from its HF folder")
+        configured = ConfiguredSchedule.of(self.scheduler)  # before the shards bring the saved hyper-parameters back
         self.load_shards(self.shards_of(state_dir))
-        self.scheduler.load_state_dict(torch.load(state_dir / "scheduler.pt", weights_only=True))
+        restore_configured(configured, self.scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
         load_rng_state(state_dir, self.rank)
         logger.info("resumed from %s", checkpoint)
         return trainer_state
