@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from oxrl.config.schema import Config
+from oxrl.engine import distributed
 from oxrl.engine.run_dir import RunDirError
 from oxrl.engine.strategy import build_strategy
 from oxrl.runner import claimed_run
@@ -33,6 +34,8 @@ def main() -> None:
     except RunDirError as error:
         seen["taken"] = str(error)
     (out / f"rank{strategy.rank}.json").write_text(json.dumps(seen))
+    # Both ranks leave together: gloo can abort a process whose peer tore the group down first.
+    distributed.barrier()
     strategy.close()
 
 

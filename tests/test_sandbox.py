@@ -168,7 +168,9 @@ def test_a_missing_bwrap_is_one_clear_error(monkeypatch):
         build_reward_fn([{"name": "code", "kwargs": {"cpu_seconds": 2}}])
 
 
-def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, monkeypatch, capsys):
+def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, monkeypatch, caplog):
+    import logging
+
     import yaml
 
     from oxrl.cli import main
@@ -181,9 +183,11 @@ def test_an_rl_run_without_the_sandbox_stops_before_the_model_loads(tmp_path, mo
         "algorithm": {"name": "grpo"},
         "rl": {"task": "arithmetic", "rewards": [{"name": "code", "kwargs": {"cpu_seconds": 2, "isolation": "bwrap"}}]},
     }))
+    monkeypatch.setattr(logging.getLogger("oxrl"), "handlers", [caplog.handler])  # it does not propagate to root
     assert main(["train", str(config)]) == 2  # an input problem: one message, no traceback
-    said = capsys.readouterr().err
-    assert "apt-get install bubblewrap" in said and "Traceback" not in said
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len({record.getMessage() for record in errors}) == 1 and not any(record.exc_info for record in errors)
+    assert "apt-get install bubblewrap" in errors[0].getMessage()
     assert not (tmp_path / "runs" / "no-sandbox" / "config.yaml").exists()
 
 
