@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.build import build_engine
 
+    started = time.monotonic()
     device = strategy.device
     reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
     tokenizer = load_tokenizer(cfg.model)
@@ -149,12 +151,13 @@ def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
     if result.accuracy_before is not None:
         logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training",
                     100 * result.accuracy_before, 100 * (result.accuracy_after or 0.0))
-    if cfg.logging.plot:
-        from oxrl.logging.plot import plot_curves
-
-        plot_curves(run_dir, keys=("reward/mean", "accuracy", "val/accuracy", "response_length/mean", "clip_frac_high", "approx_kl", "entropy"))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary]})
+    if cfg.logging.plot:
+        from oxrl.logging.report import write_report
+
+        write_report(run_dir, cfg, time.monotonic() - started, (result.accuracy_before, result.accuracy_after),
+                     result.samples)
+    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary], **result.samples})
 
 
 def run(cfg: Config) -> RunResult:
@@ -180,6 +183,7 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     from oxrl.data.build import load_examples
     from oxrl.models.load import load_tokenizer
 
+    started = time.monotonic()
     device = strategy.device
     tokenizer = load_tokenizer(cfg.model)
     data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
@@ -213,9 +217,9 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
         for before, after in zip(samples["before"], samples["after"]):
             logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
     if cfg.logging.plot:
-        from oxrl.logging.plot import plot_curves
+        from oxrl.logging.report import write_report
 
-        plot_curves(run_dir)
+        write_report(run_dir, cfg, time.monotonic() - started, samples=samples)
     return RunResult(run_dir, final_dir, result.losses, result.final_metrics, samples)
 
 

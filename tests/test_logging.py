@@ -1,4 +1,4 @@
-"""Metrics go to metrics.jsonl, MLflow (sqlite store) and a PNG plot."""
+"""Metrics go to metrics.jsonl and a PNG plot (trackers: tests/test_trackers.py)."""
 
 import json
 
@@ -21,18 +21,6 @@ def test_jsonl_and_plot(tmp_path):
 def test_non_main_ranks_write_nothing(tmp_path):
     MetricsLogger(tmp_path / "r1", total_steps=1, enabled=False).log(1, {"loss": 1.0})
     assert not (tmp_path / "r1").exists()
-
-
-def test_mlflow_sqlite_store(tmp_path):
-    mlflow = pytest.importorskip("mlflow")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    log = MetricsLogger(tmp_path / "run", total_steps=2, progress_bar=False, mlflow_uri=uri, run_name="t", params={"a": 1})
-    log.log(1, {"loss": 2.0})
-    log.log(2, {"loss": 1.0})
-    log.close()
-    mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["oxrl"])
-    assert len(runs) == 1 and runs["metrics.loss"].iloc[0] == 1.0 and runs["params.a"].iloc[0] == "1"
 
 
 def test_a_resumed_run_keeps_only_the_rows_its_checkpoint_records(tmp_path):

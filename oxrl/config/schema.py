@@ -41,7 +41,7 @@ class RunConfig(Section):
     overwrite: bool = Field(
         False,
         description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
-        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png) is deleted first; other "
+        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md) is deleted first; other "
         "files stay.",
     )
     accept_config_changes: bool = Field(
@@ -442,15 +442,43 @@ class CheckpointConfig(Section):
 class LoggingConfig(Section):
     every: int = Field(1, gt=0, description="Log metrics every N optimizer steps.")
     progress_bar: bool = Field(True, description="Show a progress bar with loss, lr, tokens/s and ETA.")
-    mlflow: bool = Field(False, description="Also log to MLflow.")
+    report_to: list[Literal["mlflow", "tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that also get every metrics row (`metrics.jsonl` is always written), from "
+        "rank 0: `mlflow` (sqlite store, see `mlflow_tracking_uri`), `tensorboard` (event files in "
+        "`<run dir>/tensorboard`), `wandb` (files in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the "
+        "network). Each needs its extra, e.g. `pip install 'oxrl[wandb]'`.",
+    )
+    project: str = Field("oxrl", min_length=1, description="MLflow experiment and Weights & Biases project the run "
+                         "is logged under (named `run.name` there).")
     mlflow_tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
     )
-    plot: bool = Field(True, description="Write `curves.png` of the logged metrics at the end of the run.")
+    plot: bool = Field(True, description="At the end of the run (rank 0), write `curves.png` (the logged metrics that "
+                       "moved) and `report.md` (config keys that differ from the defaults, timings, results, sample "
+                       "completions from the start and the end) into the run directory.")
     samples: list[str] = Field(
         default_factory=list, description="Prompts to answer before and after training (shown and saved)."
     )
     sample_max_new_tokens: int = Field(48, gt=0, description="Tokens generated for each sample prompt.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_mlflow_switch(cls, data):
+        if isinstance(data, dict) and "mlflow" in data:
+            raise ValueError("`logging.mlflow` was replaced by `logging.report_to`, a list of trackers: "
+                             "to log to MLflow, use `logging.report_to: [mlflow]`")
+        return data
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, names: list[str]) -> list[str]:
+        from oxrl.logging.trackers import check_trackers
+
+        if len(set(names)) < len(names):
+            raise ValueError("names a tracker twice")
+        check_trackers(names)
+        return names
 
 
 class Config(Section):

@@ -4,7 +4,7 @@
         .lock            the PID of the run using the directory, flock-ed for the run's whole life
         config.yaml      the resolved config          metrics.jsonl     one row per logged step
         checkpoints/     step folders                 final/            the final HF folder
-        summary.json, samples.json, curves.png
+        summary.json, samples.json, curves.png, report.md
 
 Rank 0 claims the directory before anything is written (`claim_run_dir`):
 
@@ -43,7 +43,7 @@ LOCK_NAME = ".lock"
 # Any of these means the directory holds a run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
-RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png")
+RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md")
 # Keys that say where a run lives or how its progress is shown: a resume may change them freely.
 IGNORED_ON_RESUME = frozenset({
     "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",

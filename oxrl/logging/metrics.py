@@ -1,55 +1,61 @@
-"""Where metrics go: `metrics.jsonl` always, MLflow when enabled, and a progress bar.
+"""Where metrics go: `metrics.jsonl` always, the trackers `logging.report_to` names, and a progress bar.
 
 `metrics.jsonl` holds one row per logged step of the training the run's checkpoint records: a run
 that starts at `start_step` (a resume) first drops the rows logged after that step by the process
 it replaces (killed after logging a step but before checkpointing it), and a run starting at step
 0 starts the file afresh. So after any resume the rows' steps are unique and increasing.
+Trackers (MLflow, TensorBoard, Weights & Biases: oxrl/logging/trackers.py) get the same rows, their
+names mapped once by `tracker_name`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+
+from oxrl.logging.trackers import Tracker, open_trackers, tracker_name
+
+if TYPE_CHECKING:
+    from oxrl.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:
+    """`config` (the run's resolved config) opens the trackers its `logging.report_to` names; without it,
+    only metrics.jsonl and the progress bar. A logger with `enabled=False` (ranks other than 0) writes nothing."""
+
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0, *, enabled: bool = True,
-                 progress_bar: bool = True, mlflow_uri: str | None = None, run_name: str = "", params: dict | None = None):
-        self.enabled = enabled  # False on ranks other than 0
+                 progress_bar: bool = True, config: Config | None = None):
+        self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            keep_rows_up_to(self.path, start_step)
         self.bar = None
-        self.mlflow = None
+        self.trackers: list[Tracker] = []
         if not enabled:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        keep_rows_up_to(self.path, start_step)
+        if config is not None:
+            self.trackers = open_trackers(config, self.path.parent, start_step)
         if progress_bar:
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
-        if mlflow_uri is not None:
-            import mlflow
-
-            mlflow.set_tracking_uri(mlflow_uri)
-            mlflow.set_experiment("oxrl")
-            mlflow.start_run(run_name=run_name)
-            if params:
-                mlflow.log_params({k: str(v)[:250] for k, v in params.items()})
-            self.mlflow = mlflow
 
     def log(self, step: int, metrics: dict[str, float], advance: bool = True) -> None:
         if not self.enabled:
             return
-        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        values = {k: float(v) for k, v in metrics.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.mlflow is not None:
-            self.mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in metrics.items()}, step=step)
+            f.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
+        if self.trackers:
+            named = {tracker_name(k): v for k, v in values.items()}
+            for tracker in self.trackers:
+                tracker.log(named, step)
         if self.bar is not None:
             if advance:
                 self.bar.update(step - self.bar.n)
@@ -59,10 +65,23 @@ class MetricsLogger:
             logger.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
     def close(self) -> None:
+        """Close the bar and every tracker, each marking its run failed when called while an exception
+        propagates (the loops call this from `finally`). A tracker that fails to close does not stop the
+        others; its error is raised after them, unless another exception is already on its way out."""
         if self.bar is not None:
             self.bar.close()
-        if self.mlflow is not None:
-            self.mlflow.end_run()
+            self.bar = None
+        failed = sys.exc_info()[0] is not None
+        trackers, self.trackers = self.trackers, []
+        errors = []
+        for tracker in trackers:
+            try:
+                tracker.close(failed)
+            except Exception as error:  # the other trackers still close; raised or logged below
+                logger.error("closing %s failed: %s", type(tracker).__name__, error)
+                errors.append(error)
+        if errors and not failed:
+            raise errors[0]
 
 
 def keep_rows_up_to(path: Path, step: int) -> None:

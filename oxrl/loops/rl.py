@@ -38,12 +38,13 @@ from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
 from oxrl.data.types import pack
 from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard
 from oxrl.engine.optim import build_optimizer, build_scheduler
+from oxrl.evaluation.metrics import accuracy_of, summarise
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import critic_step, gae_advantages, score_values
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums, sampled_logprobs
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_presets import advantage_params, loss_params
-from oxrl.loops.sl import _mlflow_uri, _resume_path
+from oxrl.loops.sl import _resume_path
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.multiturn import Environment, run_episodes
@@ -283,18 +284,23 @@ def _mini_batch_step(cfg, rl, model, strategy, rollouts: Rollouts, indices: list
     return sums
 
 
-def accuracy_of(scored_components: dict[str, list[float]]) -> float:
-    """Fraction of samples with full marks on the first (correctness) reward."""
-    first = next(iter(scored_components.values()), [])
-    return sum(score >= 1.0 for score in first) / len(first) if first else 0.0
-
-
 def evaluate(engine, reward_fn, batch: RLPromptBatch, rl: RLConfig, env: Environment | None = None) -> dict[str, float]:
-    """Greedy held-out accuracy: one completion (or episode) per prompt at temperature 0."""
+    """Greedy held-out accuracy: one completion (or episode) per prompt at temperature 0. `oxrl eval`'s
+    greedy pass is these same calls (oxrl/evaluation/run.py), so the two report the same numbers."""
     if not batch.prompt_ids:
         return {}
-    _, scored, _ = sample_and_score(engine, reward_fn, env, batch, sampling_params(rl, greedy=True))
-    return {"val/accuracy": accuracy_of(scored.components), "val/reward": sum(scored.totals) / len(scored.totals)}
+    completions, scored, _ = sample_and_score(engine, reward_fn, env, batch, sampling_params(rl, greedy=True))
+    summary = summarise(completions, scored)
+    return {"val/accuracy": summary["accuracy"], "val/reward": summary["reward/mean"]}
+
+
+def example_completions(batch: RLPromptBatch, rollouts: Rollouts, step: int, count: int = 3) -> list[dict]:
+    """The first completion of each of the step's first `count` prompts, with its reward, for the run report."""
+    first_of_prompt: dict[int, int] = {}
+    for i, completion in enumerate(rollouts.completions):
+        first_of_prompt.setdefault(completion.prompt_index, i)
+    return [{"step": step, "prompt": batch.prompt_texts[p], "completion": rollouts.completions[i].text,
+             "reward": float(rollouts.rewards[i])} for p, i in list(first_of_prompt.items())[:count]]
 
 
 def subset(batch: RLPromptBatch, indices: list[int]) -> RLPromptBatch:
@@ -318,6 +324,7 @@ class RLResult:
     accuracy_before: float | None
     accuracy_after: float | None
     final_metrics: dict[str, float]
+    samples: dict[str, list[dict]] = field(default_factory=dict)  # "first"/"last": example_completions of those steps
 
 
 def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, train: RLPromptBatch, val: RLPromptBatch,
@@ -349,7 +356,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
         strategy.nonfinite.load_state_dict(state)
         engine.sync_weights(model)
     metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
-                                progress_bar=cfg.logging.progress_bar, mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name)
+                                progress_bar=cfg.logging.progress_bar, config=cfg)
     evaluate_now = rl.validation_every is not None and val.prompt_ids
     before = evaluate(engine, reward_fn, val, rl, env) if evaluate_now and start_step == 0 else {}
     if before:
@@ -357,6 +364,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
         logger.info("held-out accuracy before training: %.3f", before["val/accuracy"])
     rewards: list[float] = []
     metrics: dict[str, float] = {}
+    samples: dict[str, list[dict]] = {}
     last_eval = before
     try:
         for step in range(start_step, total_steps):
@@ -382,6 +390,8 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
                             "completions_per_s": len(rollouts.completions) * strategy.world_size / elapsed, "tokens_per_s": generated / elapsed})
             rewards.append(metrics["reward/mean"])
             done = step + 1
+            if step == start_step or done == total_steps:  # this rank's, for the report (rank 0 writes it)
+                samples["first" if step == start_step else "last"] = example_completions(batch, rollouts, done)
             if evaluate_now and (done % rl.validation_every == 0 or done == total_steps):
                 with naming_step(done):
                     last_eval = evaluate(engine, reward_fn, val, rl, env)
@@ -393,4 +403,4 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
                                          cfg.lora.save)
     finally:
         metrics_log.close()
-    return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics)
+    return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics, samples)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from oxrl.config.schema import Config, RLConfig
+from oxrl.config.schema import Config, DatasetSpec, RLConfig
 from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, default_reward_specs, generate_rl_prompts, read_rl_prompts
 from oxrl.loops.rl import RLPromptBatch
 from oxrl.rewards.combine import RewardSpec, build_reward_fn
@@ -19,30 +19,35 @@ DEFAULT_VALIDATION_ONE_IN = 10
 
 
 def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLPrompt]]:
-    custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
-    template = PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
     if rl.task is not None:
         validation_size = DEFAULT_VALIDATION_SIZE if rl.validation_size is None else rl.validation_size
         return generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=validation_size,
-                                   seed=cfg.run.seed, template=template, **rl.task_config)
+                                   seed=cfg.run.seed, template=prompt_template(rl), **rl.task_config)
     if not cfg.data.train:
         raise ValueError("RL needs prompts: set rl.task (e.g. `arithmetic`) or data.train to prompt files")
-
-    def read(specs) -> list[RLPrompt]:
-        prompts = []
-        for spec in specs:
-            prompts += read_rl_prompts(spec.path, rl.data_format, split=spec.split, max_rows=spec.max_rows,
-                                       columns=spec.columns, template=template)
-        return prompts
-
-    train = read(cfg.data.train)
+    train = read_prompt_files(cfg.data.train, rl)
     if cfg.data.validation:
         if rl.validation_size is not None:
             logger.warning("rl.validation_size is ignored: the validation prompts are data.validation")
-        return train, read(cfg.data.validation)
+        return train, read_prompt_files(cfg.data.validation, rl)
     held = validation_split_size(rl.validation_size, len(train))
     logger.info("validation: the first %d of %d prompt rows of data.train are held out", held, len(train))
     return train[held:], train[:held]  # files arrive in a fixed order
+
+
+def prompt_template(rl: RLConfig) -> PromptTemplate:
+    custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
+    return PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
+
+
+def read_prompt_files(specs: list[DatasetSpec], rl: RLConfig) -> list[RLPrompt]:
+    """Every row of the prompt files, in order, in `rl.data_format`, wrapped by the `rl` prompt template."""
+    template = prompt_template(rl)
+    prompts = []
+    for spec in specs:
+        prompts += read_rl_prompts(spec.path, rl.data_format, split=spec.split, max_rows=spec.max_rows,
+                                   columns=spec.columns, template=template)
+    return prompts
 
 
 def validation_split_size(requested: int | None, rows: int) -> int:

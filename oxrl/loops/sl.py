@@ -101,10 +101,8 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
         strategy.nonfinite.load_state_dict(state)
 
-    metrics_log = MetricsLogger(
-        run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
-        mlflow_uri=_mlflow_uri(cfg), run_name=cfg.run.name, params=_flat_params(cfg),
-    )
+    metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
+                                progress_bar=cfg.logging.progress_bar, config=cfg)
     losses: list[float] = []
     metrics: dict[str, float] = {}
     try:
@@ -148,23 +146,3 @@ def _resume_path(cfg: Config, run_dir: Path) -> Path | None:
     if cfg.run.resume is True and found is None:
         logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
     return found
-
-
-def _mlflow_uri(cfg: Config) -> str | None:
-    if not cfg.logging.mlflow:
-        return None
-    return cfg.logging.mlflow_tracking_uri or f"sqlite:///{Path(cfg.run.output_dir).resolve() / 'mlflow.db'}"
-
-
-def _flat_params(cfg: Config) -> dict:
-    flat = {}
-
-    def walk(prefix, node):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}{key}.", value)
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk("", cfg.model_dump(mode="json"))
-    return flat

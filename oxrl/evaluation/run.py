@@ -1,0 +1,296 @@
+"""`oxrl eval`: measure a model, and optionally a baseline on the same prompts, without training.
+
+    oxrl eval MODEL [--task NAME | --data FILE ...] [--reward SPEC ...] [--n K] [--temperature T]
+              [--max-new-tokens N] [--limit N] [--engine hf|vllm] [--baseline MODEL] [--out FILE.jsonl]
+              [--seed S] [--config CFG.yaml] [--set KEY=VALUE ...]
+
+Everything becomes the `Config` that `oxrl train` reads, so prompts, rewards and sampling mean what
+they mean in training, and the RL loop's own functions do the work:
+
+- the config is `--config`, else the run's saved `config.yaml` when MODEL is a run directory, else
+  empty; the flags and then the `--set` overrides refine it;
+- MODEL is a model folder, a run directory (its `final/`, else its latest checkpoint), a `.gguf`
+  file, a hub id or the bundled alias `smollm2-135m-instruct`;
+- prompts (`eval_prompts`): with `--data`, every row of the files; otherwise the held-out prompts
+  the RL loop validates on (`load_prompts`): a generated task's (`rl.task`, `rl.task_size`,
+  `rl.validation_size`, `run.seed`), or the config's `data.validation` or held-out `data.train` rows.
+  `--limit N` keeps the first N;
+- rewards: `rl.rewards` (`--reward`), else the task's default (`reward_function`); the first reward
+  decides correctness (oxrl/evaluation/metrics.py);
+- a greedy pass (T = 0, one sample per prompt, `sampling_params(rl, greedy=True)`: what the RL loop's
+  `evaluate` runs) and, with `--n K` > 1, a sampled pass of K samples per prompt at
+  `rl.rollout.temperature` for pass@k. Each pass is `sample_and_score` then `summarise`, as in the
+  loop, so `greedy/accuracy` is the `val/accuracy` a training run logs for the same model and prompts.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oxrl.config.schema import Config
+from oxrl.data.rl_tasks import RLPrompt
+from oxrl.evaluation.metrics import correct_flags, summarise
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ALGORITHM = "dr_grpo"  # a Config needs one; evaluation reads only its model, data, rl and run sections
+
+
+@dataclass
+class EvalRequest:
+    """`oxrl eval`'s arguments (None: the config's value)."""
+
+    model: str
+    baseline: str | None = None
+    config: str | None = None
+    task: str | None = None
+    data: list[str] = field(default_factory=list)
+    rewards: list[str] = field(default_factory=list)
+    n: int = 1
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    limit: int | None = None
+    engine: str | None = None
+    seed: int | None = None
+    out: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for flag, value, least in (("--n", self.n, 1), ("--limit", self.limit, 1),
+                                   ("--max-new-tokens", self.max_new_tokens, 1), ("--temperature", self.temperature, 0)):
+            if value is not None and not value >= least:
+                raise ValueError(f"{flag} must be at least {least}, got {value}")
+        if self.task is not None and self.data:
+            raise ValueError("give --task or --data, not both: they are two sources of prompts")
+
+
+@dataclass
+class ModelReport:
+    label: str  # MODEL as given
+    path: str  # the folder, file or hub id loaded
+    metrics: dict[str, float]  # greedy/<metric>, sampled/<metric>, sampled/pass@k (metrics.summarise)
+
+
+@dataclass
+class EvalResult:
+    reports: list[ModelReport]
+    description: str  # prompts, sampling, rewards: the table's heading
+    samples: int = 0  # rows written to --out
+
+
+def model_location(name: str) -> tuple[str, Path | None]:
+    """(the model MODEL names, the run directory it names or None). A run directory is a folder with run
+    outputs and no config.json: its `final/` model, else its latest complete checkpoint."""
+    from oxrl.engine.checkpoint import latest_checkpoint
+    from oxrl.engine.run_dir import holds_run
+    from oxrl.models.load import ModelNotFoundError
+
+    path = Path(name).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file() or (path / "adapter_config.json").is_file() or not holds_run(path):
+        return name, None
+    if (path / "final").is_dir():
+        logger.info("%s is a run directory: evaluating its final model %s", path, path / "final")
+        return str(path / "final"), path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise ModelNotFoundError(f"{path} is a run directory with no final/ model and no complete checkpoint to evaluate")
+    logger.info("%s is a run directory without final/: evaluating its latest checkpoint %s", path, latest)
+    return str(latest), path
+
+
+def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> Config:
+    """The config file (module docstring), then the flags, then the `--set` overrides."""
+    from oxrl.config.load import apply_override, load_config
+
+    source = request.config
+    if source is None and run_dir is not None and (run_dir / "config.yaml").is_file():
+        source = str(run_dir / "config.yaml")
+        logger.info("prompts, rewards and sampling as in the run's %s (flags and --set override them)", source)
+    tree = load_config(source).model_dump(mode="json") if source is not None else {"algorithm": {"name": DEFAULT_ALGORITHM}}
+    given = {"rl.rollout.temperature": request.temperature, "rl.rollout.max_new_tokens": request.max_new_tokens,
+             "rl.rollout.engine": request.engine, "run.seed": request.seed}
+    flags = {"model.name_or_path": model_path, "rl.rollout.n": request.n, "strategy.name": "single",
+             **{key: value for key, value in given.items() if value is not None}}
+    if request.task is not None:  # a task replaces the config's prompt files
+        flags.update({"rl.task": request.task, "data.train": [], "data.validation": []})
+    if request.data:  # files replace the config's task (and with it the task's default reward)
+        flags["rl.task"] = None
+    if request.rewards:
+        flags["rl.rewards"] = [{"name": name} for name in request.rewards]
+    for key, value in flags.items():
+        apply_override(tree, key.split("."), value)
+    return load_config(None, request.overrides, base=tree)
+
+
+def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple[list[RLPrompt], str]:
+    """The prompts to evaluate on (module docstring), and where they come from in words."""
+    from oxrl.config.schema import DatasetSpec
+    from oxrl.loops.rl_setup import load_prompts, read_prompt_files
+
+    rl = cfg.rl
+    if data_files:
+        prompts, source = read_prompt_files([DatasetSpec(path=p) for p in data_files], rl), ", ".join(data_files)
+    elif rl.task is None and not cfg.data.train:
+        raise ValueError("nothing to evaluate on: give --task (e.g. arithmetic) or --data FILE, or a --config or run "
+                         "directory whose config names them")
+    else:
+        prompts = load_prompts(cfg, rl)[1]
+        source = f"{rl.task} held-out, seed {cfg.run.seed}" if rl.task is not None else "the config's validation prompts"
+        if not prompts:
+            raise ValueError(f"no held-out prompts to evaluate on ({source}): set rl.validation_size above 0, or give "
+                             "--data FILE to evaluate on every row of a file")
+    if limit is not None:
+        if limit > len(prompts):
+            logger.warning("--limit %d: there are only %d prompts (%s)", limit, len(prompts), source)
+        prompts = prompts[:limit]
+    return prompts, source
+
+
+def evaluate_models(request: EvalRequest) -> EvalResult:
+    """Check every input, then evaluate MODEL (and the baseline) on the same prompts; rows to `request.out`."""
+    from oxrl.engine.strategy import build_strategy
+    from oxrl.loops.rl_setup import reward_function
+    from oxrl.models.load import resolve_source
+    from oxrl.rollout.build import check_engine
+
+    model_path, run_dir = model_location(request.model)
+    resolve_source(model_path)  # a missing folder or file fails now, before any work
+    baseline = model_location(request.baseline)[0] if request.baseline is not None else None
+    if baseline is not None:
+        resolve_source(baseline)
+    cfg = eval_config(request, model_path, run_dir)
+    prompts, source = eval_prompts(cfg, request.data, request.limit)
+    reward_fn = reward_function(cfg, cfg.rl) if cfg.rl.env is None else None  # an environment rewards its episodes
+    strategy = build_strategy(cfg)
+    check_engine(cfg.rl.rollout, strategy)
+    description = _describe(cfg, len(prompts), source, reward_fn)
+    logger.info("evaluating on %s", description)
+    models = [(request.model, cfg)]
+    if baseline is not None:
+        # The baseline is loaded with its own tokenizer: the same prompt texts, its own token ids.
+        model = cfg.model.model_copy(update={"name_or_path": baseline, "tokenizer": None})
+        models.append((request.baseline, cfg.model_copy(update={"model": model})))
+    with _SampleWriter(request.out) as writer:
+        reports = [_evaluate_model(label, model_cfg, prompts, reward_fn, strategy, writer) for label, model_cfg in models]
+    return EvalResult(reports, description, writer.rows)
+
+
+def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
+    from oxrl.loops.rl import sample_and_score, sampling_params
+    from oxrl.loops.rl_setup import encode, environment
+    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.rollout.build import build_engine
+    from oxrl.runner import set_seed
+
+    tokenizer = load_tokenizer(cfg.model)
+    env = environment(cfg.rl, tokenizer)
+    batch = encode(prompts, tokenizer)
+    model = load_model(cfg.model, strategy.device).requires_grad_(False)
+    engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+    passes = {"greedy": sampling_params(cfg.rl, greedy=True)}
+    if cfg.rl.rollout.n > 1:
+        passes["sampled"] = sampling_params(cfg.rl)
+    metrics: dict[str, float] = {}
+    try:
+        for name, params in passes.items():
+            set_seed(cfg.run.seed)  # both models sample from the same RNG state
+            completions, scored, _ = sample_and_score(engine, reward_fn, env, batch, params)
+            summary = summarise(completions, scored)
+            if name == "sampled":
+                del summary["accuracy"]  # over all samples: pass@1 exactly
+            metrics.update({f"{name}/{key}": value for key, value in summary.items()})
+            writer.write(label, name, batch, completions, scored)
+    finally:
+        engine.close()
+    headline = {key: metrics[key] for key in ("greedy/accuracy", f"sampled/pass@{cfg.rl.rollout.n}", "greedy/reward/mean") if key in metrics}
+    logger.info("%s: %s", label, ", ".join(f"{key} {_cell(key, value)}" for key, value in headline.items()))
+    return ModelReport(label, cfg.model.name_or_path, metrics)
+
+
+def _describe(cfg: Config, count: int, source: str, reward_fn) -> str:
+    r = cfg.rl.rollout
+    sampled = f"; sampled: {r.n} per prompt at T={r.temperature:g}" if r.n > 1 else ""
+    if r.n > 1 and (r.top_p < 1 or r.top_k > 0):
+        sampled += f", top_p {r.top_p:g}, top_k {r.top_k}"
+    rewards = ", ".join(f"{b.label} x{b.weight:g}" for b in reward_fn.rewards) if reward_fn is not None else f"environment {cfg.rl.env.path}"
+    return (f"{count} prompts ({source}); greedy: 1 per prompt at T=0{sampled}; at most {r.max_new_tokens} new tokens; "
+            f"engine {r.engine}; rewards: {rewards}")
+
+
+class _SampleWriter:
+    """Every sample as a JSON line in `path` (None: nowhere). Written to `<path>.partial` and renamed when the
+    evaluation is complete, so a failed one leaves no half-written file (nor removes an older one)."""
+
+    def __init__(self, path: str | None):
+        self.path = Path(path) if path is not None else None
+        self.rows = 0
+        self.file = None
+
+    def __enter__(self) -> _SampleWriter:
+        if self.path is not None:
+            if self.path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a folder: --out names the JSONL file to write", str(self.path))
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.partial = self.path.with_name(f"{self.path.name}.partial")
+            self.file = self.partial.open("w", encoding="utf-8")
+        return self
+
+    def write(self, label: str, pass_name: str, batch, completions, scored) -> None:
+        if self.file is None:
+            return
+        seen: Counter = Counter()
+        for index, (completion, correct) in enumerate(zip(completions, correct_flags(scored.components))):
+            prompt = completion.prompt_index
+            row = {"model": label, "pass": pass_name, "prompt_index": prompt, "sample": seen[prompt],
+                   "origin": batch.origins[prompt], "prompt": batch.prompt_texts[prompt],
+                   "answer": batch.fields[prompt].get("answer"), "completion": completion.text,
+                   "rewards": {name: scores[index] for name, scores in scored.components.items()},
+                   "reward": scored.totals[index], "correct": correct, "finish_reason": completion.finish_reason,
+                   "tokens": completion.num_sampled}
+            seen[prompt] += 1
+            self.file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            self.rows += 1
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        if self.file is None:
+            return
+        self.file.close()
+        if error_type is None:
+            os.replace(self.partial, self.path)
+            logger.info("%d samples written to %s", self.rows, self.path)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+
+TABLE_ORDER = ("accuracy", "pass@", "reward", "response_length", "truncated_fraction")
+
+
+def format_table(result: EvalResult) -> str:
+    """The metrics of every model side by side, one row per metric: correctness first, greedy before sampled."""
+    keys = list(dict.fromkeys(key for report in result.reports for key in report.metrics))
+    keys.sort(key=lambda key: (next(i for i, start in enumerate(TABLE_ORDER) if key.split("/", 1)[1].startswith(start)),
+                               not key.startswith("greedy/")))
+    header = ["metric", *(report.label for report in result.reports)]
+    rows = [[key, *(_cell(key, report.metrics.get(key)) for report in result.reports)] for key in keys]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in [header, *rows]]
+    return f"{result.description}\n\n" + "\n".join(lines) + "\n"
+
+
+def _cell(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if key.endswith(("accuracy", "truncated_fraction")) or "pass@" in key:
+        return f"{100 * value:.1f}%"
+    if key.endswith("length/max"):
+        return f"{value:.0f}"
+    if "length" in key:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
