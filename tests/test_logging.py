@@ -1,7 +1,5 @@
 """Metrics go to metrics.jsonl and a PNG plot (trackers: tests/test_trackers.py)."""
 
-import json
-
 import pytest
 
 from oxrl.logging.metrics import MetricsLogger, read_metrics

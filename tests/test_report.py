@@ -8,7 +8,8 @@ import yaml
 
 from oxrl.config.schema import Config
 from oxrl.logging.plot import moving_average, plot_curves, select_panels, smoothing_window
-from oxrl.logging.report import REQUIRED, non_default_settings
+from oxrl.logging.report import NOT_SET, REQUIRED, non_default_settings
+from tests.test_runner import _write_config, tiny_model_dir  # noqa: F401 (a fixture)
 
 
 def demo_like_rows(steps: int = 40) -> list[dict]:
@@ -45,15 +46,12 @@ def test_constant_and_repeated_series_are_left_out_and_related_ones_share_a_pane
 def test_a_series_that_differs_is_drawn_with_its_relatives():
     rows = demo_like_rows(8)
     for row in rows[1:]:
-        row["accuracy"] = row["reward/mean"] / 2  # e.g. a format reward on top of correctness
-        row["val/loss"] = 1.0  # ignored: val/loss is logged below, at two steps only
+        row["accuracy"] = row["reward/mean"] / 2  # e.g. a format reward on top of correctness: not a repeat
     rows[4]["val/loss"], rows[8]["val/loss"] = 2.0, 1.5
-    for row in rows[1:4] + rows[5:8]:
-        del row["val/loss"]
     panels = {panel.title: series for panel, series in select_panels(rows)}
     assert [s.key for s in panels["loss"]] == ["loss", "val/loss"]
     assert [s.key for s in panels["reward (training samples)"]] == ["reward/mean", "accuracy"]
-    assert [s.smooth for s in panels["reward (training samples)"]] == [True, False]
+    assert [s.smooth for s in panels["reward (training samples)"]] == [True, False]  # reward/mean: raw + average
     assert [s.right for s in panels["throughput"]] == [False, True]  # completions/s on its own axis
 
 
@@ -97,12 +95,14 @@ def test_config_diff_lists_exactly_the_keys_that_differ_from_the_schema_defaults
         "data": {"train": [{"path": "a.jsonl"}]},
         "train": {"global_batch_size": 8, "optim": {"lr": 3e-4}},  # 8 is the default: not listed
         "logging": {"plot": True, "every": 5},
+        "rl": {"task_config": {"max_operand": 20}},
     })
     assert non_default_settings(cfg) == [
         ("algorithm.name", "sft", REQUIRED),
         ("data.train", [{"path": "a.jsonl"}], []),
         ("logging.every", 5, 1),
         ("model.name_or_path", "m", REQUIRED),
+        ("rl.task_config.max_operand", 20, NOT_SET),  # a key of a dict-valued field, absent from its default
         ("train.optim.lr", 3e-4, 1e-5),
     ]
 
@@ -110,17 +110,6 @@ def test_config_diff_lists_exactly_the_keys_that_differ_from_the_schema_defaults
 def config_keys_in(report: str) -> set[str]:
     section = report.split("## Config: what differs from the defaults")[1].split("\n## ")[0]
     return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
-
-
-@pytest.fixture
-def tiny_model_dir(tmp_path, smollm2_tokenizer):
-    from tests.conftest import make_tiny_llama
-
-    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
-    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "model")
-    smollm2_tokenizer.save_pretrained(tmp_path / "model")
-    return tmp_path / "model"
 
 
 def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
@@ -133,7 +122,7 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
         "rl": {"task": "arithmetic", "task_size": 16, "validation_size": 4, "validation_every": 2, "prompts_per_step": 2,
                "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}},  # 1.0: the default, not listed
         "train": {"max_steps": 2, "micro_batch_size_per_device": 4},
-        "checkpoint": {"every": None, "save_final": False},
+        "checkpoint": {"every": None, "save_final": False},  # every: None is the default, not listed
         "logging": {"progress_bar": False, "plot": True},
     }
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
@@ -141,14 +130,13 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
     run = tmp_path / "runs" / "grpo"
     report = (run / "report.md").read_text()
     summary = json.loads((run / "summary.json").read_text())
-    assert report.startswith("# grpo\n") and "**grpo** on **model**" in report
+    assert report.startswith("# grpo\n") and "**grpo** on **tiny-model**" in report
     assert f"| held-out accuracy (greedy) | {summary['accuracy_before']:.1%} | {summary['accuracy_after']:.1%} |" in report
     assert "| optimizer steps | 2 |" in report and "| completions_per_s (mean over logged steps) |" in report
     assert config_keys_in(report) == {
         "run.name", "run.output_dir", "run.device", "model.name_or_path", "algorithm.name", "rl.task", "rl.task_size",
         "rl.validation_size", "rl.validation_every", "rl.prompts_per_step", "rl.rollout.n", "rl.rollout.max_new_tokens",
-        "train.max_steps", "train.micro_batch_size_per_device", "checkpoint.every", "checkpoint.save_final",
-        "logging.progress_bar",
+        "train.max_steps", "train.micro_batch_size_per_device", "checkpoint.save_final", "logging.progress_bar",
     }
     assert "### First training step (step 1)" in report and "### Last training step (step 2)" in report
     assert report.count("**completion** (reward ") == 4  # the first completion of each of the 2 prompts, twice
@@ -158,7 +146,6 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
 
 def test_report_of_an_sft_run(tmp_path, tiny_model_dir):
     from oxrl.cli import main
-    from tests.test_runner import _write_config
 
     config = _write_config(tmp_path, tiny_model_dir, logging={"samples": ["What is 2+2?"], "sample_max_new_tokens": 4})
     assert main(["train", str(config)]) == 0

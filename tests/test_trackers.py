@@ -91,7 +91,12 @@ def wandb_records(run_dir: Path) -> list:
     """The protobuf records of the one offline run under `run_dir/wandb`. A `.wandb` file is a LevelDB-style log
     (wandb-core writes it; the Python SDK no longer ships a reader): a 7-byte header, then 32 KiB blocks of chunks,
     each `crc32 (4) | length (2, little-endian) | type (1: full, 2: first, 3: middle, 4: last) | data`."""
+    import wandb
     from wandb.proto import wandb_internal_pb2
+
+    # run.finish() returns before the wandb-core process has written an offline run's records (seen: the file
+    # still held only its header); stopping that process waits for them.
+    wandb.teardown()
 
     [path] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     data = path.read_bytes()

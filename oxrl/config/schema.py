@@ -41,8 +41,8 @@ class RunConfig(Section):
     overwrite: bool = Field(
         False,
         description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
-        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md) is deleted first; other "
-        "files stay.",
+        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and "
+        "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay.",
     )
     accept_config_changes: bool = Field(
         False,

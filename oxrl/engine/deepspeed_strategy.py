@@ -32,6 +32,7 @@ from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.engine.distributed import DistEnv
 from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
 from oxrl.engine.strategy import MultiProcessStrategy
+from oxrl.models.save import no_progress_bars
 
 logger = logging.getLogger(__name__)
 TAG = "state"  # one DeepSpeed checkpoint per oxRL step folder, so a fixed tag
@@ -155,7 +156,8 @@ class DeepSpeedStrategy(MultiProcessStrategy):
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
             state = {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
-        module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        with no_progress_bars():
+            module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
         return out_dir

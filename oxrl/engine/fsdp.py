@@ -35,6 +35,7 @@ from oxrl.config.schema import StrategyConfig
 from oxrl.engine.distributed import DistEnv
 from oxrl.engine.nonfinite import NonFiniteGuard
 from oxrl.engine.strategy import MultiProcessStrategy
+from oxrl.models.save import no_progress_bars
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ class FSDP2Strategy(MultiProcessStrategy):
             return None
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir, state_dict=full, safe_serialization=True)
+        with no_progress_bars():
+            self.model.save_pretrained(out_dir, state_dict=full, safe_serialization=True)
         # save_pretrained records the class it was called on, FSDP's wrapper subclass: name the model's own.
         config = copy.deepcopy(self.model.config)
         config.architectures = [self.model_class_name]

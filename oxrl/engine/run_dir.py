@@ -43,11 +43,14 @@ LOCK_NAME = ".lock"
 # Any of these means the directory holds a run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
-RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md")
+RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md", "tensorboard",
+                             "wandb")
 # Keys that say where a run lives or how its progress is shown: a resume may change them freely.
 IGNORED_ON_RESUME = frozenset({
     "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",
-    "logging.progress_bar", "logging.plot", "logging.mlflow", "logging.mlflow_tracking_uri", "checkpoint.keep_last",
+    "logging.progress_bar", "logging.plot", "logging.report_to", "logging.project", "logging.mlflow_tracking_uri",
+    "checkpoint.keep_last",
+    "logging.mlflow",  # replaced by logging.report_to; still in the config.yaml of runs saved before
 })
 
 

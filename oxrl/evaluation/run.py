@@ -26,6 +26,7 @@ they mean in training, and the RL loop's own functions do the work:
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import logging
 import os
@@ -117,8 +118,10 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
              "rl.rollout.engine": request.engine, "run.seed": request.seed}
     flags = {"model.name_or_path": model_path, "rl.rollout.n": request.n, "strategy.name": "single",
              **{key: value for key, value in given.items() if value is not None}}
-    if request.task is not None:  # a task replaces the config's prompt files
+    if request.task is not None:  # a task replaces the config's prompt files (and another task's options)
         flags.update({"rl.task": request.task, "data.train": [], "data.validation": []})
+        if request.task != tree.get("rl", {}).get("task"):
+            flags["rl.task_config"] = {}
     if request.data:  # files replace the config's task (and with it the task's default reward)
         flags["rl.task"] = None
     if request.rewards:
@@ -169,6 +172,9 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
     reward_fn = reward_function(cfg, cfg.rl) if cfg.rl.env is None else None  # an environment rewards its episodes
     strategy = build_strategy(cfg)
     check_engine(cfg.rl.rollout, strategy)
+    if cfg.rl.rollout.n > 1 and cfg.rl.rollout.temperature == 0:
+        logger.warning("--n %d at temperature 0 repeats the greedy completion: pass@k is the greedy accuracy; "
+                       "set --temperature above 0", cfg.rl.rollout.n)
     description = _describe(cfg, len(prompts), source, reward_fn)
     logger.info("evaluating on %s", description)
     models = [(request.model, cfg)]
@@ -176,8 +182,11 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
         # The baseline is loaded with its own tokenizer: the same prompt texts, its own token ids.
         model = cfg.model.model_copy(update={"name_or_path": baseline, "tokenizer": None})
         models.append((request.baseline, cfg.model_copy(update={"model": model})))
+    reports = []
     with _SampleWriter(request.out) as writer:
-        reports = [_evaluate_model(label, model_cfg, prompts, reward_fn, strategy, writer) for label, model_cfg in models]
+        for label, model_cfg in models:
+            reports.append(_evaluate_model(label, model_cfg, prompts, reward_fn, strategy, writer))
+            gc.collect()  # the model just evaluated goes before the next one loads
     return EvalResult(reports, description, writer.rows)
 
 

@@ -33,7 +33,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0, *, enabled: bool = True,
                  progress_bar: bool = True, config: Config | None = None):
-        self.enabled = enabled
+        self.enabled = enabled  # False on ranks other than 0
         self.path = Path(run_dir) / "metrics.jsonl"
         self.bar = None
         self.trackers: list[Tracker] = []

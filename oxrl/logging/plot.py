@@ -112,7 +112,7 @@ def smoothing_window(points: int) -> int | None:
 
 
 def plot_curves(run_dir: Path, title: str = "", out_name: str = "curves.png") -> Path | None:
-    """Write `<run_dir>/<out_name>` from its metrics.jsonl; None (and no file) when no series moves."""
+    """Write `<run_dir>/<out_name>` from its metrics.jsonl; None (and no such file) when no series moves."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,7 +121,9 @@ def plot_curves(run_dir: Path, title: str = "", out_name: str = "curves.png") ->
 
     records = read_metrics(run_dir)
     panels = select_panels(records)
+    out = Path(run_dir) / out_name
     if not panels:
+        out.unlink(missing_ok=True)  # an earlier run's figure (this directory was resumed) would mislead
         return None
     columns = 1 if len(panels) < 3 else 2
     rows = math.ceil(len(panels) / columns)
@@ -138,7 +140,6 @@ def plot_curves(run_dir: Path, title: str = "", out_name: str = "curves.png") ->
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=11)
-    out = Path(run_dir) / out_name
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

@@ -58,7 +58,7 @@ def model_name(cfg: Config) -> str:
     return f"{name} + LoRA" if cfg.lora.enabled else name
 
 
-REQUIRED = "(required)"
+REQUIRED, NOT_SET = "(required)", "(not set)"
 
 
 def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
@@ -69,17 +69,19 @@ def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
 
 
 def schema_default(key: str) -> Any:
-    """The schema's default for a dotted key: REQUIRED when it has none; below a section whose default is
-    None (absent), that None."""
-    model = Config
-    for part in key.split("."):
+    """The schema's default for a dotted key: REQUIRED when it has none. Below a field that is not a section
+    (a dict such as `rl.task_config`, or a section whose default is None), the default's own entry: NOT_SET
+    when it has none, the None of an absent section."""
+    model, parts = Config, key.split(".")
+    for depth, part in enumerate(parts):
         field = model.model_fields[part]
-        if field.is_required():
-            default = REQUIRED
-        else:
-            default = to_jsonable_python(field.get_default(call_default_factory=True))
+        default = REQUIRED if field.is_required() else to_jsonable_python(field.get_default(call_default_factory=True))
         inner = _model_in(field.annotation)
         if inner is None or default is None or isinstance(default, list):
+            for rest in parts[depth + 1 :]:
+                if not isinstance(default, dict):
+                    break
+                default = default.get(rest, NOT_SET)
             return default
         model = inner
     return default
@@ -154,8 +156,8 @@ def _fenced(text: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    if value == REQUIRED:
-        return "*required*"
+    if value in (REQUIRED, NOT_SET):
+        return f"*{value.strip('()')}*"
     text = json.dumps(value)
     text = text if len(text) <= 120 else text[:117] + "..."
     return "`" + text.replace("|", "\\|") + "`"

@@ -46,6 +46,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from oxrl.models.save import no_progress_bars
+
     logger.info("converting %s to a safetensors folder in %s (once)", gguf_path.name, out_dir)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     config = gguf_model.config
@@ -60,7 +62,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp, safe_serialization=True)
+    with no_progress_bars():
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     try:
         tmp.rename(out_dir)  # atomic: a half-written folder is never mistaken for a finished one

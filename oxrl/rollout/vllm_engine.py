@@ -37,6 +37,7 @@ from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.config.schema import VLLMConfig
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.save import no_progress_bars
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import eos_token_ids
 
@@ -142,7 +143,8 @@ class VLLMEngine:
         state = merged_state_dict(model) if is_peft(model) else dict(model.state_dict())
         if self.tied:  # a separate tensor, so save_pretrained keeps it
             state[_weight_key(base, base.get_output_embeddings())] = state[_weight_key(base, base.get_input_embeddings())].clone()
-        base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        with no_progress_bars():
+            base.save_pretrained(folder, state_dict=state, safe_serialization=True)
         return folder
 
     @torch.no_grad()
