@@ -61,7 +61,12 @@ def build_tiny(folder: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = make_tiny_llama(vocab_size=len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder / "tiny-model")
+    try:
+        from oxrl.models.save import no_progress_bars
+    except ImportError:  # an oxRL from before it (measuring the "before")
+        from contextlib import nullcontext as no_progress_bars
+    with no_progress_bars():
+        model.save_pretrained(folder / "tiny-model")
     tokenizer.save_pretrained(folder / "tiny-model")
     rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
                           {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(24)]

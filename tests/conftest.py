@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def make_tiny_llama(vocab_size: int = 128, seed: int = 0, tie_word_embeddings: b
         pad_token_id=0,
     )
     return LlamaForCausalLM(config)
+
+
+@pytest.fixture
+def oxrl_log(caplog):
+    """caplog for the `oxrl` logger, which does not propagate to the root once `oxrl train` set up logging."""
+    logger = logging.getLogger("oxrl")
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture

@@ -34,15 +34,6 @@ def model_dirs(tmp_path_factory, smollm2_tokenizer):
     return paths
 
 
-@pytest.fixture
-def oxrl_log(caplog):
-    """caplog for the `oxrl` logger, which does not propagate to the root once the CLI set up logging."""
-    logger = logging.getLogger("oxrl")
-    logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
 def rows_of(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

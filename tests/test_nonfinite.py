@@ -243,15 +243,6 @@ def diverging_run(tmp_path, model_dir, algorithm: str) -> tuple[dict, object]:
     return cfg
 
 
-@pytest.fixture
-def oxrl_log(caplog):
-    """caplog for the `oxrl` logger, which does not propagate to the root once `oxrl train` set up logging."""
-    logger = logging.getLogger("oxrl")
-    logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
 @pytest.mark.parametrize(("algorithm", "failing_step"), [("sft", 4), ("dpo", 4), ("grpo", 2)])
 def test_a_diverging_run_stops_with_an_error_naming_the_step_and_saves_nothing_broken(
         tmp_path, tiny_model_dir, oxrl_log, algorithm, failing_step):

@@ -82,7 +82,6 @@ class ModelReport:
 class EvalResult:
     reports: list[ModelReport]
     description: str  # prompts, sampling, rewards: the table's heading
-    samples: int = 0  # rows written to --out
 
 
 def model_location(name: str) -> tuple[str, Path | None]:
@@ -187,7 +186,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
         for label, model_cfg in models:
             reports.append(_evaluate_model(label, model_cfg, prompts, reward_fn, strategy, writer))
             gc.collect()  # the model just evaluated goes before the next one loads
-    return EvalResult(reports, description, writer.rows)
+    return EvalResult(reports, description)
 
 
 def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
@@ -283,8 +282,8 @@ TABLE_ORDER = ("accuracy", "pass@", "reward", "response_length", "truncated_frac
 def format_table(result: EvalResult) -> str:
     """The metrics of every model side by side, one row per metric: correctness first, greedy before sampled."""
     keys = list(dict.fromkeys(key for report in result.reports for key in report.metrics))
-    keys.sort(key=lambda key: (next(i for i, start in enumerate(TABLE_ORDER) if key.split("/", 1)[1].startswith(start)),
-                               not key.startswith("greedy/")))
+    keys.sort(key=lambda key: (next((i for i, start in enumerate(TABLE_ORDER) if key.split("/", 1)[1].startswith(start)),
+                                    len(TABLE_ORDER)), not key.startswith("greedy/")))
     header = ["metric", *(report.label for report in result.reports)]
     rows = [[key, *(_cell(key, report.metrics.get(key)) for report in result.reports)] for key in keys]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
