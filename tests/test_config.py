@@ -71,7 +71,8 @@ def test_docs_reference_is_up_to_date():
     assert doc.read_text() == config_reference(), "run `make docs` to regenerate docs/config_reference.md"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["doctor", "--help"], ["config-reference", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["doctor", "--help"],
+                                  ["config-reference", "--help"]])
 def test_every_command_has_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
