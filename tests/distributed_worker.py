@@ -289,6 +289,7 @@ def main() -> None:
     result = SCENARIOS[name](out)
     if distributed.init_distributed("cpu").is_main:
         (out / "result.json").write_text(json.dumps(result))
+    distributed.barrier()  # leave together: gloo can abort a process whose peer tore the group down first
     distributed.shutdown()
 
 

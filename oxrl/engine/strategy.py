@@ -112,8 +112,9 @@ class Strategy:
     def check_finite_weights(self, what: str) -> None:
         """Raise `NonFiniteError` when a trainable parameter holds inf/NaN on any rank (every rank calls it)."""
         local = [name for name, tensor in self.trainable_tensors() if not bool(torch.isfinite(tensor).all())]
-        bad = sorted({name for names in self.gather_objects(local) for name in names})
-        if bad:
+        # A count first (one small all-reduce at every save); the names travel only when something is wrong.
+        if self.all_reduce_sum(float(len(local))) > 0:
+            bad = sorted({name for names in self.gather_objects(local) for name in names})
             raise NonFiniteError(
                 f"refusing to write {what}: {len(bad)} trainable parameter(s) hold inf/NaN values "
                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); earlier checkpoints are kept as they are. "
