@@ -55,22 +55,12 @@ def build_tiny(folder: Path) -> Path:
     from transformers import AutoTokenizer
 
     from oxrl.models.bundled import bundled_gguf
-    from tests.conftest import make_tiny_llama
+    from tests.conftest import save_tiny_model, write_chat_rows
 
     gguf = bundled_gguf("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = make_tiny_llama(vocab_size=len(tokenizer))
-    model.config.eos_token_id = tokenizer.eos_token_id
-    try:
-        from oxrl.models.save import no_progress_bars
-    except ImportError:  # an oxRL from before it (measuring the "before")
-        from contextlib import nullcontext as no_progress_bars
-    with no_progress_bars():
-        model.save_pretrained(folder / "tiny-model")
-    tokenizer.save_pretrained(folder / "tiny-model")
-    rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
-                          {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(24)]
-    (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    save_tiny_model(folder / "tiny-model", tokenizer)
+    write_chat_rows(folder / "chat.jsonl", 24)
     config = {
         "run": {"name": "tiny", "output_dir": str(folder / "runs")},
         "model": {"name_or_path": str(folder / "tiny-model")},

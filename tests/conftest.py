@@ -66,6 +66,25 @@ def oxrl_log(caplog):
     logger.removeHandler(caplog.handler)
 
 
+def save_tiny_model(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A tiny random Llama sized to `tokenizer`'s vocabulary, saved with it as a HF folder; the folder."""
+    model = make_tiny_llama(vocab_size=len(tokenizer), seed=seed)
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def write_chat_rows(path: Path, count: int) -> Path:
+    """`count` one-turn arithmetic chats in the `messages` format, as JSONL."""
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
+                          {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(count)]
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return Path(path)
+
+
 @pytest.fixture
 def tiny_llama():
     return make_tiny_llama()

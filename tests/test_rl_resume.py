@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import make_tiny_llama
+from tests.conftest import make_tiny_llama, save_tiny_model
 
 STEPS = 6
 COMPARED = ("reward/mean", "reward/std", "loss", "grad_norm", "response_length/mean", "lr")
@@ -83,10 +83,7 @@ def test_grpo_resumed_from_a_checkpoint_repeats_the_uninterrupted_steps(tmp_path
 
 @pytest.fixture
 def grpo_config(tmp_path, smollm2_tokenizer) -> Path:
-    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
-    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "model")
-    smollm2_tokenizer.save_pretrained(tmp_path / "model")
+    save_tiny_model(tmp_path / "model", smollm2_tokenizer)
     (tmp_path / "reward.py").write_text(REWARD_FILE)
     config = {
         "run": {"name": "full", "output_dir": str(tmp_path / "runs"), "seed": 3, "device": "cpu"},

@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import make_tiny_llama
+from tests.conftest import make_tiny_llama, save_tiny_model, write_chat_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("deepspeed", "vllm", "mlflow", "ray")
@@ -41,13 +41,8 @@ print("IMPORTED " + json.dumps(sorted(m for m in {optional!r} if m in sys.module
 @pytest.fixture
 def tiny_config(tmp_path, smollm2_tokenizer) -> Path:
     """A one-step SFT config on a tiny random Llama (the real SmolLM2 tokenizer) saved in tmp_path."""
-    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
-    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "tiny-model")
-    smollm2_tokenizer.save_pretrained(tmp_path / "tiny-model")
-    rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
-                          {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(8)]
-    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    save_tiny_model(tmp_path / "tiny-model", smollm2_tokenizer)
+    write_chat_rows(tmp_path / "chat.jsonl", 8)
     config = {
         "run": {"name": "tiny", "output_dir": str(tmp_path / "runs")},
         "model": {"name_or_path": str(tmp_path / "tiny-model")},

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import make_tiny_llama
+from tests.conftest import save_tiny_model, write_chat_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -34,7 +34,16 @@ def sh(args: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProce
     return result
 
 
-def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path, smollm2_tokenizer):
+@pytest.fixture
+def scratch(tmp_path):
+    """tmp_path, emptied at the end: the environment holds a whole torch (about 1 GB), and pytest keeps
+    the temporary folders of its last runs, which would fill a memory-backed /tmp."""
+    yield tmp_path
+    shutil.rmtree(tmp_path)
+
+
+def test_the_wheel_installs_and_runs_outside_the_checkout(scratch, smollm2_tokenizer):
+    tmp_path = scratch
     # The package's own files only, so that the build writes nothing into the checkout.
     source = tmp_path / "source"
     source.mkdir()
@@ -70,13 +79,8 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path, smollm2_toke
     doctor = sh([oxrl, "doctor"], cwd=work).stdout
     assert "torch 2." in doctor and "transformers" in doctor
 
-    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
-    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
-    model.save_pretrained(work / "tiny-model")
-    smollm2_tokenizer.save_pretrained(work / "tiny-model")
-    rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
-                          {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(8)]
-    (work / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    save_tiny_model(work / "tiny-model", smollm2_tokenizer)
+    write_chat_rows(work / "chat.jsonl", 8)
     config = {
         "run": {"name": "tiny"},  # relative paths, resolved from the working directory
         "model": {"name_or_path": "tiny-model"},
