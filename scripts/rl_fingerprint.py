@@ -79,7 +79,8 @@ def run_preset(preset: str, model: Path, root: Path) -> dict[int, dict]:
         "logging": {"progress_bar": False, "plot": False},
     }
     result = run(load_config(None, base=tree))
-    return {row["step"]: {k: v for k, v in row.items() if k != "time" and not k.startswith(UNTIMED)}
+    return {row["step"]: {k: v for k, v in row.items() if k != "time" and not k.startswith(UNTIMED)
+                          and not k.endswith("/seconds")}  # a reward's own timing
             for row in read_metrics(result.run_dir)}
 
 
