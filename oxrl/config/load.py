@@ -88,6 +88,17 @@ def apply_override(tree: dict, keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"optim": {"lr": 1e-6}}} -> {"train.optim.lr": 1e-6}; an empty section stays a leaf."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _fields_at(location: tuple, model: type[BaseModel] = Config) -> list[str]:
     """The valid field names of the section at `location` (for suggestions)."""
     current: Any = model

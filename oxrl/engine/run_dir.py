@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from oxrl.config.load import flatten
 from oxrl.config.schema import Config
 from oxrl.engine.checkpoint import latest_checkpoint, list_checkpoints, step_of
 from oxrl.engine.folders import OutputWriteError
@@ -152,7 +153,7 @@ def clear_run(run_dir: Path) -> None:
 
 def config_changes(saved: dict, new: dict) -> list[str]:
     """`key: saved -> new` for every dotted key whose value differs (IGNORED_ON_RESUME aside)."""
-    old_flat, new_flat = _flatten(saved), _flatten(new)
+    old_flat, new_flat = flatten(saved), flatten(new)
     lines = []
     for key in sorted(old_flat.keys() | new_flat.keys()):
         if key in IGNORED_ON_RESUME or old_flat.get(key, _ABSENT) == new_flat.get(key, _ABSENT):
@@ -166,16 +167,6 @@ _ABSENT = object()
 
 def _shown(value) -> str:
     return "(not set)" if value is _ABSENT else json.dumps(value)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _make_dir(run_dir: Path) -> None:

@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 
 from oxrl.config.load import _model_in
 from oxrl.config.schema import Config
-from oxrl.engine.run_dir import _flatten
+from oxrl.config.load import flatten
 from oxrl.logging.metrics import read_metrics
 from oxrl.logging.plot import plot_curves
 
@@ -64,7 +64,7 @@ REQUIRED, NOT_SET = "(required)", "(not set)"
 def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
     """(dotted key, value, schema default) for every key whose value differs from the schema's default,
     sorted by key. Required keys (no default) are always listed, their default shown as REQUIRED."""
-    changed = _flatten(cfg.model_dump(mode="json", exclude_defaults=True))
+    changed = flatten(cfg.model_dump(mode="json", exclude_defaults=True))
     return [(key, value, schema_default(key)) for key, value in sorted(changed.items())]
 
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from oxrl.config.load import flatten
+
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
 
@@ -66,17 +68,7 @@ def open_trackers(config: Config, run_dir: Path, start_step: int) -> list[Tracke
 
 def flat_config(config: Config) -> dict[str, Any]:
     """{"train.optim.lr": 1e-06, ...}: every leaf of the resolved config under its dotted key."""
-    flat = {}
-
-    def walk(prefix: str, node: dict) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}{key}.", value)
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk("", config.model_dump(mode="json"))
-    return flat
+    return {key: value for key, value in flatten(config.model_dump(mode="json")).items() if value != {}}
 
 
 class MLflowTracker:
