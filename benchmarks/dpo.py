@@ -120,8 +120,8 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
 
     from oxrl.config.schema import OptimConfig, PreferenceConfig
     from oxrl.data.types import Example, Sequence
-    from oxrl.engine.optim import build_optimizer, build_scheduler
-    from oxrl.engine.strategy import SingleDevice
+    from oxrl.training.optim import build_optimizer, build_scheduler
+    from oxrl.training.strategy import SingleDevice
     from oxrl.loops.objectives import get_objective
     from oxrl.loops.sl import run_micro_batches
     from oxrl.models.reference import build_reference

@@ -133,11 +133,13 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
 def run_oxrl(spec: RunSpec) -> RunResult:
     import torch
 
-    from oxrl.engine.strategy import SingleDevice
+    from oxrl.training.strategy import SingleDevice
     from oxrl.logging.metrics import read_metrics
-    from oxrl.loops.rl import RLPromptBatch, train_rl
+    from oxrl.data.types import RLPromptBatch
+    from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
-    from oxrl.loops.rl_setup import encode, reward_function
+    from oxrl.data.rl_tasks import encode_prompts
+    from oxrl.loops.rl_setup import reward_function
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.build import build_engine
     from oxrl.runner import set_seed
@@ -147,7 +149,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     rl = resolve(cfg.algorithm.name, cfg.rl)
     device = torch.device("cpu")
     tokenizer = load_tokenizer(cfg.model)
-    train = encode(spec.prompts, tokenizer)
+    train = encode_prompts(spec.prompts, tokenizer)
     model = load_model(cfg.model, device)
     strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
     engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
@@ -171,7 +173,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
 def trl_reward(reward_fn, field_names: list[str]) -> Callable[..., list[float]]:
     """oxRL's reward function with TRL's signature: chat prompts/completions in, one float per completion out.
 
-    oxRL scores the last user message and the completion text (see `oxrl.loops.rl_setup.encode`);
+    oxRL scores the last user message and the completion text (see `oxrl.data.rl_tasks.encode_prompts`);
     TRL passes conversational prompts and completions as message lists and the dataset's other
     columns (here the gold `answer`) as keyword lists, one entry per completion."""
 
@@ -303,12 +305,12 @@ def in_fresh_process(fn: Callable[[RunSpec], RunResult], spec: RunSpec) -> RunRe
 
 def check_prompt_ids(spec: RunSpec) -> bool:
     """TRL renders chat prompts with one batched `apply_chat_template(add_generation_prompt=True)`;
-    oxRL's `encode` renders them one by one. Same ids = both libraries generate from the same prompts."""
-    from oxrl.loops.rl_setup import encode
+    oxRL's `encode_prompts` renders them one by one. Same ids = both libraries generate from the same prompts."""
+    from oxrl.data.rl_tasks import encode_prompts
     from oxrl.models.load import load_tokenizer
 
     tokenizer = load_tokenizer(spec.cfg.model)
-    ours = encode(spec.prompts, tokenizer).prompt_ids
+    ours = encode_prompts(spec.prompts, tokenizer).prompt_ids
     theirs = tokenizer.apply_chat_template([p.messages for p in spec.prompts], add_generation_prompt=True,
                                            tokenize=True, return_dict=True)["input_ids"]
     return [list(ids) for ids in theirs] == ours

@@ -133,8 +133,8 @@ def run_oxrl(spec: RunSpec) -> RunResult:
 
     from oxrl.config.schema import ModelConfig, OptimConfig
     from oxrl.data.types import Example, Sequence
-    from oxrl.engine.optim import build_optimizer, build_scheduler
-    from oxrl.engine.strategy import SingleDevice
+    from oxrl.training.optim import build_optimizer, build_scheduler
+    from oxrl.training.strategy import SingleDevice
     from oxrl.loops.objectives import get_objective
     from oxrl.loops.sl import run_micro_batches
     from oxrl.models.load import load_model

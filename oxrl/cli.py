@@ -96,7 +96,7 @@ OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES
 
 def describe_os_error(error: OSError) -> str:
     """`could not write <path>: <reason>` (an OutputWriteError already reads so)."""
-    from oxrl.engine.folders import OutputWriteError
+    from oxrl.training.folders import OutputWriteError
 
     if isinstance(error, OutputWriteError) or not error.filename:
         return str(error)
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
     from oxrl.config.load import ConfigError
     from oxrl.data.errors import DataError
-    from oxrl.engine.folders import OutputWriteError
-    from oxrl.engine.run_dir import RunDirError
+    from oxrl.training.folders import OutputWriteError
+    from oxrl.training.run_dir import RunDirError
     from oxrl.rewards.base import RewardTimeoutError
     from oxrl.rewards.sandbox import SandboxUnavailableError
     from oxrl.rollout.build import MissingDependencyError

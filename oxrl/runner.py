@@ -2,7 +2,7 @@
 
 Everything that can fail on bad input (config, algorithm name, run directory, data rows) fails
 before the model is loaded or any step is computed. The run directory is claimed (locked, checked:
-oxrl/engine/run_dir.py) before anything is written; `config.yaml` is written once the data are read.
+oxrl/training/run_dir.py) before anything is written; `config.yaml` is written once the data are read.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def claimed_run(cfg: Config, strategy):
     """Yield (config with `run.name` resolved, run directory), the directory locked by rank 0 until the
     block ends, and every RNG seeded. Rank 0 picks the default name and checks the directory; the other
     ranks take its name and fail with its error, so that none waits in a collective for a rank that left."""
-    from oxrl.engine.run_dir import RunDirError, claim_run_dir, default_run_name, run_dir_for
+    from oxrl.training.run_dir import RunDirError, claim_run_dir, default_run_name, run_dir_for
 
     name = cfg.run.name or (default_run_name(cfg.algorithm.name, cfg.run.output_dir) if strategy.is_main else None)
     lock, error = None, None
@@ -82,7 +82,7 @@ def write_config(cfg: Config, run_dir: Path, is_main: bool) -> None:
 def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | None:
     """`<run>/final`: written into `.final.partial` and renamed when complete, so a failed save leaves no
     half-written `final/` (nor removes an older one). Every rank calls it; the path on rank 0."""
-    from oxrl.engine.folders import publish_folder, writing_folder
+    from oxrl.training.folders import publish_folder, writing_folder
 
     partial, final = run_dir / ".final.partial", run_dir / "final"
     if strategy.is_main and partial.exists():
@@ -94,7 +94,7 @@ def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | Non
 
 def run_rl(cfg: Config) -> RunResult:
     """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
-    from oxrl.engine.strategy import build_strategy
+    from oxrl.training.build import build_strategy
     from oxrl.loops.rl_presets import resolve
     from oxrl.rollout.build import check_engine
 
@@ -107,7 +107,8 @@ def run_rl(cfg: Config) -> RunResult:
 
 def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
     from oxrl.loops.rl import train_rl
-    from oxrl.loops.rl_setup import encode, environment, load_prompts, reward_function
+    from oxrl.data.rl_tasks import encode_prompts
+    from oxrl.loops.rl_setup import environment, load_prompts, reward_function
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.build import build_engine
 
@@ -122,7 +123,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
         raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
                          "strategy.name `deepspeed` with zero_stage 2, or one process")
     train_prompts, val_prompts = load_prompts(cfg, rl)
-    train, val = encode(train_prompts, tokenizer), encode(val_prompts, tokenizer)
+    train, val = encode_prompts(train_prompts, tokenizer), encode_prompts(val_prompts, tokenizer)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     write_config(cfg, run_dir, strategy.is_main)
     model = load_model(cfg.model, device, cfg.lora)
@@ -172,7 +173,7 @@ def run(cfg: Config) -> RunResult:
     objective = get_objective(cfg.algorithm.name, cfg.preference)  # (names were checked when the config loaded)
     if not cfg.data.train:
         raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")
-    from oxrl.engine.strategy import build_strategy
+    from oxrl.training.build import build_strategy
 
     strategy = build_strategy(cfg)
     with claimed_run(cfg, strategy) as (cfg, run_dir):

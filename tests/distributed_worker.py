@@ -17,7 +17,8 @@ import torch
 
 from oxrl.config.schema import Config
 from oxrl.data.types import Example, Sequence
-from oxrl.engine.strategy import Strategy, build_strategy
+from oxrl.training.build import build_strategy
+from oxrl.training.strategy import Strategy
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.reference import FrozenModel
@@ -104,7 +105,7 @@ def probe_logits(model) -> list:
 
 def grpo_update(cfg: Config, strategy: Strategy) -> dict:
     """One `update` (rl.epochs = 2 optimizer steps) on fixed rollouts; advantages of two estimators."""
-    from oxrl.engine.optim import build_optimizer, build_scheduler
+    from oxrl.training.optim import build_optimizer, build_scheduler
     from oxrl.loops.rl import Rollouts, global_outcome_advantages, score_logprobs, update
     from oxrl.loops.rl_presets import resolve
 
@@ -138,7 +139,8 @@ def rl_config(out: Path, strategy: dict | None = None) -> Config:
 
 def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
     """train_rl end to end: sampling from the FSDP2-sharded policy (synced decoding), gathered advantages."""
-    from oxrl.loops.rl import RLPromptBatch, train_rl
+    from oxrl.data.types import RLPromptBatch
+    from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
@@ -206,7 +208,7 @@ def train_with_a_nan_step(cfg: Config, run_dir: Path) -> dict:
     """SFT where rank 1 alone gets NaN losses at step 2 (2 micro-batches per rank per step): every rank
     must skip that update, and the run goes on."""
     from oxrl.algorithms.output import LossOutput
-    from oxrl.loops.objectives import Objective
+    from oxrl.loops.objective import Objective
 
     import itertools
 
@@ -282,7 +284,7 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if na
 
 
 def main() -> None:
-    from oxrl.engine import distributed
+    from oxrl.training import distributed
 
     torch.set_num_threads(1)
     name, out = sys.argv[1], Path(sys.argv[2])

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from oxrl.config.schema import Config
-from oxrl.engine import distributed
-from oxrl.engine.run_dir import RunDirError
-from oxrl.engine.strategy import build_strategy
+from oxrl.training import distributed
+from oxrl.training.run_dir import RunDirError
+from oxrl.training.build import build_strategy
 from oxrl.runner import claimed_run
 
 

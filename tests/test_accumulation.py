@@ -2,7 +2,7 @@
 
 import torch
 
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import run_micro_batches
 from tests.test_packing import _examples

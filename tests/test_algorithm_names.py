@@ -76,8 +76,9 @@ def test_sgrpo_is_grpo_with_the_papers_kl_term_and_grpo_has_none(tmp_path):
 
 
 def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
-    from oxrl.engine.strategy import SingleDevice
-    from oxrl.loops.rl import RLPromptBatch, train_rl
+    from oxrl.training.strategy import SingleDevice
+    from oxrl.data.types import RLPromptBatch
+    from oxrl.loops.rl import train_rl
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
     from tests.conftest import make_tiny_llama

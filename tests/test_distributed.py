@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from oxrl.data.sampler import balanced_split
-from oxrl.engine.strategy import SingleDevice, resolve_strategy_name
+from oxrl.training.build import resolve_strategy_name
+from oxrl.training.strategy import SingleDevice
 from tests import distributed_worker as worker
 from tests.conftest import make_tiny_llama
 
@@ -80,7 +81,7 @@ def test_strategy_auto_is_fsdp2_only_with_several_processes():
 
 
 def test_sharded_strategy_without_torchrun_names_the_fix(tmp_path, monkeypatch):
-    from oxrl.engine.strategy import build_strategy
+    from oxrl.training.build import build_strategy
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match="torchrun"):
@@ -89,7 +90,7 @@ def test_sharded_strategy_without_torchrun_names_the_fix(tmp_path, monkeypatch):
 
 def test_deepspeed_config_follows_ours_and_merges_the_override(tmp_path):
     from oxrl.config.schema import StrategyConfig, TrainConfig
-    from oxrl.engine.deepspeed_strategy import deepspeed_config
+    from oxrl.training.deepspeed_strategy import deepspeed_config
 
     override = tmp_path / "ds.json"
     override.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1000}, "gradient_clipping": 0.5}))

@@ -10,9 +10,10 @@ import torch
 
 from oxrl.algorithms.logprobs import forward_logits, token_logprobs_from_logits
 from oxrl.data.types import pack
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
-from oxrl.loops.rl import RLPromptBatch, train_rl
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl import train_rl
 from oxrl.loops.rl_presets import resolve
 from oxrl.loops.sl import train_offline
 from oxrl.rewards.combine import build_reward_fn

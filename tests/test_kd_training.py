@@ -6,7 +6,7 @@ import torch
 
 from oxrl.config.schema import ModelConfig, PreferenceConfig
 from oxrl.data.types import Example, Sequence, pack
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import run_micro_batches, train_offline
 from oxrl.models.reference import FrozenModel, load_teacher

@@ -3,7 +3,7 @@
 import torch
 
 from oxrl.config.schema import LoraConfig
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.lora import add_lora

@@ -8,8 +8,9 @@ import torch
 
 from oxrl.config.load import ConfigError, load_config
 from oxrl.config.schema import Config
-from oxrl.engine.strategy import SingleDevice
-from oxrl.loops.rl import RLPromptBatch, collect, score_logprobs, train_rl
+from oxrl.training.strategy import SingleDevice
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl import collect, score_logprobs, train_rl
 from oxrl.loops.rl_batch import completion_example
 from oxrl.loops.rl_presets import resolve
 from oxrl.rollout.base import Completion, SamplingParams

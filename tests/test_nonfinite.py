@@ -14,11 +14,12 @@ from safetensors.torch import load_file
 
 from oxrl.algorithms.output import LossOutput
 from oxrl.config.schema import OptimConfig, StrategyConfig, TrainConfig
-from oxrl.engine.distributed import DistEnv
-from oxrl.engine.nonfinite import NonFiniteError
-from oxrl.engine.optim import build_optimizer, build_scheduler
-from oxrl.engine.strategy import SingleDevice
-from oxrl.loops.objectives import Objective, get_objective
+from oxrl.training.distributed import DistEnv
+from oxrl.training.nonfinite import NonFiniteError
+from oxrl.training.optim import build_optimizer, build_scheduler
+from oxrl.training.strategy import SingleDevice
+from oxrl.loops.objective import Objective
+from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.hf import HFEngine
@@ -181,17 +182,17 @@ class FakeDeepSpeedEngine:
 
 
 def test_deepspeed_counts_the_steps_it_skipped_and_stops_when_it_applied_a_nan_loss():
-    from oxrl.engine.deepspeed_strategy import DeepSpeedStrategy
+    from oxrl.training.deepspeed_strategy import DeepSpeedStrategy
 
     strategy = DeepSpeedStrategy(DistEnv(0, 0, 1, torch.device("cpu")), StrategyConfig(name="deepspeed"),
                                  TrainConfig(max_nonfinite_steps=2))
     assert strategy.config["bf16"]["check_grad_overflow"] is True  # ZeRO skips non-finite norms in bf16 too
-    strategy.engine = FakeDeepSpeedEngine(applied=True, grad_norm=0.5)
+    strategy.ds_engine = FakeDeepSpeedEngine(applied=True, grad_norm=0.5)
     assert strategy.step(loss=1.0, step=1) == 0.5 and strategy.nonfinite.skipped == 0
-    strategy.engine = FakeDeepSpeedEngine(applied=False, grad_norm=math.inf)  # ZeRO's overflow skip
+    strategy.ds_engine = FakeDeepSpeedEngine(applied=False, grad_norm=math.inf)  # ZeRO's overflow skip
     strategy.step(loss=NAN, step=2)
     assert (strategy.nonfinite.skipped, strategy.nonfinite.consecutive) == (1, 1)
-    strategy.engine = FakeDeepSpeedEngine(applied=True, grad_norm=0.5)  # a NaN loss whose update went through
+    strategy.ds_engine = FakeDeepSpeedEngine(applied=True, grad_norm=0.5)  # a NaN loss whose update went through
     with pytest.raises(NonFiniteError, match="step 3.*DeepSpeed applied the update"):
         strategy.step(loss=NAN, step=3)
 

@@ -9,7 +9,7 @@ import torch
 from oxrl.algorithms.preference import PreferenceInput, PreferenceParams, dpo_loss
 from oxrl.config.schema import Config
 from oxrl.data.types import Example, Sequence, pack
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.preference_objectives import mismatched_pairs
 from oxrl.loops.sl import run_micro_batches, train_offline

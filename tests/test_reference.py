@@ -9,7 +9,7 @@ import torch
 
 from oxrl.config.schema import Config, LoraConfig
 from oxrl.data.types import pack
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.lora import add_lora

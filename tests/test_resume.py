@@ -5,7 +5,7 @@ import json
 import torch
 
 from oxrl.data.sampler import StepSampler
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from tests.conftest import make_tiny_llama
@@ -64,7 +64,7 @@ def test_sampler_sees_the_same_data_in_the_same_order_across_epochs():
 
 def test_a_resume_trains_with_the_configured_lr_and_weight_decay(tmp_path):
     """The checkpoint supplies the schedule's position; the config its peak lr, shape and AdamW settings."""
-    from oxrl.engine.optim import lr_factor
+    from oxrl.training.optim import lr_factor
 
     cfg = tiny_config(tmp_path, max_steps=4, optim={"lr": 1e-3, "schedule": "cosine", "warmup_steps": 1})
     cfg.checkpoint.every = 2

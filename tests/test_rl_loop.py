@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from oxrl.config.schema import Config
-from oxrl.engine.strategy import SingleDevice
-from oxrl.loops.rl import OffPolicyError, RLPromptBatch, train_rl
+from oxrl.training.strategy import SingleDevice
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl import OffPolicyError, train_rl
 from oxrl.loops.rl_presets import resolve
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.hf import HFEngine

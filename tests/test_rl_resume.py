@@ -50,8 +50,9 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False):
     """GRPO on the tiny model and the `share_of_sevens` reward of tests/test_rl_loop.py, in this process."""
     import torch
 
-    from oxrl.engine.strategy import SingleDevice
-    from oxrl.loops.rl import RLPromptBatch, train_rl
+    from oxrl.training.strategy import SingleDevice
+    from oxrl.data.types import RLPromptBatch
+    from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_presets import resolve
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine

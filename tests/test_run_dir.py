@@ -17,11 +17,11 @@ import torch
 from oxrl.cli import main
 from oxrl.config.load import ConfigError, load_config
 from oxrl.config.schema import Config
-from oxrl.engine.checkpoint import latest_checkpoint, step_of
-from oxrl.engine.folders import OutputWriteError, as_write_error
-from oxrl.engine.optim import lr_factor
-from oxrl.engine.run_dir import config_changes
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.checkpoint import latest_checkpoint, step_of
+from oxrl.training.folders import OutputWriteError, as_write_error
+from oxrl.training.optim import lr_factor
+from oxrl.training.run_dir import config_changes
+from oxrl.training.strategy import SingleDevice
 from oxrl.runner import claimed_run
 from tests.test_runner import _write_config, tiny_model_dir  # noqa: F401 (a fixture)
 
@@ -58,7 +58,7 @@ def test_a_second_process_on_a_locked_run_directory_fails_naming_the_holder(tmp_
     run = tmp_path / "runs" / "tiny"
     run.mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from oxrl.engine.run_dir import RunLock; "
+        [sys.executable, "-c", "import sys; from oxrl.training.run_dir import RunLock; "
          f"RunLock({str(run)!r}).acquire(); print('locked', flush=True); sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

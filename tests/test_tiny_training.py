@@ -4,7 +4,7 @@ import torch
 
 from oxrl.config.schema import Config
 from oxrl.data.types import Example, Sequence
-from oxrl.engine.strategy import SingleDevice
+from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from tests.conftest import make_tiny_llama

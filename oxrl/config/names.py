@@ -8,6 +8,7 @@ at import that they implement exactly these names, so a name cannot be valid in 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 
 SUPERVISED = ("sft", "cpt")
 PREFERENCE = ("dpo", "rdpo", "hinge", "ipo", "simpo", "orpo", "kto")
@@ -47,3 +48,15 @@ def unknown_algorithm_message(name: str, family: str = "algorithm", valid: tuple
     hint = f" Did you mean `{close[0]}`?" if close else ""
     groups = "; ".join(f"{group}: {', '.join(names)}" for group, names in ALGORITHM_GROUPS.items())
     return f"unknown {family} `{name}`.{hint} Valid names: {groups}"
+
+
+# Each tracker is named after its package and its extra (`pip install 'oxrl[wandb]'`); TensorBoard is
+# written through `torch.utils.tensorboard`, which needs the `tensorboard` package.
+TRACKERS = ("mlflow", "tensorboard", "wandb")
+
+
+def check_trackers(names: list[str]) -> None:
+    """A ValueError naming the trackers in `names` whose package is not installed (a lookup, no import)."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"tracker package not installed: {', '.join(missing)} (pip install 'oxrl[{','.join(missing)}]')")

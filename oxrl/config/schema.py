@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from oxrl.config.names import RL_ALGORITHMS, canonical_algorithm
+from oxrl.config.names import RL_ALGORITHMS, TRACKERS, canonical_algorithm, check_trackers
 
 
 class Section(BaseModel):
@@ -442,7 +442,7 @@ class CheckpointConfig(Section):
 class LoggingConfig(Section):
     every: int = Field(1, gt=0, description="Log metrics every N optimizer steps.")
     progress_bar: bool = Field(True, description="Show a progress bar with loss, lr, tokens/s and ETA.")
-    report_to: list[Literal["mlflow", "tensorboard", "wandb"]] = Field(
+    report_to: list[Literal[TRACKERS]] = Field(
         default_factory=list,
         description="Experiment trackers that also get every metrics row (`metrics.jsonl` is always written), from "
         "rank 0: `mlflow` (sqlite store, see `mlflow_tracking_uri`), `tensorboard` (event files in "
@@ -473,8 +473,6 @@ class LoggingConfig(Section):
     @field_validator("report_to")
     @classmethod
     def _trackers_installed(cls, names: list[str]) -> list[str]:
-        from oxrl.logging.trackers import check_trackers
-
         if len(set(names)) < len(names):
             raise ValueError("names a tracker twice")
         check_trackers(names)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from oxrl.data.errors import DataError
 from oxrl.data.formats import _kind
+from oxrl.data.types import RLPromptBatch
 from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
 from oxrl.rewards import RewardSpec
 from oxrl.rewards.extract import last_boxed
@@ -325,3 +326,18 @@ def _reasoning_gym(
     train = [to_prompt(entry, row) for row, entry in enumerate(train_entries, start=1)]
     validation = [to_prompt(entry, row) for row, entry in enumerate(validation_entries, start=1)]
     return train, validation
+
+
+def encode_prompts(prompts: list[RLPrompt], tokenizer) -> RLPromptBatch:
+    """Token ids of each prompt, ready for generation (chat template + generation header)."""
+    ids, texts = [], []
+    for prompt in prompts:
+        if prompt.messages is not None and tokenizer.chat_template:
+            ids.append(list(tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=True)["input_ids"]))
+            texts.append(prompt.messages[-1]["content"])
+        else:
+            text = prompt.prompt if prompt.prompt is not None else "\n".join(m["content"] for m in prompt.messages)
+            ids.append(tokenizer(text)["input_ids"])
+            texts.append(text)
+    return RLPromptBatch(ids, texts, [p.fields for p in prompts], [p.origin for p in prompts])

@@ -111,3 +111,14 @@ def pack(examples: list[Example]) -> PackedBatch:
         fields=fields,
         num_examples=len(examples),
     )
+
+
+@dataclass
+class RLPromptBatch:
+    """RL prompts ready for a rollout engine: token ids (chat template and generation header applied),
+    the text the rewards see, each row's other fields (e.g. `answer`) and where it came from (file:row)."""
+
+    prompt_ids: list[list[int]]
+    prompt_texts: list[str]
+    fields: list[dict]
+    origins: list[str]

@@ -87,8 +87,8 @@ class EvalResult:
 def model_location(name: str) -> tuple[str, Path | None]:
     """(the model MODEL names, the run directory it names or None). A run directory is a folder with run
     outputs and no config.json: its `final/` model, else its latest complete checkpoint."""
-    from oxrl.engine.checkpoint import latest_checkpoint
-    from oxrl.engine.run_dir import holds_run
+    from oxrl.training.checkpoint import latest_checkpoint
+    from oxrl.training.run_dir import holds_run
     from oxrl.models.load import ModelNotFoundError
 
     path = Path(name).expanduser()
@@ -156,7 +156,7 @@ def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple
 
 def evaluate_models(request: EvalRequest) -> EvalResult:
     """Check every input, then evaluate MODEL (and the baseline) on the same prompts; rows to `request.out`."""
-    from oxrl.engine.strategy import build_strategy
+    from oxrl.training.build import build_strategy
     from oxrl.loops.rl_setup import reward_function
     from oxrl.models.load import resolve_source
     from oxrl.rollout.build import check_engine
@@ -191,14 +191,15 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
 
 def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
     from oxrl.loops.rl import sample_and_score, sampling_params
-    from oxrl.loops.rl_setup import encode, environment
+    from oxrl.data.rl_tasks import encode_prompts
+    from oxrl.loops.rl_setup import environment
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.build import build_engine
     from oxrl.runner import set_seed
 
     tokenizer = load_tokenizer(cfg.model)
     env = environment(cfg.rl, tokenizer)
-    batch = encode(prompts, tokenizer)
+    batch = encode_prompts(prompts, tokenizer)
     model = load_model(cfg.model, strategy.device).requires_grad_(False)
     engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     passes = {"greedy": sampling_params(cfg.rl, greedy=True)}

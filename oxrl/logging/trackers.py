@@ -3,13 +3,12 @@
 Each goes through its own library, imported only when the config asks for it (importing them takes
 seconds), and does three things: record the flattened config once, log every metrics row at its
 step, and close - marking the run failed when an exception is on its way out, as in the loops'
-`finally` blocks. Only rank 0 opens them (`MetricsLogger(enabled=...)`). `check_trackers` finds a
+`finally` blocks. Only rank 0 opens them (`MetricsLogger(enabled=...)`). `oxrl.config.names.check_trackers` finds a
 missing package when the config is validated, before any model loads.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -17,26 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oxrl.config.load import flatten
+from oxrl.config.names import TRACKERS
+from oxrl.training.run_dir import mlflow_tracking_uri
 
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
-
-# Each tracker is named after its package and its extra (`pip install 'oxrl[wandb]'`); TensorBoard is
-# written through `torch.utils.tensorboard`, which needs the `tensorboard` package.
-TRACKERS = ("mlflow", "tensorboard", "wandb")
-
 
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     def close(self, failed: bool) -> None: ...
-
-
-def check_trackers(names: list[str]) -> None:
-    """A ValueError naming the trackers in `names` whose package is not installed (a lookup, no import)."""
-    missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ValueError(f"tracker package not installed: {', '.join(missing)} (pip install 'oxrl[{','.join(missing)}]')")
 
 
 def tracker_name(key: str) -> str:
@@ -53,8 +42,7 @@ def open_trackers(config: Config, run_dir: Path, start_step: int) -> list[Tracke
     try:
         for tracker in settings.report_to:
             if tracker == "mlflow":
-                uri = settings.mlflow_tracking_uri or f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"
-                opened.append(MLflowTracker(uri, settings.project, name, params))
+                opened.append(MLflowTracker(mlflow_tracking_uri(config, run_dir), settings.project, name, params))
             elif tracker == "tensorboard":
                 opened.append(TensorBoardTracker(run_dir / "tensorboard", params, start_step))
             else:

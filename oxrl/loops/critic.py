@@ -19,7 +19,7 @@ from oxrl.algorithms.advantages import gae, place_outcome_reward, whiten
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import micro_batches
-from oxrl.engine.nonfinite import NonFiniteGuard, is_finite
+from oxrl.training.nonfinite import NonFiniteGuard, is_finite
 from oxrl.data.types import pack
 from oxrl.loops.rl_batch import completion_example, completion_index, pad_rows
 from oxrl.rollout.base import Completion
@@ -113,7 +113,7 @@ def critic_step(rl: RLConfig, critic, optimizer, completions: list[Completion], 
                 returns: list[torch.Tensor], micro_size: int, guard: NonFiniteGuard | None = None,
                 step: int | None = None) -> dict[str, float]:
     """One optimizer step of the critic over the given completions (token-mean over all of them).
-    A non-finite loss or gradient norm skips the update, counted by `guard` (see oxrl/engine/nonfinite.py)."""
+    A non-finite loss or gradient norm skips the update, counted by `guard` (see oxrl/training/nonfinite.py)."""
     guard = guard if guard is not None else NonFiniteGuard(subject="critic")
     device = next(critic.parameters()).device
     normaliser = float(sum(c.num_sampled for c in completions))

@@ -1,15 +1,10 @@
-"""Offline objectives: how a packed micro-batch becomes the input of a pure loss function.
-
-An `Objective` says what its loss is normalised by (`count_units`: trained tokens, pairs, ...)
-and how to compute it (`compute`: forward pass(es) -> pure loss from `oxrl.algorithms`). The
-loop sums `count_units` over the whole optimizer step (all micro-batches, all ranks) and passes
-that total as the normaliser, which makes gradient accumulation and data parallelism exact.
-New objectives register here; the loop does not change.
+"""Every offline objective by name: the token objectives (SFT, CPT) defined here, and the preference,
+KTO, reward-model and distillation ones of preference_objectives.py. The interface is objective.py;
+new objectives register here and the loop (sl.py) does not change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -19,14 +14,8 @@ from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
 from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, SUPERVISED, unknown_algorithm_message
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import PackedBatch
-
-
-@dataclass
-class Objective:
-    name: str
-    count_units: Callable[[PackedBatch], int]
-    compute: Callable[..., LossOutput]  # (model, batch, normaliser, reference=None) -> LossOutput
-    needs_reference: bool = False
+from oxrl.loops.objective import Objective
+from oxrl.loops.preference_objectives import preference_objectives
 
 
 def _sequence_mask(batch: PackedBatch) -> torch.Tensor:
@@ -54,8 +43,6 @@ assert tuple(OBJECTIVES) == SUPERVISED, "keep oxrl.config.names.SUPERVISED in st
 def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Objective]:
     """The token objectives above plus the preference / KTO / RM / KD ones, built with `preference`'s
     hyper-parameters (defaults when None)."""
-    from oxrl.loops.preference_objectives import preference_objectives  # late: it imports `Objective` from here
-
     return {**OBJECTIVES, **preference_objectives(preference)}
 
 

@@ -34,7 +34,7 @@ from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
 from oxrl.config.names import DISTILLATION, PREFERENCE, REWARD_MODEL
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
-from oxrl.loops.objectives import Objective
+from oxrl.loops.objective import Objective
 from oxrl.models.reward_model import sequence_scores
 
 # Objective name -> the `oxrl.algorithms.distill` loss it trains.

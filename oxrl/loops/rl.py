@@ -35,29 +35,21 @@ from oxrl.algorithms.advantages import compute_advantages
 from oxrl.algorithms.policy_loss import PolicyLossInput, local_normaliser, policy_loss
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.sampler import StepSampler, micro_batches, split_for_rank
-from oxrl.data.types import pack
-from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard
-from oxrl.engine.optim import build_optimizer, build_scheduler
+from oxrl.data.types import RLPromptBatch, pack
+from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard
+from oxrl.training.optim import build_optimizer, build_scheduler
+from oxrl.training.run_dir import resume_path
 from oxrl.evaluation.metrics import accuracy_of, summarise
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import critic_step, gae_advantages, score_values
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums, sampled_logprobs
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_presets import advantage_params, loss_params
-from oxrl.loops.sl import _resume_path
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.multiturn import Environment, run_episodes
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RLPromptBatch:
-    prompt_ids: list[list[int]]
-    prompt_texts: list[str]
-    fields: list[dict]
-    origins: list[str]
 
 
 @dataclass
@@ -349,7 +341,7 @@ def train_rl(cfg: Config, rl: RLConfig, model, tokenizer, engine, reward_fn, tra
     if strategy.world_size > 1:
         torch.manual_seed(cfg.run.seed + strategy.rank)  # weights are in sync already; samples must differ per rank
     start_step = 0
-    resume_from = _resume_path(cfg, run_dir)
+    resume_from = resume_path(cfg, run_dir)
     if resume_from is not None:
         state = strategy.load_checkpoint(resume_from)
         start_step = state["step"]

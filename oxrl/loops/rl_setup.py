@@ -6,7 +6,6 @@ import logging
 
 from oxrl.config.schema import Config, DatasetSpec, RLConfig
 from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, default_reward_specs, generate_rl_prompts, read_rl_prompts
-from oxrl.loops.rl import RLPromptBatch
 from oxrl.rewards.combine import RewardSpec, build_reward_fn
 from oxrl.rollout.multiturn import Environment, load_environment
 
@@ -87,18 +86,3 @@ def environment(rl: RLConfig, tokenizer) -> Environment | None:
     env = load_environment(rl.env.path, rl.env.max_turns, tokenizer)
     logger.info("environment: %s, at most %d turns per episode", env.reference, env.max_turns)
     return env
-
-
-def encode(prompts: list[RLPrompt], tokenizer) -> RLPromptBatch:
-    """Token ids of each prompt, ready for generation (chat template + generation header)."""
-    ids, texts = [], []
-    for prompt in prompts:
-        if prompt.messages is not None and tokenizer.chat_template:
-            ids.append(list(tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)["input_ids"]))
-            texts.append(prompt.messages[-1]["content"])
-        else:
-            text = prompt.prompt if prompt.prompt is not None else "\n".join(m["content"] for m in prompt.messages)
-            ids.append(tokenizer(text)["input_ids"])
-            texts.append(text)
-    return RLPromptBatch(ids, texts, [p.fields for p in prompts], [p.origin for p in prompts])

@@ -24,10 +24,10 @@ import torch
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
 from oxrl.data.types import Example, pack
-from oxrl.engine.optim import build_optimizer, build_scheduler
-from oxrl.engine.run_dir import resume_checkpoint
+from oxrl.training.optim import build_optimizer, build_scheduler
+from oxrl.training.run_dir import resume_path
 from oxrl.logging.metrics import MetricsLogger
-from oxrl.loops.objectives import Objective
+from oxrl.loops.objective import Objective
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
     model.train()
 
     start_step, tokens_seen = 0, 0
-    resume_from = _resume_path(cfg, run_dir)
+    resume_from = resume_path(cfg, run_dir)
     if resume_from is not None:
         state = strategy.load_checkpoint(resume_from)
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
@@ -140,9 +140,3 @@ def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy) -> None:
     strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen, **strategy.nonfinite.state_dict()},
                              keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
 
-
-def _resume_path(cfg: Config, run_dir: Path) -> Path | None:
-    found = resume_checkpoint(cfg.run.resume, run_dir)
-    if cfg.run.resume is True and found is None:
-        logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
-    return found

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from oxrl.engine.nonfinite import HINT, NonFiniteError
+from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 
 

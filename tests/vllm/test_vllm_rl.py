@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from oxrl.config.schema import Config
-from oxrl.engine.strategy import SingleDevice
-from oxrl.loops.rl import RLPromptBatch, train_rl
+from oxrl.training.strategy import SingleDevice
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl import train_rl
 from oxrl.loops.rl_presets import resolve
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.build import VLLM_INSTALL_HINT

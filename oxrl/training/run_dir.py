@@ -35,8 +35,8 @@ import yaml
 
 from oxrl.config.load import flatten
 from oxrl.config.schema import Config
-from oxrl.engine.checkpoint import latest_checkpoint, list_checkpoints, step_of
-from oxrl.engine.folders import OutputWriteError
+from oxrl.training.checkpoint import latest_checkpoint, list_checkpoints, step_of
+from oxrl.training.folders import OutputWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,19 @@ def resume_checkpoint(resume: bool | str, run_dir: Path) -> Path | None:
     if resume is True:
         return latest_checkpoint(run_dir)  # None: nothing saved yet, the run starts from scratch
     return Path(resume)
+
+
+def resume_path(cfg: Config, run_dir: Path) -> Path | None:
+    """The checkpoint this run continues from (`run.resume`), or None to start from scratch."""
+    found = resume_checkpoint(cfg.run.resume, run_dir)
+    if cfg.run.resume is True and found is None:
+        logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
+    return found
+
+
+def mlflow_tracking_uri(cfg: Config, run_dir: Path) -> str:
+    """`logging.mlflow_tracking_uri`, or one SQLite store beside the runs of `run.output_dir`."""
+    return cfg.logging.mlflow_tracking_uri or f"sqlite:///{Path(run_dir).resolve().parent / 'mlflow.db'}"
 
 
 class RunLock:

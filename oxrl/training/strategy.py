@@ -1,11 +1,11 @@
-"""The training-strategy interface every loop uses, the single-device implementation, and the factory.
+"""The training-strategy interface every loop uses and the single-device implementation (the factory: build.py).
 
 A loop calls `prepare` once (and uses the model it returns), `backward(loss)` per micro-batch,
 `step()` per optimizer step and `all_reduce_sum()` to turn local counts into global ones (for
 loss normalisation). Checkpoints and the final Hugging Face folder are written through the
 strategy, because sharded state must be saved by every rank. The loop never knows whether it
-runs on one device, under FSDP2 (oxrl/engine/fsdp.py) or under DeepSpeed ZeRO
-(oxrl/engine/deepspeed_strategy.py).
+runs on one device, under FSDP2 (oxrl/training/fsdp.py) or under DeepSpeed ZeRO
+(oxrl/training/deepspeed_strategy.py).
 
 Gradient reduction across ranks SUMS: a loop's loss is already divided by the GLOBAL
 normaliser (all ranks' tokens, pairs, ...), so the step's gradient is the sum of every rank's
@@ -14,7 +14,7 @@ world size to undo that average (a reduce op of SUM is not available on every ba
 has no PREMUL_SUM). Hence 1 rank == N ranks, up to float rounding.
 
 A step whose loss or gradient norm is inf/NaN is skipped on every rank alike (see
-oxrl/engine/nonfinite.py), and no checkpoint or final folder is written from weights holding
+oxrl/training/nonfinite.py), and no checkpoint or final folder is written from weights holding
 inf/NaN: `NonFiniteError` stops the run instead, leaving the last good checkpoint as it was.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from oxrl.engine import distributed
-from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
+from oxrl.training import distributed
+from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Strategy:
 
         `loss` is the step's global loss (the same on every rank) and `step` the loop's step number,
         for messages. A non-finite loss or gradient norm skips the optimizer update (the schedule
-        still advances); too many in a row raise `NonFiniteError` (oxrl/engine/nonfinite.py).
+        still advances); too many in a row raise `NonFiniteError` (oxrl/training/nonfinite.py).
         """
         norm = self.clip_gradients()
         updated = self.update_allowed(loss, norm, step)
@@ -186,14 +186,14 @@ class SingleDevice(Strategy):
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
                         lora_save: str = "merged") -> Path | None:
-        from oxrl.engine.checkpoint import save_checkpoint
+        from oxrl.training.checkpoint import save_checkpoint
 
         self.check_finite_weights(f"checkpoint step {step}")
         return save_checkpoint(run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, trainer_state,
                                keep_last=keep_last, lora_save=lora_save)
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
-        from oxrl.engine.checkpoint import load_checkpoint
+        from oxrl.training.checkpoint import load_checkpoint
 
         return load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
 
@@ -230,8 +230,8 @@ class MultiProcessStrategy(Strategy):
         import json
         import shutil
 
-        from oxrl.engine.checkpoint import partial_and_final_dirs, publish_checkpoint, save_rng_state
-        from oxrl.engine.folders import writing_folder
+        from oxrl.training.checkpoint import partial_and_final_dirs, publish_checkpoint, save_rng_state
+        from oxrl.training.folders import writing_folder
 
         self.check_finite_weights(f"checkpoint step {step}")
         tmp, final = partial_and_final_dirs(run_dir, step)
@@ -256,7 +256,7 @@ class MultiProcessStrategy(Strategy):
         return final if self.is_main else None
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
-        from oxrl.engine.checkpoint import ConfiguredSchedule, load_rng_state, read_trainer_state, restore_configured
+        from oxrl.training.checkpoint import ConfiguredSchedule, load_rng_state, read_trainer_state, restore_configured
 
         checkpoint = Path(checkpoint)
         trainer_state = read_trainer_state(checkpoint)
@@ -271,39 +271,3 @@ class MultiProcessStrategy(Strategy):
         load_rng_state(state_dir, self.rank)
         logger.info("resumed from %s", checkpoint)
         return trainer_state
-
-
-STRATEGIES = ("auto", "single", "fsdp2", "deepspeed")
-
-
-def resolve_strategy_name(name: str, world_size: int) -> str:
-    """`auto`: FSDP2 when several processes were launched, else a single device."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy.name {name!r}; valid: {', '.join(STRATEGIES)}")
-    if name == "auto":
-        return "fsdp2" if world_size > 1 else "single"
-    return name
-
-
-def build_strategy(cfg) -> Strategy:
-    """The strategy of `cfg.strategy` for this process (joins torchrun's process group when launched by it)."""
-    launched = distributed.launched_world_size()
-    name = resolve_strategy_name(cfg.strategy.name, launched)
-    if name == "single" and launched > 1:
-        raise ValueError(f"strategy.name `single` trains in one process, but {launched} were launched: "
-                         "use `fsdp2` or `deepspeed` (or `auto`)")
-    if name != "single" and cfg.lora.enabled:
-        raise ValueError(f"LoRA under strategy `{name}` is not supported yet: train LoRA in one process, or set lora.enabled: false")
-    env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
-                                       timeout_s=cfg.strategy.collective_timeout_s)
-    if name == "single":
-        return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
-                            cfg.train.max_nonfinite_steps)
-    if name == "fsdp2":
-        from oxrl.engine.fsdp import FSDP2Strategy
-
-        return FSDP2Strategy(env, cfg.strategy, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
-                             cfg.train.max_nonfinite_steps)
-    from oxrl.engine.deepspeed_strategy import DeepSpeedStrategy
-
-    return DeepSpeedStrategy(env, cfg.strategy, cfg.train)

@@ -8,7 +8,7 @@ in fp32; the stored parameters keep `model.dtype`. Activation checkpointing is t
 (`model.gradient_checkpointing`), applied before sharding; a recomputed layer gathers its weights
 again.
 
-Checkpoints (see oxrl/engine/checkpoint.py for the folder): the HF folder is written by rank 0
+Checkpoints (see oxrl/training/checkpoint.py for the folder): the HF folder is written by rank 0
 from a full state dict gathered to its CPU; the resumable state is a sharded torch DCP checkpoint
 of model + optimizer in `training_state/sharded/`, written and read by every rank (so the run
 folder must be on a file system every node sees), plus the scheduler and every rank's RNG.
@@ -32,9 +32,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from oxrl.config.schema import StrategyConfig
-from oxrl.engine.distributed import DistEnv
-from oxrl.engine.nonfinite import NonFiniteGuard
-from oxrl.engine.strategy import MultiProcessStrategy
+from oxrl.training.distributed import DistEnv
+from oxrl.training.nonfinite import NonFiniteGuard
+from oxrl.training.strategy import MultiProcessStrategy
 from oxrl.models.save import no_progress_bars
 
 logger = logging.getLogger(__name__)

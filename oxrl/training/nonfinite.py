@@ -1,7 +1,7 @@
 """Non-finite training steps: skipped, counted, and fatal when they repeat.
 
 A step whose loss or gradient norm is inf or NaN never reaches the weights: the strategy zeroes
-the gradients instead of stepping the optimizer (oxrl/engine/strategy.py). The learning-rate
+the gradients instead of stepping the optimizer (oxrl/training/strategy.py). The learning-rate
 schedule still advances, so that its position stays tied to the step count: a resumed run, or a
 run compared with another, sits at the same point of the schedule whatever was skipped.
 

@@ -7,14 +7,14 @@
         adapter.safetensors                   LoRA only: the exact trainable adapter weights
         rng_rank1.pt, rng_rank1.json, ...     multi-process runs: the RNG of every other rank
         sharded/ or deepspeed/                multi-process runs: model and optimizer shards, written
-                                              by every rank (oxrl/engine/fsdp.py, deepspeed_strategy.py)
+                                              by every rank (oxrl/training/fsdp.py, deepspeed_strategy.py)
 
 A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
-never shadows the previous good one; a failed save removes its temporary folder (oxrl/engine/folders.py).
+never shadows the previous good one; a failed save removes its temporary folder (oxrl/training/folders.py).
 
 On resume the schedule's POSITION comes from the checkpoint and its VALUES from the config: the
 learning rate, schedule shape and optimizer hyper-parameters the loop built from the (possibly
-changed, see oxrl/engine/run_dir.py) config replace the saved ones (`restore_configured`).
+changed, see oxrl/training/run_dir.py) config replace the saved ones (`restore_configured`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from oxrl.engine.folders import publish_folder, writing_folder
+from oxrl.training.folders import publish_folder, writing_folder
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
 

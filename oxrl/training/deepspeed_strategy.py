@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from oxrl.config.schema import StrategyConfig, TrainConfig
-from oxrl.engine.distributed import DistEnv
-from oxrl.engine.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
-from oxrl.engine.strategy import MultiProcessStrategy
+from oxrl.training.distributed import DistEnv
+from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
+from oxrl.training.strategy import MultiProcessStrategy
 from oxrl.models.save import no_progress_bars
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         self.config = deepspeed_config(cfg, train, self.bf16)
         self.shards_parameters = self.config["zero_optimization"]["stage"] == 3
         self.nonfinite = NonFiniteGuard(train.max_nonfinite_steps)
-        self.engine = None
+        self.ds_engine = None
         self.scheduler = None
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
@@ -96,12 +96,12 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
         import deepspeed
 
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config)
-        if self.engine.managed_gradient_accumulation():
+        self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config)
+        if self.ds_engine.managed_gradient_accumulation():
             raise RuntimeError("this DeepSpeed ignores `managed_gradient_accumulation: false` (needs deepspeed >= 0.19); "
                                "gradient accumulation would be wrong")
         self.scheduler = scheduler  # stepped here, after the engine's step (DeepSpeed is not given it)
-        return self.engine
+        return self.ds_engine
 
     def prepare_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         # Frozen models stay whole on every rank (DeepSpeed's inference sharding is not wired in).
@@ -114,7 +114,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
 
     def backward(self, loss: torch.Tensor) -> None:
         # DeepSpeed averages gradients over ranks; the loss is a share of the GLOBAL loss, so sum instead.
-        self.engine.backward(loss * self.world_size)
+        self.ds_engine.backward(loss * self.world_size)
 
     def step(self, loss: float | None = None, step: int | None = None) -> float:
         """DeepSpeed's ZeRO optimizer checks the global gradient norm itself: a non-finite one makes it
@@ -122,10 +122,10 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         without its internals, so we read the outcome after: a skipped step is counted like the other
         strategies' skips; a non-finite loss whose update was applied anyway (its gradients were finite,
         or a user config turned the check off) may have damaged the weights, and stops the run."""
-        self.engine.step()  # reduce, clip, optimizer step (unless skipped), zero the gradients
-        applied = self.engine.was_step_applied()
+        self.ds_engine.step()  # reduce, clip, optimizer step (unless skipped), zero the gradients
+        applied = self.ds_engine.was_step_applied()
         self.advance_schedule(applied)
-        raw_norm = self.engine.get_global_grad_norm()  # None when the config turns the norm off
+        raw_norm = self.ds_engine.get_global_grad_norm()  # None when the config turns the norm off
         norm = float(raw_norm) if raw_norm is not None else float("nan")
         if applied and not (is_finite(loss) and (raw_norm is None or is_finite(norm))):
             raise NonFiniteError(
@@ -138,7 +138,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
 
     def trainable_tensors(self):
         # ZeRO-3 keeps each parameter's local partition in `ds_tensor` (the parameter itself is empty).
-        return ((name, getattr(p, "ds_tensor", p)) for name, p in self.engine.module.named_parameters() if p.requires_grad)
+        return ((name, getattr(p, "ds_tensor", p)) for name, p in self.ds_engine.module.named_parameters() if p.requires_grad)
 
     def _gathered(self):
         """All of the module's parameters, whole, for the duration of the context (ZeRO-3 partitions them)."""
@@ -146,10 +146,10 @@ class DeepSpeedStrategy(MultiProcessStrategy):
             return nullcontext()
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+        return deepspeed.zero.GatheredParameters(list(self.ds_engine.module.parameters()), modifier_rank=None)
 
     def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
-        module = self.engine.module
+        module = self.ds_engine.module
         with self._gathered():
             if not self.is_main:
                 return None
@@ -163,7 +163,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         return out_dir
 
     def save_shards(self, path: Path) -> None:
-        self.engine.save_checkpoint(str(path), tag=TAG, save_latest=False)
+        self.ds_engine.save_checkpoint(str(path), tag=TAG, save_latest=False)
 
     def load_shards(self, path: Path) -> None:
-        self.engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
+        self.ds_engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False)

@@ -1,0 +1,45 @@
+"""The factory: which `Strategy` this process trains with (oxrl/training/strategy.py).
+
+It lives apart from the interface so that the implementations (fsdp.py, deepspeed_strategy.py)
+import the base class without the base module importing them back.
+"""
+
+from __future__ import annotations
+
+from oxrl.training import distributed
+from oxrl.training.strategy import SingleDevice, Strategy
+
+STRATEGIES = ("auto", "single", "fsdp2", "deepspeed")
+
+
+def resolve_strategy_name(name: str, world_size: int) -> str:
+    """`auto`: FSDP2 when several processes were launched, else a single device."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy.name {name!r}; valid: {', '.join(STRATEGIES)}")
+    if name == "auto":
+        return "fsdp2" if world_size > 1 else "single"
+    return name
+
+
+def build_strategy(cfg) -> Strategy:
+    """The strategy of `cfg.strategy` for this process (joins torchrun's process group when launched by it)."""
+    launched = distributed.launched_world_size()
+    name = resolve_strategy_name(cfg.strategy.name, launched)
+    if name == "single" and launched > 1:
+        raise ValueError(f"strategy.name `single` trains in one process, but {launched} were launched: "
+                         "use `fsdp2` or `deepspeed` (or `auto`)")
+    if name != "single" and cfg.lora.enabled:
+        raise ValueError(f"LoRA under strategy `{name}` is not supported yet: train LoRA in one process, or set lora.enabled: false")
+    env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
+                                       timeout_s=cfg.strategy.collective_timeout_s)
+    if name == "single":
+        return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
+                            cfg.train.max_nonfinite_steps)
+    if name == "fsdp2":
+        from oxrl.training.fsdp import FSDP2Strategy
+
+        return FSDP2Strategy(env, cfg.strategy, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
+                             cfg.train.max_nonfinite_steps)
+    from oxrl.training.deepspeed_strategy import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(env, cfg.strategy, cfg.train)
