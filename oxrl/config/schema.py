@@ -344,7 +344,21 @@ class RLConfig(Section):
     critic_model: str | None = Field(
         None, description="`gae` only: critic initialisation (model path); default: the policy's weights with a new value head."
     )
-    critic_lr: float = Field(1e-5, gt=0, description="`gae` only: critic learning rate (AdamW, constant).")
+    critic_backbone: Literal["separate", "shared"] = Field(
+        "separate",
+        description="`gae` only. `separate`: the critic is its own model (a copy of the policy or `critic_model` with a "
+        "value head), prepared, sharded, clipped, scheduled and checkpointed like the policy. `shared`: a value head on "
+        "the policy's own backbone; one forward pass gives log-probs and values, and the update minimises the policy "
+        "loss + `value_coef` x the value loss (half the memory; the two losses share gradients).",
+    )
+    critic_lr: float = Field(
+        1e-5, gt=0, description="`gae`, separate critic: its learning rate (the optimizer, warmup and schedule of "
+        "`train.optim`)."
+    )
+    critic_max_grad_norm: float | None = Field(
+        1.0, gt=0, description="`gae`, separate critic: clip its gradient norm to this; null: no clipping."
+    )
+    value_coef: float = Field(0.5, gt=0, description="`gae`, shared backbone: weight of the value loss in the one loss.")
     value_clip: float | None = Field(0.2, gt=0, description="`gae` only: value clipping range; null disables.")
     critic_warmup_steps: int = Field(0, ge=0, description="`gae` only: steps that train only the critic before the policy moves.")
     std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
