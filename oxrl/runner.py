@@ -94,26 +94,25 @@ def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | Non
 
 def run_rl(cfg: Config) -> RunResult:
     """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
-    from oxrl.training.build import build_strategy
     from oxrl.loops.rl_presets import resolve
     from oxrl.rollout.build import check_engine
+    from oxrl.training.build import build_strategy
 
-    rl = resolve(cfg.algorithm.name, cfg.rl)
+    cfg = cfg.model_copy(update={"rl": resolve(cfg.algorithm.name, cfg.rl)})  # the one resolved RL config
     strategy = build_strategy(cfg)
-    check_engine(rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
+    check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        return _run_rl_in(run_dir, cfg, rl, strategy)
+        return _run_rl_in(run_dir, cfg, strategy)
 
 
-def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
-    from oxrl.loops.rl import train_rl
+def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     from oxrl.data.rl_tasks import encode_prompts
+    from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_setup import environment, load_prompts, reward_function
-    from oxrl.models.load import load_model, load_tokenizer
-    from oxrl.rollout.build import build_engine
+    from oxrl.models.load import load_tokenizer
 
     started = time.monotonic()
-    device = strategy.device
+    rl = cfg.rl
     reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
     tokenizer = load_tokenizer(cfg.model)
     env = environment(rl, tokenizer)
@@ -126,25 +125,12 @@ def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
     train, val = encode_prompts(train_prompts, tokenizer), encode_prompts(val_prompts, tokenizer)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     write_config(cfg, run_dir, strategy.is_main)
-    model = load_model(cfg.model, device, cfg.lora)
-    reference = None
-    if rl.kl_coef > 0:  # beta = 0 builds no reference at all
-        reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
-    critic = None
-    if rl.advantage == "gae":
-        from oxrl.loops.critic import load_critic
-        from oxrl.loops.rl import Critic
-        from oxrl.models.load import resolve_source
-
-        critic_model = load_critic(resolve_source(rl.critic_model or cfg.model.name_or_path).path, device,
-                                   cfg.model.trust_remote_code)
-        critic = Critic(critic_model, torch.optim.AdamW(critic_model.parameters(), lr=rl.critic_lr))
-    engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env)
     try:
-        result = train_rl(cfg, rl, model, tokenizer, engine, reward_fn, train, val, strategy, run_dir, reference, critic, env)
+        result = train_rl(handles, train, val, run_dir)
         final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
     finally:
-        engine.close()
+        handles.engine.close()
         strategy.close()
     summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
     if not strategy.is_main:
@@ -159,6 +145,30 @@ def _run_rl_in(run_dir: Path, cfg: Config, rl, strategy) -> RunResult:
         write_report(run_dir, cfg, time.monotonic() - started, (result.accuracy_before, result.accuracy_after),
                      result.samples)
     return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary], **result.samples})
+
+
+def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
+    """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop."""
+    from oxrl.algorithms.advantages import NEEDS_VALUES
+    from oxrl.loops.critic import Critic
+    from oxrl.loops.rl import RLHandles
+    from oxrl.models.critic import load_critic
+    from oxrl.models.load import load_model, resolve_source
+    from oxrl.rollout.build import build_engine
+
+    rl, device = cfg.rl, strategy.device
+    model = load_model(cfg.model, device, cfg.lora)
+    reference = None
+    if rl.kl_coef > 0:  # beta = 0 builds no reference at all
+        reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
+    critic = None
+    if rl.advantage in NEEDS_VALUES:
+        source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
+        critic = Critic(load_critic(source, device, cfg.model.trust_remote_code),
+                        strategy.companion("critic", rl.critic_max_grad_norm),
+                        cfg.train.micro_batch_size_per_device, rl.value_clip)
+    engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer)
 
 
 def run(cfg: Config) -> RunResult:

@@ -88,3 +88,31 @@ def write_chat_rows(path: Path, count: int) -> Path:
 @pytest.fixture
 def tiny_llama():
     return make_tiny_llama()
+
+
+def make_tiny_critic(seed: int = 0):
+    """A tiny one-output token classifier: PPO's value model, the same backbone as `make_tiny_llama`."""
+    from transformers import LlamaForTokenClassification
+
+    config = make_tiny_llama().config
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    return LlamaForTokenClassification(config)
+
+
+def rl_handles(cfg, model, engine, reward_fn=None, strategy=None, critic_model=None, env=None, reference=None,
+               tokenizer=None):
+    """The RL loop's handles for a test: `cfg.rl` resolved, one CPU device unless `strategy` is given, and
+    a critic trained through a companion strategy when `critic_model` is given."""
+    from oxrl.loops.critic import Critic
+    from oxrl.loops.rl import RLHandles
+    from oxrl.loops.rl_presets import resolve
+    from oxrl.training.strategy import SingleDevice
+
+    cfg = cfg.model_copy(update={"rl": resolve(cfg.algorithm.name, cfg.rl)})
+    strategy = strategy if strategy is not None else SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    critic = None
+    if critic_model is not None:
+        critic = Critic(critic_model, strategy.companion("critic", cfg.rl.critic_max_grad_norm),
+                        cfg.train.micro_batch_size_per_device, cfg.rl.value_clip)
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer)

@@ -9,7 +9,7 @@ from oxrl.algorithms.advantages import (
     ADVANTAGES,
     AdvantageParams,
     broadcast_to_tokens,
-    compute_advantages,
+    outcome_advantages,
     gae,
     place_outcome_reward,
     whiten,
@@ -26,23 +26,23 @@ GROUP_3 = GROUP_IDS == 3
 def test_grpo_unbiased_std():
     # Group 7: mean 0.5, deviations +-0.5, sum of squares 4 * 0.25 = 1,
     # unbiased var 1/3, std 0.5773503 -> A = +-0.5 / 0.5773503 = +-0.8660254.
-    adv = compute_advantages("grpo", REWARDS, GROUP_IDS)
+    adv = outcome_advantages("grpo", REWARDS, GROUP_IDS)
     assert torch.allclose(adv[GROUP_7], torch.tensor([0.8660254, -0.8660254, -0.8660254, 0.8660254]), atol=1e-5)
     assert torch.equal(adv[GROUP_3], torch.zeros(4))  # equal rewards: exactly 0
 
 
 def test_grpo_biased_std_and_no_std():
     # Biased: var 1/4, std 0.5 -> A = +-1.
-    adv = compute_advantages("grpo", REWARDS, GROUP_IDS, AdvantageParams(unbiased_std=False))
+    adv = outcome_advantages("grpo", REWARDS, GROUP_IDS, AdvantageParams(unbiased_std=False))
     assert torch.allclose(adv[GROUP_7], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
     # Without std normalisation: r - mean = +-0.5.
-    adv = compute_advantages("grpo", REWARDS, GROUP_IDS, AdvantageParams(std_normalise=False))
+    adv = outcome_advantages("grpo", REWARDS, GROUP_IDS, AdvantageParams(std_normalise=False))
     assert torch.allclose(adv[GROUP_7], torch.tensor([0.5, -0.5, -0.5, 0.5]))
     assert torch.equal(adv[GROUP_3], torch.zeros(4))
 
 
 def test_dr_grpo_is_centred_reward():
-    adv = compute_advantages("dr_grpo", REWARDS, GROUP_IDS)
+    adv = outcome_advantages("dr_grpo", REWARDS, GROUP_IDS)
     assert torch.allclose(adv[GROUP_7], torch.tensor([0.5, -0.5, -0.5, 0.5]))
     assert torch.equal(adv[GROUP_3], torch.zeros(4))
 
@@ -50,7 +50,7 @@ def test_dr_grpo_is_centred_reward():
 def test_rloo_leave_one_out():
     # r = 1: others [0, 0, 1] average 1/3 -> A = 1 - 1/3 = 2/3.
     # r = 0: others [1, 0, 1] average 2/3 -> A = 0 - 2/3 = -2/3.
-    adv = compute_advantages("rloo", REWARDS, GROUP_IDS)
+    adv = outcome_advantages("rloo", REWARDS, GROUP_IDS)
     assert torch.allclose(adv[GROUP_7], torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
     assert torch.equal(adv[GROUP_3], torch.zeros(4))
 
@@ -59,39 +59,39 @@ def test_group_of_one_gets_zero():
     # Group 0 = [1, 0]; group 1 = [5] alone.
     rewards, ids = torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])
     # rloo, n = 2: 1 - 0 = 1 and 0 - 1 = -1.
-    assert torch.allclose(compute_advantages("rloo", rewards, ids), torch.tensor([1.0, -1.0, 0.0]))
+    assert torch.allclose(outcome_advantages("rloo", rewards, ids), torch.tensor([1.0, -1.0, 0.0]))
     # grpo: mean 0.5, unbiased var (0.25 + 0.25) / 1 = 0.5, std 0.7071068 -> +-0.7071068.
-    assert torch.allclose(compute_advantages("grpo", rewards, ids), torch.tensor([0.7071068, -0.7071068, 0.0]), atol=1e-5)
-    assert torch.allclose(compute_advantages("dr_grpo", rewards, ids), torch.tensor([0.5, -0.5, 0.0]))
+    assert torch.allclose(outcome_advantages("grpo", rewards, ids), torch.tensor([0.7071068, -0.7071068, 0.0]), atol=1e-5)
+    assert torch.allclose(outcome_advantages("dr_grpo", rewards, ids), torch.tensor([0.5, -0.5, 0.0]))
 
 
 def test_reinforce_pp_batch_normalisation():
     # No group baseline, rewards [1, 2, 3, 6]: batch mean 3, deviations [-2, -1, 0, 3],
     # squares 4 + 1 + 0 + 9 = 14, unbiased var 14/3, std 2.1602469.
     rewards, ids = torch.tensor([1.0, 2.0, 3.0, 6.0]), torch.tensor([0, 0, 1, 1])
-    adv = compute_advantages("reinforce_pp", rewards, ids, AdvantageParams(group_baseline=False))
+    adv = outcome_advantages("reinforce_pp", rewards, ids, AdvantageParams(group_baseline=False))
     assert torch.allclose(adv, torch.tensor([-0.9258201, -0.4629100, 0.0, 1.3887301]), atol=1e-5)
     # Group baseline first, rewards [1, 3 | 10, 14]: centred [-1, 1, -2, 2], batch mean 0,
     # squares 1 + 1 + 4 + 4 = 10, unbiased var 10/3, std 1.8257419.
     rewards = torch.tensor([1.0, 3.0, 10.0, 14.0])
-    adv = compute_advantages("reinforce_pp", rewards, ids)
+    adv = outcome_advantages("reinforce_pp", rewards, ids)
     assert torch.allclose(adv, torch.tensor([-0.5477226, 0.5477226, -1.0954451, 1.0954451]), atol=1e-5)
     # Whole batch equal: exactly 0.
-    assert torch.equal(compute_advantages("reinforce_pp", torch.full((4,), 0.3), ids), torch.zeros(4))
+    assert torch.equal(outcome_advantages("reinforce_pp", torch.full((4,), 0.3), ids), torch.zeros(4))
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_no_nan_on_equal_rewards_and_integer_rewards(name):
     ids = torch.tensor([0, 0, 0, 1, 1, 1])
-    adv = compute_advantages(name, torch.full((6,), 0.7), ids)
+    adv = outcome_advantages(name, torch.full((6,), 0.7), ids)
     assert torch.equal(adv, torch.zeros(6))
-    adv = compute_advantages(name, torch.tensor([1, 0, 1, 0, 0, 0]), ids)  # int rewards work
+    adv = outcome_advantages(name, torch.tensor([1, 0, 1, 0, 0, 0]), ids)  # int rewards work
     assert adv.is_floating_point() and torch.isfinite(adv).all()
 
 
 def test_unknown_estimator_lists_valid():
     with pytest.raises(ValueError, match=r"dr_grpo.*grpo.*reinforce_pp.*rloo"):
-        compute_advantages("ppo", REWARDS, GROUP_IDS)
+        outcome_advantages("ppo", REWARDS, GROUP_IDS)
 
 
 def test_broadcast_every_trained_token_gets_the_advantage():

@@ -136,7 +136,7 @@ def critic_log(caplog):
 def test_the_critic_loads_without_a_key_table(tmp_path, capfd, critic_log):
     """A causal LM loaded as PPO's critic: its LM head is unused and the value head new, as expected, so no
     transformers key table; one line says the value head is new, and it starts near V = 0."""
-    from oxrl.loops.critic import load_critic
+    from oxrl.models.critic import load_critic
 
     make_tiny_llama().save_pretrained(tmp_path / "policy")
     critic = load_critic(str(tmp_path / "policy"), torch.device("cpu"))
@@ -149,7 +149,7 @@ def test_the_critic_loads_without_a_key_table(tmp_path, capfd, critic_log):
 
 
 def test_the_critic_still_reports_missing_backbone_weights(tmp_path, capfd, critic_log):
-    from oxrl.loops.critic import load_critic
+    from oxrl.models.critic import load_critic
 
     model = make_tiny_llama()
     state = {k: v for k, v in model.state_dict().items() if k != "model.norm.weight"}

@@ -1,6 +1,13 @@
 """Advantage estimators: outcome (group) baselines on scalar rewards, and GAE on token rewards.
 
-Outcome estimators take one scalar reward per completion, `rewards [B]`, and
+Every estimator the RL loop can name has ONE signature, `ADVANTAGES[name](RolloutRewards,
+AdvantageParams) -> Advantages`: token rewards [B, T] (an outcome reward sits on the last sampled
+token; a per-token or process reward on its own tokens; a KL penalty on every token), the mask of
+trained tokens, the group ids and, for GAE, the critic's values. The group estimators see a
+completion's reward as the sum of its token rewards (its undiscounted return) and give every
+trained token that sequence's advantage; GAE credits each token by its discounted future rewards.
+
+The group estimators themselves take one scalar reward per completion, `rewards [B]`, and
 `group_ids [B]`: completions of the same prompt share an id. Groups may appear in any
 order and interleaved; sizes are counted per group, so unequal sizes are handled too.
 They return one advantage per completion, `[B]`; `broadcast_to_tokens` then gives
@@ -13,8 +20,8 @@ std (divide by n). A group of equal rewards carries no learning signal: its adva
 is exactly 0 (no NaN, no 1e-12 noise), with or without std normalisation. A group of
 one completion has no baseline to compare with: grpo, dr_grpo and rloo give it 0.
 
-Dispatch: `ADVANTAGES[name](AdvantageInput, AdvantageParams) -> Tensor [B]`, or
-`compute_advantages(name, ...)` which names the valid estimators on a typo.
+Dispatch: `estimate_advantages(name, RolloutRewards, AdvantageParams)`, which names the valid
+estimators on a typo; `outcome_advantages(name, rewards [B], group_ids [B])` for the scalar form.
 """
 
 from __future__ import annotations
@@ -38,6 +45,25 @@ class AdvantageParams:
     std_normalise: bool = True  # grpo only: divide by the group std (False = Dr. GRPO numerator)
     unbiased_std: bool = True  # Bessel-corrected std (n - 1), like torch.std / TRL / verl
     group_baseline: bool = True  # reinforce_pp only: subtract the group mean before batch whitening
+    gamma: float = 1.0  # gae only: discount
+    lam: float = 0.95  # gae only: lambda of the lambda-return
+    whiten_advantages: bool = True  # gae only: whiten the advantages over the batch's trained tokens
+
+
+@dataclass(frozen=True)
+class RolloutRewards:
+    """What every estimator reads: one row per completion, one column per trained position."""
+
+    token_rewards: Tensor  # [B, T] reward credited to each token (0 off-mask)
+    mask: Tensor  # [B, T] 1 on trained (sampled) tokens
+    group_ids: Tensor  # [B] integer id of the prompt each completion answers
+    values: Tensor | None = None  # [B, T] critic value of the state before each token (gae only)
+
+
+@dataclass(frozen=True)
+class Advantages:
+    advantages: Tensor  # [B, T], 0 off-mask
+    returns: Tensor | None = None  # [B, T] the critic's regression targets (gae only)
 
 
 # ----------------------------------------------------------------------------- group statistics
@@ -142,7 +168,7 @@ def reinforce_pp(inp: AdvantageInput, params: AdvantageParams = AdvantageParams(
 
 
 OutcomeEstimator = Callable[[AdvantageInput, AdvantageParams], Tensor]
-ADVANTAGES: dict[str, OutcomeEstimator] = {
+OUTCOME_ESTIMATORS: dict[str, OutcomeEstimator] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
     "rloo": rloo,
@@ -150,13 +176,13 @@ ADVANTAGES: dict[str, OutcomeEstimator] = {
 }
 
 
-def compute_advantages(
+def outcome_advantages(
     name: str, rewards: Tensor, group_ids: Tensor, params: AdvantageParams = AdvantageParams()
 ) -> Tensor:
-    """`ADVANTAGES[name]` on (rewards [B], group_ids [B]) -> [B]; unknown names raise listing the valid ones."""
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
-    return ADVANTAGES[name](AdvantageInput(rewards=rewards, group_ids=group_ids), params)
+    """`OUTCOME_ESTIMATORS[name]` on (rewards [B], group_ids [B]) -> [B]; unknown names raise listing the valid ones."""
+    if name not in OUTCOME_ESTIMATORS:
+        raise ValueError(f"unknown outcome advantage estimator {name!r}; valid: {sorted(OUTCOME_ESTIMATORS)}")
+    return OUTCOME_ESTIMATORS[name](AdvantageInput(rewards=rewards, group_ids=group_ids), params)
 
 
 # ----------------------------------------------------------------------------- token helpers
@@ -244,3 +270,43 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
         scale = selected.std() + eps
         out = (x - selected.mean()) / scale if shift_mean else x / scale
     return torch.where(trained, out, torch.zeros_like(out))
+
+
+# ----------------------------------------------------------------------------- one signature for all
+
+
+def _outcome(estimator: OutcomeEstimator) -> Callable[[RolloutRewards, AdvantageParams], Advantages]:
+    def on_tokens(inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:
+        returns = (_as_float(inp.token_rewards) * inp.mask).sum(dim=1)  # [B] each completion's return
+        scalar = estimator(AdvantageInput(rewards=returns, group_ids=inp.group_ids), params)
+        return Advantages(broadcast_to_tokens(scalar, inp.mask))
+
+    on_tokens.__doc__ = f"`{estimator.__name__}` on each completion's summed token rewards, given to all its tokens."
+    return on_tokens
+
+
+def gae_advantages(inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:
+    """GAE (arXiv:1506.02438) on the token rewards and the critic's values, whitened over the batch's
+    trained tokens when `params.whiten_advantages` (PPO for LMs, arXiv:2203.02155); the returns are
+    the critic's targets and are never whitened."""
+    if inp.values is None:
+        raise ValueError("gae needs the critic's values (RolloutRewards.values)")
+    advantages, returns = gae(_as_float(inp.token_rewards), inp.values, inp.mask, params.gamma, params.lam)
+    if params.whiten_advantages:
+        advantages = whiten(advantages, inp.mask)
+    return Advantages(advantages, returns)
+
+
+AdvantageEstimator = Callable[[RolloutRewards, AdvantageParams], Advantages]
+ADVANTAGES: dict[str, AdvantageEstimator] = {
+    **{name: _outcome(estimator) for name, estimator in OUTCOME_ESTIMATORS.items()},
+    "gae": gae_advantages,
+}
+NEEDS_VALUES = frozenset({"gae"})  # estimators that read a critic's values
+
+
+def estimate_advantages(name: str, inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:
+    """`ADVANTAGES[name]`; unknown names raise listing the valid ones."""
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
+    return ADVANTAGES[name](inp, params)

@@ -122,3 +122,7 @@ class RLPromptBatch:
     prompt_texts: list[str]
     fields: list[dict]
     origins: list[str]
+
+    def subset(self, indices: list[int]) -> RLPromptBatch:
+        return RLPromptBatch([self.prompt_ids[i] for i in indices], [self.prompt_texts[i] for i in indices],
+                             [self.fields[i] for i in indices], [self.origins[i] for i in indices])

@@ -32,6 +32,7 @@ from oxrl.algorithms.logprobs import forward_logits, sequence_sums, token_logpro
 from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, LossOutput, PreferenceInput, PreferenceParams
 from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
 from oxrl.config.names import DISTILLATION, PREFERENCE, REWARD_MODEL
+from oxrl.config.params import params_from
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.loops.objective import Objective
@@ -164,12 +165,7 @@ def _distill(name: str, params: DistillParams) -> Objective:
 def preference_objectives(cfg: PreferenceConfig | None = None) -> dict[str, Objective]:
     """Every objective of this module, with the hyper-parameters of `cfg` (default: the defaults) bound."""
     cfg = cfg or PreferenceConfig()
-    pairwise = PreferenceParams(
-        beta=cfg.beta, label_smoothing=cfg.label_smoothing, rdpo_epsilon=cfg.rdpo_epsilon,
-        simpo_gamma=cfg.simpo_gamma, orpo_lambda=cfg.orpo_lambda, ipo_length_normalise=cfg.ipo_length_normalise,
-    )
-    kto = KTOParams(beta=cfg.beta, desirable_weight=cfg.kto_desirable_weight, undesirable_weight=cfg.kto_undesirable_weight)
-    distill = DistillParams(temperature=cfg.temperature, jsd_beta=cfg.jsd_beta)
+    pairwise, kto, distill = (params_from(params, cfg) for params in (PreferenceParams, KTOParams, DistillParams))
     objectives: dict[str, Objective] = {name: _pairwise(name, pairwise) for name in PREFERENCE_LOSSES}
     objectives["kto"] = _kto(kto)
     objectives[REWARD_MODEL_OBJECTIVE] = _reward_model(cfg.rm_margin_field)

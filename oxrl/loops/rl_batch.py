@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from oxrl.algorithms.logprobs import token_logprobs
-from oxrl.data.types import Example, PackedBatch, Sequence
+from oxrl.data.sampler import micro_batches
+from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.rollout.base import Completion
 
 
@@ -58,4 +59,18 @@ def pad_rows(values: list[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros(len(values), width)
     for row, value in enumerate(values):
         out[row, : value.numel()] = value
+    return out
+
+
+@torch.no_grad()
+def score_logprobs(model, completions: list[Completion], micro_size: int, temperature: float) -> list[torch.Tensor]:
+    """Per-completion token log-probs under `model` (packed micro-batches, no grad)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    for chunk in micro_batches(completions, micro_size):
+        logprobs, _, valid = policy_rows(model, pack([completion_example(c) for c in chunk]).to(device), temperature, False)
+        out.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
+    model.train(was_training)
     return out

@@ -1,0 +1,131 @@
+"""The stages of one RL step before the update, each over the step's `Rollout`:
+
+    sample     prompts -> completions (the rollout engine; multi-turn: episodes) -> rewards
+    score      frozen log-probs of the samples: old (policy), reference, and the critic's values
+    estimate   rewards (+ KL penalty) -> token rewards -> advantages (and GAE returns), over every rank
+
+The update (oxrl/loops/rl_update.py) and the weight sync follow. Every stage reads the run's handles
+(`RLHandles`, oxrl/loops/rl.py) and fills fields of the rollout; none keeps state of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from oxrl.algorithms.advantages import RolloutRewards, estimate_advantages, place_outcome_reward
+from oxrl.config.schema import RLConfig
+from oxrl.data.types import RLPromptBatch
+from oxrl.evaluation.metrics import accuracy_of
+from oxrl.loops.rl_batch import pad_rows, score_logprobs
+from oxrl.loops.rl_presets import advantage_params
+from oxrl.rewards.combine import RewardOutput
+from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.multiturn import run_episodes
+
+
+@dataclass
+class Rollout:
+    """One step's samples on this rank, and what the stages computed from them (per completion)."""
+
+    completions: list[Completion]
+    rewards: torch.Tensor  # [N] each completion's reward (before any KL penalty)
+    token_rewards: list[torch.Tensor]  # per completion [len]: the reward on its last sampled token (+ KL penalty)
+    group_ids: torch.Tensor  # [N] index of the prompt it answers (this rank's)
+    old_logprobs: list[torch.Tensor] | None = None  # None: the single on-policy update computes them
+    ref_logprobs: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None  # the critic's (gae)
+    advantages: list[torch.Tensor] | None = None
+    returns: list[torch.Tensor] | None = None  # the critic's targets (gae)
+
+
+def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
+    r = rl.rollout
+    if greedy:
+        return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop=r.stop)
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=r.stop)
+
+
+def sample_and_reward(h, batch: RLPromptBatch, params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
+    """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
+    engine samples and the reward functions score the text. Multi-turn (`h.env`): the episodes' summed
+    environment rewards are the rewards (oxrl/rollout/multiturn.py)."""
+    started = time.perf_counter()
+    if h.env is not None:
+        episodes = run_episodes(h.engine, h.env, batch.prompt_ids, batch.fields, params)
+        h.engine.offload()  # every turn is sampled: the trainer gets the memory back
+        return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
+                                                                **episodes.metrics()}
+    completions = h.engine.generate(batch.prompt_ids, params)
+    h.engine.offload()
+    generated = time.perf_counter()
+    of_prompt = [c.prompt_index for c in completions]
+    scored = h.reward_fn([batch.prompt_texts[i] for i in of_prompt], [c.text for c in completions],
+                         [batch.fields[i] for i in of_prompt], [batch.origins[i] for i in of_prompt])
+    return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
+
+
+def sample(h, batch: RLPromptBatch) -> tuple[Rollout, dict[str, float]]:
+    """Stage 1: sample the step's completions and reward them."""
+    completions, scored, metrics = sample_and_reward(h, batch, sampling_params(h.cfg.rl))
+    rewards = torch.tensor(scored.totals, dtype=torch.float32)
+    lengths = [c.num_sampled for c in completions]
+    placed = place_outcome_reward(rewards, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
+    token_rewards = [row[:n] for row, n in zip(placed, lengths)]
+    rollout = Rollout(completions, rewards, token_rewards, torch.tensor([c.prompt_index for c in completions]))
+    return rollout, {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
+
+
+def single_on_policy_update(rl: RLConfig) -> bool:
+    """One optimizer step per rollout, on the policy that sampled it: pi_old IS the policy at update time, so the
+    update's own log-probs (detached) are the old ones and no separate no-grad pass is needed (TRL and verl skip
+    it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update."""
+    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0)
+
+
+def score(h, rollout: Rollout) -> dict[str, float]:
+    """Stage 2: the frozen quantities of the samples: old and reference log-probs, the critic's values."""
+    started = time.perf_counter()
+    rl, micro = h.cfg.rl, h.cfg.train.micro_batch_size_per_device
+    temperature = rl.rollout.temperature or 1.0
+    if not single_on_policy_update(rl):
+        rollout.old_logprobs = score_logprobs(h.policy, rollout.completions, micro, temperature)
+    if h.reference is not None:
+        rollout.ref_logprobs = score_logprobs(h.reference, rollout.completions, micro, temperature)
+    if h.critic is not None:
+        rollout.values = h.critic.values(rollout.completions)
+    return {"time/logprobs": time.perf_counter() - started}
+
+
+def estimate(h, rollout: Rollout) -> None:
+    """Stage 3: token rewards (with the k1 KL penalty when `rl.kl_in_reward`) -> advantages (and returns).
+
+    Computed over EVERY rank's rollouts: whole groups live on one rank, but REINFORCE++'s batch
+    whitening and GAE's token whitening need the global batch, so gathering makes each estimator
+    exactly what one process holding the whole step computes; each rank keeps its own rows."""
+    rl = h.cfg.rl
+    if rollout.ref_logprobs is not None and rl.kl_in_reward:
+        # k1 penalty per token: r_t - beta * (log pi_old - log pi_ref); summed, r - beta * KL of the sequence.
+        rollout.token_rewards = [r - rl.kl_coef * (o - f) for r, o, f in
+                                 zip(rollout.token_rewards, rollout.old_logprobs, rollout.ref_logprobs)]
+    mine = (rollout.token_rewards, rollout.values, rollout.group_ids)
+    gathered = h.strategy.gather_objects(mine)
+    rows, values, groups, first, offset = [], [], [], 0, 0
+    for rank, (rank_rewards, rank_values, rank_groups) in enumerate(gathered):
+        if rank == h.strategy.rank:
+            first = len(rows)
+        rows += rank_rewards
+        values += rank_values or []
+        groups.append(rank_groups + offset)  # group ids are per-rank prompt indices: make them global
+        offset += int(rank_groups.max()) + 1 if rank_groups.numel() else 0
+    width = max((r.numel() for r in rows), default=0)
+    inp = RolloutRewards(pad_rows(rows, width), pad_rows([torch.ones(r.numel()) for r in rows], width).bool(),
+                         torch.cat(groups), pad_rows(values, width) if rollout.values is not None else None)
+    out = estimate_advantages(rl.advantage, inp, advantage_params(rl))
+    mine_only = range(first, first + len(rollout.completions))
+    rollout.advantages = [out.advantages[i, : rows[i].numel()] for i in mine_only]
+    if out.returns is not None:
+        rollout.returns = [out.returns[i, : rows[i].numel()] for i in mine_only]

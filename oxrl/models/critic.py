@@ -1,0 +1,57 @@
+"""PPO's critic as a model: a causal LM backbone with a one-output token-classification head
+(`AutoModelForTokenClassification`, num_labels=1), loaded from the policy's weights or `rl.critic_model`."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class _KeyReportFilter(logging.Filter):
+    """Drops transformers' key report: 5.x's "<Model> LOAD REPORT" table, 4.x's "Some weights of ..." lines.
+    Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return "LOAD REPORT" not in message and not message.startswith("Some weights of")
+
+
+def load_critic(path: str, device: torch.device, trust_remote_code: bool = False):
+    """The checkpoint at `path` as a one-output token classifier: its backbone, and a new value head
+    (scaled to start near V = 0) unless the checkpoint already has one.
+
+    Loading a causal LM this way leaves its LM head unused and the value head missing, which is the
+    point, so transformers' table of missing/unexpected keys is not shown for it: a logging filter
+    holds that one record back during the call, and the keys come back through the documented
+    `output_loading_info=True` instead, where any other missing or unused key is logged as a warning.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    report = logging.getLogger("transformers.modeling_utils")  # where from_pretrained logs its key report
+    hold_back = _KeyReportFilter()
+    report.addFilter(hold_back)
+    try:
+        critic, info = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
+    finally:
+        report.removeFilter(hold_back)
+    backbone = critic.base_model_prefix + "."
+    head = {name for name, _ in critic.named_parameters() if not name.startswith(backbone)}
+    missing, unused = set(info["missing_keys"]), set(info["unexpected_keys"])
+    strays = sorted(missing - head) + sorted(key for key in unused if key.startswith(backbone))
+    if strays:
+        logger.warning("critic %s: %d backbone weight(s) missing from or unused in the checkpoint: %s", path,
+                       len(strays), ", ".join(strays[:10]) + (" ..." if len(strays) > 10 else ""))
+    new_head = sorted(missing & head)
+    if new_head:
+        with torch.no_grad():  # start near V = 0 so early advantages are the rewards themselves
+            for name, parameter in critic.named_parameters():
+                if name in new_head and name.endswith("weight"):
+                    parameter.mul_(0.01)
+        logger.info("critic: %s with a new value head (%s), initialised near 0", path, ", ".join(new_head))
+    else:
+        logger.info("critic: %s with its own value head", path)
+    return critic.to(device)
