@@ -136,8 +136,8 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     from oxrl.training.strategy import SingleDevice
     from oxrl.logging.metrics import read_metrics
     from oxrl.data.types import RLPromptBatch
-    from oxrl.loops.rl import train_rl
-    from oxrl.loops.rl_presets import resolve
+    from oxrl.loops.rl import RLHandles, train_rl
+    from oxrl.config.rl_presets import resolve
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl_setup import reward_function
     from oxrl.models.load import load_model, load_tokenizer
@@ -157,7 +157,9 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     set_seed(cfg.run.seed)
     with tempfile.TemporaryDirectory() as run_dir:
         try:
-            train_rl(cfg, rl, model, tokenizer, engine, reward_function(cfg, rl), train, no_validation, strategy, Path(run_dir))
+            handles = RLHandles(cfg.model_copy(update={"rl": rl}), model, strategy, engine, reward_function(cfg, rl),
+                                tokenizer=tokenizer)
+            train_rl(handles, train, no_validation, Path(run_dir))
         finally:
             engine.close()
         records = read_metrics(Path(run_dir))
@@ -213,7 +215,7 @@ def run_trl(spec: RunSpec) -> RunResult:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from oxrl.loops.rl_presets import resolve
+    from oxrl.config.rl_presets import resolve
     from oxrl.loops.rl_setup import reward_function
     from oxrl.models.load import load_model, load_tokenizer
 
@@ -363,7 +365,7 @@ def main() -> None:
 
     import torch
 
-    from oxrl.loops.rl_presets import resolve
+    from oxrl.config.rl_presets import resolve
     from oxrl.loops.rl_setup import load_prompts
 
     torch.set_num_threads(args.threads)

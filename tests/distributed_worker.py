@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from oxrl.training.strategy import Strategy
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.reference import FrozenModel
-from tests.conftest import make_tiny_llama
+from tests.conftest import make_tiny_llama, rl_handles
 from tests.test_preference_training import preference_pairs
 
 PROBE_IDS = [[1, 5, 9, 12, 30, 7, 2]]
@@ -105,23 +106,27 @@ def probe_logits(model) -> list:
 
 def grpo_update(cfg: Config, strategy: Strategy) -> dict:
     """One `update` (rl.epochs = 2 optimizer steps) on fixed rollouts; advantages of two estimators."""
+    from oxrl.loops.rl_batch import score_logprobs
+    from oxrl.loops.rl_stages import Rollout, estimate
+    from oxrl.loops.rl_update import update
     from oxrl.training.optim import build_optimizer, build_scheduler
-    from oxrl.loops.rl import Rollouts, global_outcome_advantages, score_logprobs, update
-    from oxrl.loops.rl_presets import resolve
 
-    rl = resolve("grpo", cfg.rl)
     model = make_tiny_llama()
+    h = rl_handles(cfg, model, None, strategy=strategy)
     optimizer = build_optimizer(model, cfg.train.optim)
-    policy = strategy.prepare(model, optimizer, build_scheduler(optimizer, 4, cfg.train.optim))
+    h.policy = strategy.prepare(model, optimizer, build_scheduler(optimizer, 4, cfg.train.optim))
     completions, rewards = fixed_rollouts(strategy.rank, strategy.world_size)
-    group_ids = torch.tensor([c.prompt_index for c in completions])
-    advantages = {name: global_outcome_advantages(rl.model_copy(update={"advantage": name}), rewards, group_ids, strategy)
-                  for name in ("grpo", "reinforce_pp")}
-    old = score_logprobs(policy, completions, cfg.train.micro_batch_size_per_device, rl.rollout.temperature)
-    per_token = [a.expand(len(c.completion_ids)).clone() for a, c in zip(advantages["grpo"], completions)]
-    metrics = update(cfg, rl, policy, strategy, Rollouts(completions, rewards, group_ids, old, None, per_token), False)
+    advantages = {}
+    for name in ("grpo", "reinforce_pp"):
+        rollout = Rollout.of(completions, rewards)
+        estimate(replace(h, cfg=h.cfg.model_copy(update={"rl": h.cfg.rl.model_copy(update={"advantage": name})})), rollout)
+        advantages[name] = torch.stack([a[0] for a in rollout.advantages])  # one value per completion
+    rollout = Rollout.of(completions, rewards)
+    estimate(h, rollout)
+    rollout.old_logprobs = score_logprobs(h.policy, completions, cfg.train.micro_batch_size_per_device, cfg.rl.rollout.temperature)
+    metrics = update(h, rollout, step=1)
     gathered = {name: torch.cat(strategy.gather_objects(a)).tolist() for name, a in advantages.items()}
-    return {"metrics": metrics, "advantages": gathered, "logits": probe_logits(policy)}
+    return {"metrics": metrics, "advantages": gathered, "logits": probe_logits(h.policy)}
 
 
 def rl_config(out: Path, strategy: dict | None = None) -> Config:
@@ -141,7 +146,6 @@ def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
     """train_rl end to end: sampling from the FSDP2-sharded policy (synced decoding), gathered advantages."""
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl import train_rl
-    from oxrl.loops.rl_presets import resolve
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
     from tests.test_rollout_hf import TinyTokenizer
@@ -151,8 +155,7 @@ def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
     prompts = RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in ids])
     engine = HFEngine(model, TinyTokenizer(), synced=strategy.shards_parameters)
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
-    result = train_rl(cfg, resolve("grpo", cfg.rl), model, None, engine, reward, prompts, RLPromptBatch([], [], [], []),
-                      strategy, run_dir)
+    result = train_rl(rl_handles(cfg, model, engine, reward, strategy), prompts, RLPromptBatch([], [], [], []), run_dir)
     return {"rewards": result.rewards, "metrics": result.final_metrics}
 
 

@@ -11,7 +11,7 @@ import torch
 from oxrl.config.load import ConfigError, load_config, save_config
 from oxrl.config.names import ALGORITHM_GROUPS, ALL_ALGORITHMS, OFFLINE_ALGORITHMS, RL_ALGORITHMS
 from oxrl.loops.objectives import all_objectives, get_objective
-from oxrl.loops.rl_presets import PRESETS, resolve
+from oxrl.config.rl_presets import PRESETS, resolve
 
 
 def config_with(name: str, *overrides: str):
@@ -81,22 +81,21 @@ def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
     from oxrl.loops.rl import train_rl
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
-    from tests.conftest import make_tiny_llama
+    from tests.conftest import make_tiny_llama, rl_handles
     from tests.test_rl_loop import prompts, rl_config
     from tests.test_rollout_hf import TinyTokenizer
 
     cfg = rl_config(tmp_path, "sgrpo")
     cfg.train.max_steps = 3
-    rl = resolve("sgrpo", cfg.rl)
     torch.manual_seed(0)
     model = make_tiny_llama()
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
 
     def train(reference, run_dir):
-        return train_rl(cfg, rl, model, None, HFEngine(model, TinyTokenizer()), reward, prompts(),
-                        RLPromptBatch([], [], [], []), SingleDevice(torch.device("cpu"), max_grad_norm=1.0),
-                        tmp_path / run_dir, reference)
+        h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward,
+                       SingleDevice(torch.device("cpu"), max_grad_norm=1.0), reference=reference)
+        return train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / run_dir)
 
     with pytest.raises(ValueError, match="kl_coef is set but PolicyLossInput.ref_logprobs is None"):
         train(None, "without_reference")  # the preset's KL term is real: without a reference it cannot be computed

@@ -14,12 +14,11 @@ from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import train_rl
-from oxrl.loops.rl_presets import resolve
 from oxrl.loops.sl import train_offline
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.hf import HFEngine
-from tests.conftest import make_tiny_llama
+from tests.conftest import make_tiny_llama, rl_handles
 from tests.test_packing import _examples, _padded_reference
 from tests.test_rl_loop import prompts, rl_config
 from tests.test_rollout_hf import TinyTokenizer
@@ -71,8 +70,8 @@ def test_rl_reward_goes_up_on_cuda(tmp_path):
     torch.manual_seed(0)
     model = make_tiny_llama().to(CUDA)
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
-    result = train_rl(cfg, resolve("dr_grpo", cfg.rl), model, None, HFEngine(model, TinyTokenizer()), reward, prompts(),
-                      RLPromptBatch([], [], [], []), SingleDevice(CUDA, max_grad_norm=1.0), tmp_path / "rl")
+    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(CUDA, max_grad_norm=1.0))
+    result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / "rl")
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
     assert last > first + 0.2, result.rewards
     # The engine samples and the trainer scores in fp32 (autocast is for the update only): they agree.

@@ -10,13 +10,15 @@ from oxrl.config.load import ConfigError, load_config
 from oxrl.config.schema import Config
 from oxrl.training.strategy import SingleDevice
 from oxrl.data.types import RLPromptBatch
-from oxrl.loops.rl import collect, score_logprobs, train_rl
+from oxrl.loops.rl import train_rl
+from oxrl.loops.rl_batch import score_logprobs
+from oxrl.loops.rl_metrics import rollout_metrics
+from oxrl.loops.rl_stages import estimate, sample, score
 from oxrl.loops.rl_batch import completion_example
-from oxrl.loops.rl_presets import resolve
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import HFEngine
 from oxrl.rollout.multiturn import EnvLoadError, EnvStepError, load_environment, run_episodes
-from tests.conftest import make_tiny_llama
+from tests.conftest import make_tiny_critic, make_tiny_llama, rl_handles
 from tests.test_rl_loop import prompts, rl_config
 from tests.test_rollout_hf import TinyTokenizer
 
@@ -243,10 +245,13 @@ async def step(state, action, extra_info):
 
 def test_collect_compares_and_trains_only_sampled_tokens(tmp_path):
     env = load_environment(env_file(tmp_path, RESTARTING), 2, WordTokenizer())
-    cfg = rl_config(tmp_path, "dr_grpo", epochs=2)  # several updates: collect scores the old log-probs itself
-    rl = resolve("dr_grpo", cfg.rl)
+    cfg = rl_config(tmp_path, "dr_grpo", epochs=2)  # several updates: the score stage takes the old log-probs
     model, engine = tiny_engine()
-    rollouts, metrics = collect(cfg, rl, engine, None, model, None, prompts(2), env=env)
+    h = rl_handles(cfg, model, engine, env=env)
+    rollouts, metrics = sample(h, prompts(2))
+    score(h, rollouts)
+    estimate(h, rollouts)
+    metrics.update(rollout_metrics(rollouts))
     assert len(engine.calls) == 2 and engine.offloads == 1  # the engine frees memory once, after the last turn
     assert metrics["turns/mean"] == 2.0 and metrics["reward/mean"] == 3.0 and metrics["accuracy"] == 1.0
     assert metrics["logprob_mismatch/mean_abs"] < 1e-4
@@ -258,26 +263,23 @@ def test_collect_compares_and_trains_only_sampled_tokens(tmp_path):
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
 def test_strict_on_policy_holds_for_multi_turn_episodes(tmp_path, algorithm):
     """The engine/trainer checks (mean log-prob gap, first ratio) pass: they see sampled tokens only."""
-    from tests.test_rl_loop import _tiny_critic
-
     env = load_environment(env_file(tmp_path, RESTARTING), 2, WordTokenizer())
     cfg = rl_config(tmp_path, algorithm, strict_on_policy=True)
     cfg.train.max_steps = 2
-    rl = resolve(algorithm, cfg.rl)
     model = make_tiny_llama()
-    critic = _tiny_critic() if rl.advantage == "gae" else None
-    result = train_rl(cfg, rl, model, None, HFEngine(model, WordTokenizer()), None, prompts(), RLPromptBatch([], [], [], []),
-                      SingleDevice(torch.device("cpu")), tmp_path / algorithm, critic=critic, env=env)
+    critic = make_tiny_critic() if algorithm == "ppo" else None
+    h = rl_handles(cfg, model, HFEngine(model, WordTokenizer()), strategy=SingleDevice(torch.device("cpu")),
+                   critic_model=critic, env=env)
+    result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / algorithm)
     assert result.final_metrics["turns/mean"] == 2.0
 
 
 def test_env_reward_goes_up_over_training(tmp_path):
     env = load_environment(env_file(tmp_path, SEVENS), 2, WordTokenizer())
     cfg = rl_config(tmp_path, "dr_grpo")
-    rl = resolve("dr_grpo", cfg.rl)
     model = make_tiny_llama()
-    result = train_rl(cfg, rl, model, None, HFEngine(model, WordTokenizer()), None, prompts(), RLPromptBatch([], [], [], []),
-                      SingleDevice(torch.device("cpu"), max_grad_norm=1.0), tmp_path / "sevens", env=env)
+    result = train_rl(rl_handles(cfg, model, HFEngine(model, WordTokenizer()), env=env), prompts(),
+                      RLPromptBatch([], [], [], []), tmp_path / "sevens")
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4  # rewards lie in [0, 2]
     assert last > first + 0.4, result.rewards
 

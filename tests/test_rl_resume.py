@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import make_tiny_llama, save_tiny_model
+from tests.conftest import make_tiny_llama, rl_handles, save_tiny_model
 
 STEPS = 6
 COMPARED = ("reward/mean", "reward/std", "loss", "grad_norm", "response_length/mean", "lr")
@@ -53,7 +53,6 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False):
     from oxrl.training.strategy import SingleDevice
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl import train_rl
-    from oxrl.loops.rl_presets import resolve
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
     from tests.test_rl_loop import prompts, rl_config
@@ -66,9 +65,8 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False):
     cfg.run.resume = resume
     model = make_tiny_llama(seed=7 if resume else 0)  # a resumed run must take every weight from the checkpoint
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
-    result = train_rl(cfg, resolve("grpo", cfg.rl), model, None, HFEngine(model, TinyTokenizer()), reward, prompts(),
-                      RLPromptBatch([], [], [], []), SingleDevice(torch.device("cpu"), max_grad_norm=1.0),
-                      tmp_path / run_name)
+    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), max_grad_norm=1.0))
+    result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / run_name)
     return result, rows_by_step(tmp_path / run_name)
 
 

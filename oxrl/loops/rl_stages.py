@@ -40,6 +40,14 @@ class Rollout:
     advantages: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None  # the critic's targets (gae)
 
+    @classmethod
+    def of(cls, completions: list[Completion], rewards: torch.Tensor) -> Rollout:
+        """Completions with one outcome reward each, credited to their last sampled token."""
+        lengths = [c.num_sampled for c in completions]
+        placed = place_outcome_reward(rewards, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
+        return cls(completions, rewards, [row[:n] for row, n in zip(placed, lengths)],
+                   torch.tensor([c.prompt_index for c in completions]))
+
 
 def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
     r = rl.rollout
@@ -71,11 +79,7 @@ def sample_and_reward(h, batch: RLPromptBatch, params: SamplingParams) -> tuple[
 def sample(h, batch: RLPromptBatch) -> tuple[Rollout, dict[str, float]]:
     """Stage 1: sample the step's completions and reward them."""
     completions, scored, metrics = sample_and_reward(h, batch, sampling_params(h.cfg.rl))
-    rewards = torch.tensor(scored.totals, dtype=torch.float32)
-    lengths = [c.num_sampled for c in completions]
-    placed = place_outcome_reward(rewards, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
-    token_rewards = [row[:n] for row, n in zip(placed, lengths)]
-    rollout = Rollout(completions, rewards, token_rewards, torch.tensor([c.prompt_index for c in completions]))
+    rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32))
     return rollout, {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
 
 

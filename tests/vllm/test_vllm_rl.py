@@ -7,9 +7,9 @@ from oxrl.config.schema import Config
 from oxrl.training.strategy import SingleDevice
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import train_rl
-from oxrl.loops.rl_presets import resolve
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.build import VLLM_INSTALL_HINT
+from tests.conftest import rl_handles
 from tests.vllm.conftest import make_model
 
 pytest.importorskip("vllm", reason=f"vLLM is not installed: {VLLM_INSTALL_HINT}")
@@ -26,14 +26,13 @@ def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
         "train": {"max_steps": 16, "micro_batch_size_per_device": 8, "optim": {"lr": 2e-2, "schedule": "constant", "max_grad_norm": 1.0}},
         "logging": {"progress_bar": False, "plot": False},
     })
-    rl = resolve("dr_grpo", cfg.rl)
     model = make_model(5)
     engine.sync_weights(model)
     ids = [[1, 4 + i, 5 + i] for i in range(8)]
     train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])  # the words "7" in the decoded text
-    result = train_rl(cfg, rl, model, tokenizer, engine, reward, train, RLPromptBatch([], [], [], []),
-                      SingleDevice(torch.device("cpu"), max_grad_norm=1.0), tmp_path / "run")
+    h = rl_handles(cfg, model, engine, reward, SingleDevice(torch.device("cpu"), max_grad_norm=1.0), tokenizer=tokenizer)
+    result = train_rl(h, train, RLPromptBatch([], [], [], []), tmp_path / "run")
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
     assert last > first + 0.2, result.rewards
     assert result.final_metrics["logprob_mismatch/mean_abs"] < 1e-4
