@@ -115,4 +115,5 @@ def rl_handles(cfg, model, engine, reward_fn=None, strategy=None, critic_model=N
     if critic_model is not None:
         critic = Critic(critic_model, strategy.companion("critic", cfg.rl.critic_max_grad_norm),
                         cfg.train.micro_batch_size_per_device, cfg.rl.value_clip)
-    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer)
+    # `policy` is what `prepare` replaces with the prepared model; the model itself for stages called directly
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer, policy=model)
