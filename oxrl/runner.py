@@ -122,7 +122,9 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
         raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
                          "strategy.name `deepspeed` with zero_stage 2, or one process")
     train_prompts, val_prompts = load_prompts(cfg, rl)
-    train, val = encode_prompts(train_prompts, tokenizer), encode_prompts(val_prompts, tokenizer)
+    # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
+    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation}
+    train, val = encode_prompts(train_prompts, tokenizer, **budget), encode_prompts(val_prompts, tokenizer, **budget)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     write_config(cfg, run_dir, strategy.is_main)
     handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env)

@@ -96,6 +96,7 @@ def make_tiny_critic(seed: int = 0):
 
     config = make_tiny_llama().config
     config.num_labels = 1
+    config.classifier_dropout = 0.0  # as load_critic sets it
     torch.manual_seed(seed)
     return LlamaForTokenClassification(config)
 

@@ -23,7 +23,7 @@ from oxrl.training.strategy import Strategy
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.reference import FrozenModel
-from tests.conftest import make_tiny_llama, rl_handles
+from tests.conftest import make_tiny_critic, make_tiny_llama, rl_handles
 from tests.test_preference_training import preference_pairs
 
 PROBE_IDS = [[1, 5, 9, 12, 30, 7, 2]]
@@ -129,12 +129,37 @@ def grpo_update(cfg: Config, strategy: Strategy) -> dict:
     return {"metrics": metrics, "advantages": gathered, "logits": probe_logits(h.policy)}
 
 
-def rl_config(out: Path, strategy: dict | None = None) -> Config:
+def ppo_update(cfg: Config, strategy: Strategy, out: Path) -> dict:
+    """PPO on fixed rollouts: critic values, GAE over every rank's tokens, 2 policy + critic steps."""
+    from oxrl.loops.rl import prepare
+    from oxrl.loops.rl_stages import Rollout, estimate, score
+    from oxrl.loops.rl_update import update
+
+    h = rl_handles(cfg, make_tiny_llama(), None, strategy=strategy, critic_model=make_tiny_critic(seed=3))
+    prepare(h, 4, out)
+    completions, rewards = fixed_rollouts(strategy.rank, strategy.world_size)
+    rollout = Rollout.of(completions, rewards)
+    score(h, rollout)
+    estimate(h, rollout)
+    metrics = update(h, rollout, step=1)
+    h.critic.model.eval()
+    with torch.no_grad():
+        critic_probe = h.critic.model(input_ids=torch.tensor(PROBE_IDS), use_cache=False).logits.float().tolist()
+    per_rank = strategy.gather_objects([a.tolist() for a in rollout.advantages] + [r.tolist() for r in rollout.returns])
+    return {"metrics": metrics, "advantages_and_returns": per_rank, "logits": probe_logits(h.policy),
+            "critic": critic_probe}
+
+
+def ppo_config(out: Path, strategy: dict | None = None) -> Config:
+    return rl_config(out, strategy, "ppo", critic_lr=1e-2)
+
+
+def rl_config(out: Path, strategy: dict | None = None, algorithm: str = "grpo", **rl) -> Config:
     return Config.model_validate({
-        "run": {"name": "grpo", "output_dir": str(out), "seed": 0, "device": "cpu"},
+        "run": {"name": algorithm, "output_dir": str(out), "seed": 0, "device": "cpu"},
         "model": {"name_or_path": "unused"},
-        "algorithm": {"name": "grpo"},
-        "rl": {"prompts_per_step": 4, "epochs": 2, "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}},
+        "algorithm": {"name": algorithm},
+        "rl": {"prompts_per_step": 4, "epochs": 2, "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}, **rl},
         "train": {"max_steps": 2, "micro_batch_size_per_device": 2, "optim": {"lr": 1e-2, "schedule": "constant"}},
         "strategy": strategy or {"name": "single"},
         "checkpoint": {"every": 2, "save_final": False},
@@ -142,7 +167,7 @@ def rl_config(out: Path, strategy: dict | None = None) -> Config:
     })
 
 
-def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
+def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path, critic: bool = False) -> dict:
     """train_rl end to end: sampling from the FSDP2-sharded policy (synced decoding), gathered advantages."""
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl import train_rl
@@ -155,7 +180,8 @@ def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path) -> dict:
     prompts = RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in ids])
     engine = HFEngine(model, TinyTokenizer(), synced=strategy.shards_parameters)
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
-    result = train_rl(rl_handles(cfg, model, engine, reward, strategy), prompts, RLPromptBatch([], [], [], []), run_dir)
+    h = rl_handles(cfg, model, engine, reward, strategy, critic_model=make_tiny_critic(seed=3) if critic else None)
+    result = train_rl(h, prompts, RLPromptBatch([], [], [], []), run_dir)
     return {"rewards": result.rewards, "metrics": result.final_metrics}
 
 
@@ -194,6 +220,17 @@ def scenario_fsdp2_dpo(out: Path) -> dict:
 def scenario_fsdp2_grpo(out: Path) -> dict:
     cfg = rl_config(out, {"name": "fsdp2"})
     return {"update": grpo_update(cfg, build_strategy(cfg)), "loop": rl_loop_smoke(cfg, build_strategy(cfg), out / "loop")}
+
+
+def scenario_fsdp2_ppo(out: Path) -> dict:
+    cfg = ppo_config(out, {"name": "fsdp2"})
+    return {"update": ppo_update(cfg, build_strategy(cfg), out / "update"),
+            "loop": rl_loop_smoke(cfg, build_strategy(cfg), out / "loop", critic=True)}
+
+
+def scenario_deepspeed_ppo(out: Path) -> dict:
+    cfg = ppo_config(out, {"name": "deepspeed", "zero_stage": 3})
+    return {"update": ppo_update(cfg, build_strategy(cfg), out / "update")}
 
 
 def scenario_deepspeed_sft(out: Path) -> dict:

@@ -204,6 +204,35 @@ def test_fsdp2_rl_loop_samples_from_the_sharded_policy(fsdp2_grpo):
     assert (out / "loop" / "checkpoints" / "step_000002" / "training_state" / "sharded").is_dir()
 
 
+def assert_ppo_matches_one_rank(result: dict, tmp_path: Path, tol: float = TOL) -> None:
+    baseline = worker.ppo_update(worker.ppo_config(tmp_path), single(), tmp_path / "one")
+    # GAE whitens over every rank's tokens: the gathered advantages and returns are one process's.
+    ranks = [row for rank in result["update"]["advantages_and_returns"] for row in rank]
+    one = [row for rank in baseline["advantages_and_returns"] for row in rank]
+    assert len(ranks) == len(one) == 16  # 8 completions' advantages, then returns, however the ranks split them
+    for a, b in zip(sorted(ranks), sorted(one)):
+        assert_close(a, b, tol=1e-5)
+    for key in ("loss", "grad_norm", "critic/loss", "critic/grad_norm", "critic/abs_error"):
+        assert result["update"]["metrics"][key] == pytest.approx(baseline["metrics"][key], abs=tol), (key, result["update"]["metrics"], baseline["metrics"])
+    assert_close(result["update"]["logits"], baseline["logits"], tol=tol)  # the policy after its steps
+    assert_close(result["update"]["critic"], baseline["critic"], tol=tol)  # the critic after its steps
+
+
+@pytest.mark.distributed
+def test_fsdp2_ppo_with_a_sharded_critic_matches_one_process(tmp_path_factory, tmp_path):
+    result, out = run_scenario("fsdp2_ppo", tmp_path_factory)
+    assert_ppo_matches_one_rank(result, tmp_path)
+    assert len(result["loop"]["rewards"]) == 2 and result["loop"]["metrics"]["critic/loss"] > 0
+    assert (out / "loop" / "checkpoints" / "step_000002" / "critic").is_dir()  # the critic is checkpointed
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+def test_deepspeed_zero3_ppo_matches_one_process(tmp_path_factory, tmp_path):
+    result, _ = run_scenario("deepspeed_ppo", tmp_path_factory)
+    assert_ppo_matches_one_rank(result, tmp_path)
+
+
 # ----------------------------------------------------------------------------- DeepSpeed, 2 processes
 
 

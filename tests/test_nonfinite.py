@@ -151,7 +151,7 @@ def test_generating_from_diverged_weights_raises_a_clear_error(temperature):
 
 def test_the_critic_skips_a_nonfinite_update():
     from oxrl.loops.critic import critic_step
-    from oxrl.loops.rl_presets import resolve
+    from oxrl.config.rl_presets import resolve
     from oxrl.rollout.base import Completion
     from tests.test_rl_loop import _tiny_critic, rl_config
 

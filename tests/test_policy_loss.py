@@ -153,13 +153,14 @@ def test_on_policy_ppo_gradient_is_reinforce():
 
 
 def test_cispo_keeps_gradient_of_clipped_tokens():
+    # The cispo preset's bounds: eps_low 1.0 (no lower bound), eps_high 4.0.
     # Token 0: logp -0.5, old -3.5: ratio e^3 = 20.1 > 1 + 4, weight truncated to 5; A = +1.
     #   loss = -5 * 1 * (-0.5) = 2.5, gradient -w A = -5.
     # Token 1: on-policy (ratio 1, weight 1), logp -1, A = -2: loss -1 * (-2) * (-1) = -2, gradient 2.
     # token_mean over 2: (2.5 - 2) / 2 = 0.25, gradients [-2.5, 1].
     logprobs = leaf([[-0.5, -1.0]])
     inp = make_input(logprobs, torch.tensor([[-3.5, -1.0]]), torch.tensor([[1.0, -2.0]]))
-    loss, metrics = policy_loss("cispo", inp)
+    loss, metrics = policy_loss("cispo", inp, PolicyLossParams(eps_low=1.0, eps_high=4.0))
     loss.backward()
     assert loss.item() == pytest.approx(0.25, abs=1e-6)
     assert torch.allclose(logprobs.grad, torch.tensor([[-2.5, 1.0]]))
@@ -182,7 +183,7 @@ def test_gspo_sequence_ratio_and_gradient():
     old = torch.tensor([[-1.2, -1.9], [-0.8, -50.0]])
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
     mask = torch.tensor([[1, 1], [1, 0]])
-    wide = PolicyLossParams(gspo_eps_low=10.0, gspo_eps_high=10.0, aggregation="seq_mean_token_mean")
+    wide = PolicyLossParams(eps_low=10.0, eps_high=10.0, aggregation="seq_mean_token_mean")
     loss, metrics = policy_loss("gspo", make_input(logprobs, old, adv, mask, normaliser=2.0), wide)
     loss.backward()
     # Unclipped, per-sequence mean: row 0 -> -s_0 A = -1.0512711, row 1 -> +1.3498588;
@@ -194,11 +195,11 @@ def test_gspo_sequence_ratio_and_gradient():
     # Metrics follow the aggregation: mean over sequences of token means, (1.0512711 + 1.3498588) / 2
     assert float(metrics["ratio_mean"]) == pytest.approx((1.0512711 + 1.3498588) / 2, abs=1e-6)
 
-    # Paper eps (3e-4 / 4e-4): row 0 (s > 1.0004, A > 0) and row 1 (A < 0, s > 1 so not
+    # Paper eps (3e-4 / 4e-4, the gspo preset's): row 0 (s > 1.0004, A > 0) and row 1 (A < 0, s > 1 so not
     # the low clip; -min(-s, -clip(s)) = s, unclipped) -> row 0 loses its gradient only.
     logprobs.grad = None
     loss, metrics = policy_loss("gspo", make_input(logprobs, old, adv, mask, normaliser=2.0),
-                                PolicyLossParams(aggregation="seq_mean_token_mean"))
+                                PolicyLossParams(eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"))
     loss.backward()
     # (-1.0004 + 1.3498588) / 2 = 0.1747294
     assert loss.item() == pytest.approx(0.1747294, abs=1e-6)

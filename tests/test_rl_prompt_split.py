@@ -5,8 +5,9 @@ import json
 import pytest
 
 from oxrl.config.load import load_config
-from oxrl.loops.rl_presets import resolve
-from oxrl.loops.rl_setup import load_prompts, validation_split_size
+from oxrl.config.rl_presets import resolve
+from oxrl.data.rl_prompts import validation_split_size
+from oxrl.loops.rl_setup import load_prompts
 
 
 def rl2_file(path, rows: int):

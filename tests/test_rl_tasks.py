@@ -8,7 +8,8 @@ import re
 import pytest
 
 from oxrl.data.errors import DataError
-from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, default_reward_specs, generate_rl_prompts, read_rl_prompts
+from oxrl.data.rl_prompts import read_rl_prompts
+from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, default_reward_specs, generate_rl_prompts
 from oxrl.rewards import build_reward_fn
 
 

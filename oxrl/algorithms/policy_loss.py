@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from oxrl.algorithms.kl import KL_ESTIMATORS, k3, kl_estimate
+from oxrl.config.names import AGGREGATION_MODES, POLICY_LOSS_NAMES
 
 
 @dataclass
@@ -57,15 +58,12 @@ class PolicyLossInput:
 
 @dataclass(frozen=True)
 class PolicyLossParams:
-    eps_low: float = 0.2  # PPO/GSPO-token clip below: ratio >= 1 - eps_low
-    eps_high: float = 0.2  # clip above: ratio <= 1 + eps_high (DAPO clip-higher, arXiv:2503.14476: 0.28)
+    # Clip bounds of whichever loss runs: PPO's ratio, CISPO's IS weight, GSPO's sequence ratio, each kept
+    # in [1 - eps_low, 1 + eps_high]. These defaults are PPO's; the RL presets (oxrl/config/rl_presets.py)
+    # give cispo 1.0 / 4.0 and gspo its paper's 3e-4 / 4e-4 (arXiv:2507.18071 sec. 5.1).
+    eps_low: float = 0.2
+    eps_high: float = 0.2  # DAPO clip-higher (arXiv:2503.14476): 0.28
     dual_clip: float | None = None  # Dual-clip PPO c > 1 (arXiv:1912.09729), A < 0 only; None = off
-    # CISPO: MiniMax-M1 imposes no lower bound (eps_low large) and tunes only eps_high;
-    # its value is not published. 4.0 is a loose cap chosen here; tune it.
-    cispo_eps_low: float = 1.0
-    cispo_eps_high: float = 4.0
-    gspo_eps_low: float = 3e-4  # GSPO paper (arXiv:2507.18071 sec. 5.1): 3e-4 / 4e-4
-    gspo_eps_high: float = 4e-4
     aggregation: str = "token_mean"  # one of AGGREGATIONS
     max_len: int | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO)
     kl_coef: float = 0.0  # weight of the KL(pi || pi_ref) loss term; needs ref_logprobs
@@ -80,7 +78,7 @@ class PolicyLossParams:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
         if self.aggregation == "seq_mean_token_sum_norm" and not (self.max_len and self.max_len > 0):
             raise ValueError("aggregation 'seq_mean_token_sum_norm' needs max_len > 0 (e.g. the max response length)")
-        for name in ("eps_low", "eps_high", "cispo_eps_low", "cispo_eps_high", "gspo_eps_low", "gspo_eps_high"):
+        for name in ("eps_low", "eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dual_clip is not None and self.dual_clip <= 1:
@@ -118,6 +116,7 @@ AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int | None], Tensor]] = {
     # (max_len) - no length bias. normaliser = number of sequences in the step.
     "seq_mean_token_sum_norm": _token_sum_over_max_len,
 }
+assert tuple(AGGREGATIONS) == AGGREGATION_MODES, "keep oxrl.config.names.AGGREGATION_MODES in step"
 
 
 def aggregate(
@@ -161,11 +160,11 @@ def _metric(values: Tensor, inp: PolicyLossInput, params: PolicyLossParams) -> T
 
 
 def _clipped_surrogate(
-    ratio: Tensor, inp: PolicyLossInput, params: PolicyLossParams, eps_low: float, eps_high: float
+    ratio: Tensor, inp: PolicyLossInput, params: PolicyLossParams
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) per token [B, T], and the fractions of
     tokens whose clip is active (zero gradient): high (A > 0, r > 1 + eps_high), low (A < 0, r < 1 - eps_low)."""
-    advantages = inp.advantages.detach()
+    advantages, eps_low, eps_high = inp.advantages.detach(), params.eps_low, params.eps_high
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
     metrics = {
@@ -253,7 +252,7 @@ def ppo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[st
     and r > c) get zero gradient. Metrics: clip_frac_high, clip_frac_low, dual_clip_frac.
     """
     ratio = torch.exp(_log_ratio(inp, inp.mask.bool()))  # [B, T]
-    per_token, metrics = _clipped_surrogate(ratio, inp, params, params.eps_low, params.eps_high)
+    per_token, metrics = _clipped_surrogate(ratio, inp, params)
     if params.dual_clip is not None:
         negative = inp.advantages < 0
         capped = torch.minimum(per_token, -params.dual_clip * inp.advantages.detach())
@@ -266,21 +265,22 @@ def cispo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[
     """CISPO (MiniMax-M1, arXiv:2506.13585 eqs. 4-5): clip the importance-sampling WEIGHT,
     not the update, and stop its gradient:
 
-        w_t = sg(clip(r_t, 1 - cispo_eps_low, 1 + cispo_eps_high))
+        w_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high))
         L_t = -w_t A_t logp_t          grad L_t = -w_t A_t grad logp_t
 
     Every token keeps a gradient (PPO zeroes clipped ones, which in long reasoning are
     often the rare "fork" tokens). The loss VALUE contains logp, so it is not comparable
     with PPO's. Metrics: clip_frac_high/low = weight truncated above/below (any sign of A).
+    MiniMax-M1 sets no lower bound (eps_low >= 1) and does not publish eps_high (the cispo preset: 1.0 / 4.0).
     """
     trained = inp.mask.bool()
     ratio = torch.exp(_log_ratio(inp, trained)).detach()
-    weight = ratio.clamp(1 - params.cispo_eps_low, 1 + params.cispo_eps_high)
+    weight = ratio.clamp(1 - params.eps_low, 1 + params.eps_high)
     logprobs = torch.where(trained, inp.logprobs, torch.zeros_like(inp.logprobs))
     per_token = -weight * inp.advantages.detach() * logprobs
     metrics = {
-        "clip_frac_high": _metric((ratio > 1 + params.cispo_eps_high).float(), inp, params),
-        "clip_frac_low": _metric((ratio < 1 - params.cispo_eps_low).float(), inp, params),
+        "clip_frac_high": _metric((ratio > 1 + params.eps_high).float(), inp, params),
+        "clip_frac_low": _metric((ratio < 1 - params.eps_low).float(), inp, params),
     }
     return _finish(inp, params, per_token, ratio, metrics)
 
@@ -290,11 +290,12 @@ def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[s
 
         s_i    = exp( 1/|y_i| sum_t (logp_{i,t} - logp_old_{i,t}) )      sequence ratio
         s_i,t  = sg(s_i) * pi(y_t) / sg(pi(y_t))                          value = s_i
-        L_i,t  = -min(s_i,t A_i,t, clip(s_i,t, 1 - gspo_eps_low, 1 + gspo_eps_high) A_i,t)
+        L_i,t  = -min(s_i,t A_i,t, clip(s_i,t, 1 - eps_low, 1 + eps_high) A_i,t)
 
     grad s_i,t = s_i grad logp_t, so with a per-sequence advantage and the paper's
     per-sequence mean (aggregation "seq_mean_token_mean") this is exactly GSPO; other
-    aggregations weigh sequences by length. A whole sequence is clipped or not.
+    aggregations weigh sequences by length. A whole sequence is clipped or not. The paper's eps are
+    3e-4 / 4e-4 (the gspo preset): a sequence ratio, a mean over tokens, moves far less than a token's.
     """
     trained = inp.mask.bool()
     log_ratio = _log_ratio(inp, trained)  # [B, T]
@@ -303,12 +304,13 @@ def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[s
     token_log_ratio = inp.logprobs - inp.logprobs.detach() + seq_log_ratio.detach()[:, None]
     token_log_ratio = torch.where(trained, token_log_ratio, torch.zeros_like(token_log_ratio))
     ratio = torch.exp(token_log_ratio)  # [B, T], value s_i on every trained token
-    per_token, metrics = _clipped_surrogate(ratio, inp, params, params.gspo_eps_low, params.gspo_eps_high)
+    per_token, metrics = _clipped_surrogate(ratio, inp, params)
     return _finish(inp, params, per_token, ratio, metrics)
 
 
 PolicyLoss = Callable[[PolicyLossInput, PolicyLossParams], tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo, "cispo": cispo, "gspo": gspo}
+assert tuple(POLICY_LOSSES) == POLICY_LOSS_NAMES, "keep oxrl.config.names.POLICY_LOSS_NAMES in step"
 
 
 def policy_loss(

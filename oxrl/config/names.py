@@ -1,8 +1,11 @@
-"""Every valid `algorithm.name`, declared once and grouped by family.
+"""Every name a config chooses from, declared once: `algorithm.name` grouped by family, and the
+choices of every other field that names an implementation (an advantage estimator, a strategy...).
 
-The config checks names here when it loads (no torch import needed); the registries that implement
-them (`oxrl.loops.objectives`, `oxrl.loops.preference_objectives`, `oxrl.loops.rl_presets`) assert
-at import that they implement exactly these names, so a name cannot be valid in one place only.
+The config checks names here when it loads (no torch import needed): the schema's `Literal`s are
+built from these tuples. The registries that implement them (`oxrl.loops.objectives`,
+`oxrl.loops.preference_objectives`, `oxrl.config.rl_presets`, `oxrl.algorithms.*`, ...) assert at
+import, or tests/test_declared_once.py checks, that they implement exactly these names, so a name
+cannot be valid in one place only.
 """
 
 from __future__ import annotations
@@ -48,6 +51,27 @@ def unknown_algorithm_message(name: str, family: str = "algorithm", valid: tuple
     hint = f" Did you mean `{close[0]}`?" if close else ""
     groups = "; ".join(f"{group}: {', '.join(names)}" for group, names in ALGORITHM_GROUPS.items())
     return f"unknown {family} `{name}`.{hint} Valid names: {groups}"
+
+
+# The other choices, each beside the field it is the choice of and the code that implements it.
+DEVICES = ("auto", "cpu", "cuda")  # run.device (oxrl.training.distributed)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype, rl.rollout.vllm.dtype: torch dtype names
+ATTN_IMPLEMENTATIONS = ("auto", "packed_sdpa", "sdpa", "eager", "flash_attention_2")  # model.attn_implementation
+LORA_SAVE_MODES = ("merged", "adapter")  # lora.save (oxrl.models.save)
+LR_SCHEDULES = ("constant", "linear", "cosine")  # train.optim.schedule (oxrl.training.optim)
+MIXED_PRECISION_MODES = ("auto", "no", "bf16")  # train.mixed_precision (the strategies)
+REFERENCE_MODES = ("frozen_copy", "lora_disabled", "precomputed")  # preference.reference (oxrl.models.reference)
+ROLLOUT_ENGINES = ("hf", "vllm")  # rl.rollout.engine (oxrl.rollout.build.ENGINES)
+REWARD_ERROR_MODES = ("raise", "zero")  # rl.on_reward_error (oxrl.rewards.combine)
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")  # rl.advantage (advantages.ADVANTAGES)
+CRITIC_BACKBONES = ("separate", "shared")  # rl.critic_backbone (gae's critic)
+POLICY_LOSS_NAMES = ("ppo", "cispo", "gspo")  # rl.policy_loss (policy_loss.POLICY_LOSSES)
+# rl.aggregation (policy_loss.AGGREGATIONS)
+AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")  # rl.kl_estimator (kl.KL_ESTIMATORS)
+ANSWER_FORMATS = ("boxed", "tags")  # rl.answer_format (oxrl.data.rl_tasks.ANSWER_INSTRUCTIONS)
+STRATEGY_NAMES = ("auto", "single", "fsdp2", "deepspeed")  # strategy.name (oxrl.training.build)
+ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
 
 
 # Each tracker is named after its package and its extra (`pip install 'oxrl[wandb]'`); TensorBoard is

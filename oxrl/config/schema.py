@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from oxrl.config.names import RL_ALGORITHMS, TRACKERS, canonical_algorithm, check_trackers
+from oxrl.config.names import (
+    ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
+    DEVICES, DISTILLATION, DTYPES, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
+    POLICY_LOSS_NAMES, REFERENCE_MODES, REWARD_ERROR_MODES, RL_ALGORITHMS, ROLLOUT_ENGINES,
+    STRATEGY_NAMES, TRACKERS, ZERO_STAGES, canonical_algorithm, check_trackers,
+)
+from oxrl.config.rl_presets import resolve
 
 
 class Section(BaseModel):
@@ -30,7 +36,7 @@ class RunConfig(Section):
         description="Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default.",
     )
     seed: int = Field(0, description="Seed for python, numpy and torch RNGs, data order and mixing.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when available.")
+    device: Literal[DEVICES] = Field("auto", description="`auto` picks CUDA when available.")
     resume: bool | str = Field(
         False,
         description="`true` continues the run named `name` from the latest checkpoint in its directory. A checkpoint "
@@ -65,10 +71,10 @@ class ModelConfig(Section):
         ...,
         description="Hub id, local HF folder, path to a `.gguf` file, or a bundled alias (`smollm2-135m-instruct`).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: Literal[DTYPES] = Field(
         "auto", description="Parameter dtype: `auto` is float32 on CPU and bfloat16 on GPU."
     )
-    attn_implementation: Literal["auto", "packed_sdpa", "sdpa", "eager", "flash_attention_2"] = Field(
+    attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = Field(
         "auto",
         description="Attention kernel. `auto`/`packed_sdpa`: SDPA run once per sequence of a packed row "
         "(oxrl/models/packed_attention.py) where it applies, else plain `sdpa` (the reason is logged); "
@@ -89,9 +95,14 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt, or `all-linear`."
     )
-    save: Literal["merged", "adapter"] = Field(
+    save: Literal[LORA_SAVE_MODES] = Field(
         "merged", description="`merged` saves a plain HF model; `adapter` saves only the peft adapter."
     )
+
+
+# Row formats: offline objectives read the first (oxrl/data/formats.py), RL the prompt formats (oxrl/data/rl_prompts.py).
+OFFLINE_FORMATS = ("messages", "prompt_response", "text", "preference", "kto")
+RL_PROMPT_FORMATS = ("gsm8k", "openr1", "rl2")
 
 
 class DatasetSpec(Section):
@@ -100,8 +111,12 @@ class DatasetSpec(Section):
         description="Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. "
         "Relative paths are looked up in `OXRL_DATA_DIR` first when it is set.",
     )
-    format: Literal["auto", "messages", "prompt_response", "text", "preference", "kto"] = Field(
-        "auto", description="Row format; `auto` picks it from the columns."
+    format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS)] = Field(
+        "auto",
+        description="Row format; `auto` picks it from the columns. Offline objectives: `messages`, `prompt_response`, "
+        "`text`, `preference`, `kto`. RL prompts: `gsm8k` (question, answer ending in `#### 42`), `openr1` (problem, "
+        "solution with a final `\\boxed{}`), `rl2` (`prompt` or `messages`, + `extra_info`). A format of the other "
+        "kind is refused.",
     )
     split: str = Field("train", description="Split to read from a HF dataset folder or hub dataset.")
     weight: float | None = Field(
@@ -112,7 +127,10 @@ class DatasetSpec(Section):
         default_factory=dict, description="Rename columns to oxRL's names, e.g. `{question: prompt, answer: response}`."
     )
     chat_template: bool = Field(
-        True, description="Render `prompt`/`response` rows with the tokenizer's chat template (else plain text)."
+        True,
+        description="Render with the tokenizer's chat template, else as plain text: offline `prompt`/`response` rows; "
+        "RL `gsm8k`/`openr1` questions and `rl2` `messages` (plain: their contents joined by newlines). An `rl2` "
+        "`prompt` string is always sent as it is.",
     )
     name: str | None = Field(None, description="Name used in logs; defaults to the file name.")
 
@@ -120,20 +138,31 @@ class DatasetSpec(Section):
 class DataConfig(Section):
     train: list[DatasetSpec] = Field(
         default_factory=list,
-        description="Training datasets (mixed by `weight`). Required except for RL on a generated task (`rl.task`).",
+        description="Training datasets, mixed by `weight`: offline rows, or RL prompt files. Required except for RL on "
+        "a generated task (`rl.task`).",
     )
-    validation: list[DatasetSpec] = Field(default_factory=list, description="Validation datasets.")
+    validation: list[DatasetSpec] = Field(default_factory=list, description="Validation datasets (RL: held-out prompts).")
     validation_fraction: float = Field(
-        0.0, ge=0, lt=1, description="Hold out this fraction of the training rows for validation (when `validation` is empty)."
+        0.0, ge=0, lt=1,
+        description="Hold out this fraction of each training dataset for validation (when `validation` is empty), "
+        "seeded by `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error).",
     )
     num_examples: int | None = Field(
-        None, gt=0, description="Size of the training mixture; default: the sum of the dataset sizes."
+        None, gt=0, description="Size of the training mixture (RL: of prompts); default: the sum of the dataset sizes."
     )
-    max_length: int = Field(2048, gt=1, description="Maximum tokens per sequence.")
+    max_length: int = Field(
+        2048, gt=1,
+        description="Maximum tokens per sequence. RL: prompt + completion, so a prompt may have "
+        "`max_length - rl.rollout.max_new_tokens` tokens (more than 0, or the config is refused).",
+    )
     truncation: Literal["right", "left", "drop", "error"] = Field(
         "right",
         description="Longer sequences: `right` cuts the end, `left` cuts the start (keeps the answer), "
-        "`drop` skips the row (counted), `error` stops with the row's location.",
+        "`drop` skips the row (counted), `error` stops with the row's location. RL prompts (longer than "
+        "`max_length - rl.rollout.max_new_tokens`): `left` cuts the start of the last user message's text, keeping "
+        "its end (the question's end and the answer instruction) and the whole chat template (system prompt, "
+        "headers, generation header); `drop` and `error` as above; `right`, the default, stops like `error`, as "
+        "cutting a prompt's end would cut the question and the generation header.",
     )
     skip_invalid_rows: bool = Field(
         False, description="Skip malformed rows (and report how many) instead of stopping before training."
@@ -146,7 +175,7 @@ class OptimConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (not applied to biases and norms).")
-    schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="Learning-rate schedule after warmup.")
+    schedule: Literal[LR_SCHEDULES] = Field("cosine", description="Learning-rate schedule after warmup.")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 over this many optimizer steps.")
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warmup as a fraction of total steps (when warmup_steps is 0).")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr` (linear/cosine).")
@@ -162,7 +191,7 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
-    mixed_precision: Literal["auto", "no", "bf16"] = Field(
+    mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
         "auto", description="`auto`: bf16 autocast on GPU, none on CPU."
     )
     max_nonfinite_steps: int = Field(
@@ -193,7 +222,9 @@ class AlgorithmConfig(Section):
 class PreferenceConfig(Section):
     beta: float = Field(
         0.1, gt=0, description="Inverse temperature of the implicit reward (DPO/rDPO/hinge/KTO; IPO's tau). "
-        "SimPO uses it on mean token log-probs (its paper: 2-2.5). ORPO, RM and KD ignore it.",
+        "SimPO uses it on mean token log-probs (its paper: 2-2.5). Not read by ORPO, RM and KD. Each setting of "
+        "this section is read only by the objectives it names; set under another algorithm (RL included), it is "
+        "refused (`PREFERENCE_READ_BY` in oxrl/config/schema.py).",
     )
     label_smoothing: float = Field(0.0, ge=0, le=0.5, description="`dpo` only: cDPO's assumed label-flip probability.")
     rdpo_epsilon: float = Field(0.1, ge=0, lt=0.5, description="`rdpo`: known label-flip rate eps (the loss divides by 1 - 2 eps).")
@@ -204,7 +235,7 @@ class PreferenceConfig(Section):
     )
     kto_desirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_D, weight of desirable examples.")
     kto_undesirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_U, weight of undesirable examples.")
-    reference: Literal["frozen_copy", "lora_disabled", "precomputed"] = Field(
+    reference: Literal[REFERENCE_MODES] = Field(
         "frozen_copy",
         description="Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` "
         "keeps a frozen copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs "
@@ -222,6 +253,25 @@ class PreferenceConfig(Section):
     )
 
 
+# The objectives that read each `preference` setting; under any other algorithm a setting must keep its default
+# (tests/test_declared_once.py checks the losses read exactly these).
+PREFERENCE_READ_BY: dict[str, tuple[str, ...]] = {
+    "beta": ("dpo", "rdpo", "hinge", "ipo", "simpo", "kto"),
+    "label_smoothing": ("dpo",),
+    "rdpo_epsilon": ("rdpo",),
+    "simpo_gamma": ("simpo",),
+    "orpo_lambda": ("orpo",),
+    "ipo_length_normalise": ("ipo",),
+    "kto_desirable_weight": ("kto",),
+    "kto_undesirable_weight": ("kto",),
+    "reference": ("dpo", "rdpo", "hinge", "ipo", "kto"),
+    "teacher": DISTILLATION,
+    "temperature": DISTILLATION,
+    "jsd_beta": ("kd_jsd",),
+    "rm_margin_field": ("rm",),
+}
+
+
 class VLLMConfig(Section):
     tensor_parallel_size: int = Field(1, gt=0, description="GPUs (or CPU processes) one vLLM engine is split over.")
     gpu_memory_utilization: float = Field(
@@ -234,7 +284,7 @@ class VLLMConfig(Section):
         description="KV-cache size in GiB; null: vLLM sizes it from `gpu_memory_utilization` on GPU, 1 GiB on CPU "
         "(vLLM CPU would otherwise reserve a fraction of all RAM).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: Literal[DTYPES] = Field(
         "auto", description="vLLM's compute dtype; `auto` is the training model's parameter dtype."
     )
     max_model_len: int | None = Field(
@@ -264,7 +314,7 @@ class VLLMConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = Field(
+    engine: Literal[ROLLOUT_ENGINES] = Field(
         "hf",
         description="Rollout engine: `hf` (transformers generate, built in) or `vllm` (vLLM colocated in the trainer's "
         "process, weights synced after every update; install with `pip install 'oxrl[vllm]'` on GPU or "
@@ -313,9 +363,10 @@ class RLConfig(Section):
     task_size: int = Field(2000, gt=0, description="Training prompts generated for `task`.")
     validation_size: int | None = Field(
         None, ge=0,
-        description="Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and no "
-        "`data.validation`: the first N rows are split off (null: 10% of the rows, at most 100, so files of fewer "
-        "than 10 rows keep all for training; a count that leaves no training rows is an error). 0: none.",
+        description="Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and "
+        "neither `data.validation` nor `data.validation_fraction`: the first N rows of `data.train` (in file order) "
+        "are split off (null: 10% of the rows, at most 100, so files of fewer than 10 rows keep all for training; a "
+        "count that leaves no training rows is an error). 0: none.",
     )
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
@@ -325,7 +376,7 @@ class RLConfig(Section):
     env: EnvConfig | None = Field(
         None, description="Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."
     )
-    on_reward_error: Literal["raise", "zero"] = Field(
+    on_reward_error: Literal[REWARD_ERROR_MODES] = Field(
         "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
     )
     reward_timeout_s: float | None = Field(
@@ -335,16 +386,19 @@ class RLConfig(Section):
         "(a Python thread cannot be killed: the hung call is left behind in a daemon thread, still using CPU). "
         "Built-in rewards bound their own time (math-verify's limits, the code sandbox's). null: no limit.",
     )
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] | None = Field(
-        None, description="Advantage estimator; default from the algorithm preset. `gae` trains a critic (PPO)."
+    advantage: Literal[ADVANTAGE_ESTIMATORS] | None = Field(
+        None,
+        description="Advantage estimator; default from the algorithm preset. `gae` trains a critic (PPO). A setting "
+        "marked `... only` below that the resolved algorithm does not read must stay at its default: the config "
+        "is refused otherwise (table `READ_ONLY_WITH` in oxrl/config/rl_presets.py).",
     )
-    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    gamma: float = Field(1.0, ge=0, le=1, description="`gae` only: GAE's discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="`gae` only: GAE's lambda.")
     whiten_advantages: bool = Field(True, description="`gae` only: whiten advantages over the step's tokens.")
     critic_model: str | None = Field(
         None, description="`gae` only: critic initialisation (model path); default: the policy's weights with a new value head."
     )
-    critic_backbone: Literal["separate", "shared"] = Field(
+    critic_backbone: Literal[CRITIC_BACKBONES] = Field(
         "separate",
         description="`gae` only. `separate`: the critic is its own model (a copy of the policy or `critic_model` with a "
         "value head), prepared, sharded, clipped, scheduled and checkpointed like the policy. `shared`: a value head on "
@@ -362,20 +416,33 @@ class RLConfig(Section):
     value_clip: float | None = Field(0.2, gt=0, description="`gae` only: value clipping range; null disables.")
     critic_warmup_steps: int = Field(0, ge=0, description="`gae` only: steps that train only the critic before the policy moves.")
     std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
-    policy_loss: Literal["ppo", "cispo", "gspo"] | None = Field(None, description="Policy loss; default from the preset.")
-    eps_low: float | None = Field(None, ge=0, description="Clip below (ratio >= 1 - eps_low); default from the preset.")
-    eps_high: float | None = Field(None, ge=0, description="Clip above (DAPO clip-higher uses 0.28); default from the preset.")
-    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages; null = off.")
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
-        None, description="Loss aggregation; default from the preset (token_mean)."
+    policy_loss: Literal[POLICY_LOSS_NAMES] | None = Field(None, description="Policy loss; default from the preset.")
+    eps_low: float | None = Field(
+        None, ge=0,
+        description="Lower clip bound of the chosen policy loss: `ppo` clips the ratio at 1 - eps_low, `cispo` its "
+        "importance-sampling weight, `gspo` its sequence ratio. Default from the preset: 0.2; `cispo` 1.0 (no lower "
+        "bound), `gspo` 3e-4 (its paper's).",
     )
+    eps_high: float | None = Field(
+        None, ge=0,
+        description="Upper clip bound of the chosen policy loss (1 + eps_high), like `eps_low`. Default from the "
+        "preset: 0.2; `dapo` 0.28 (clip-higher), `cispo` 4.0 (a loose cap; tune it), `gspo` 4e-4 (its paper's).",
+    )
+    dual_clip: float | None = Field(
+        None, gt=1, description="`ppo` loss only: dual-clip constant c for negative advantages; null = off."
+    )
+    aggregation: Literal[AGGREGATION_MODES] | None = Field(None, description="Loss aggregation; default from the preset.")
     kl_coef: float | None = Field(
         None, ge=0,
         description="Weight of KL(policy || reference); 0 builds no reference model. Default from the preset: 0, "
         "except `sgrpo` 0.04 (DeepSeekMath, arXiv:2402.03300).",
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator for the loss term.")
-    kl_in_reward: bool = Field(False, description="Apply the KL as a k1 reward penalty instead of a loss term.")
+    kl_estimator: Literal[KL_ESTIMATOR_NAMES] = Field(
+        "k3", description="`kl_coef` > 0 and not `kl_in_reward` only: KL estimator of the loss term."
+    )
+    kl_in_reward: bool = Field(
+        False, description="`kl_coef` > 0 only: apply the KL as a k1 reward penalty instead of a loss term."
+    )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass (the rollout batch is split).")
@@ -384,7 +451,9 @@ class RLConfig(Section):
         description="Fail unless the first update is exactly on-policy: the engine's log-probs match the trainer's "
         "(within `on_policy_tolerance`) and the first ratio is 1.",
     )
-    on_policy_tolerance: float = Field(1e-3, gt=0, description="Tolerance of `strict_on_policy` (mean absolute log-prob difference).")
+    on_policy_tolerance: float = Field(
+        1e-3, gt=0, description="`strict_on_policy` only: its tolerance (mean absolute log-prob difference)."
+    )
     tis_cap: float | None = Field(
         None, gt=0,
         description="Truncated importance sampling: weight each token's loss by min(pi_trainer / pi_engine, tis_cap), "
@@ -393,7 +462,7 @@ class RLConfig(Section):
     )
     validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
     system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
-    answer_format: Literal["boxed", "tags"] = Field(
+    answer_format: Literal[ANSWER_FORMATS] = Field(
         "boxed", description="Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."
     )
     prompt_template: str | None = Field(
@@ -402,9 +471,17 @@ class RLConfig(Section):
         "default: the question, a blank line, the instruction.",
     )
     task_config: dict = Field(default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`).")
-    data_format: Literal["auto", "gsm8k", "openr1", "rl2"] = Field(
-        "auto", description="Row format of `data.train` prompt files: GSM8K, OpenR1 math, or RL2 (`prompt`/`messages` + `extra_info`)."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_format_moved(cls, data):
+        """`rl.data_format` became each dataset's `format`; the saved config.yaml of earlier runs holds its default."""
+        if isinstance(data, dict) and "data_format" in data:
+            if data["data_format"] not in (None, "auto"):
+                raise ValueError(f"`rl.data_format` was replaced by each dataset's `format`: set `format: "
+                                 f"{data['data_format']}` on the data.train (and data.validation) entries")
+            data = {key: value for key, value in data.items() if key != "data_format"}
+        return data
 
     @model_validator(mode="after")
     def _one_source_of_reward(self) -> "RLConfig":
@@ -414,14 +491,14 @@ class RLConfig(Section):
 
 
 class StrategyConfig(Section):
-    name: Literal["auto", "single", "fsdp2", "deepspeed"] = Field(
+    name: Literal[STRATEGY_NAMES] = Field(
         "auto",
         description="How training is spread over processes: `single` (one device), `fsdp2` (torch FSDP2: "
         "parameters, gradients and optimizer state sharded over ranks) or `deepspeed` (ZeRO, see `zero_stage`). "
         "`auto` is `fsdp2` under torchrun with more than one process, else `single`. Mixed precision is "
         "`train.mixed_precision` and activation checkpointing `model.gradient_checkpointing`, for every strategy.",
     )
-    zero_stage: Literal[2, 3] = Field(
+    zero_stage: Literal[ZERO_STAGES] = Field(
         3, description="`deepspeed` only: ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."
     )
     cpu_offload: bool = Field(
@@ -493,6 +570,12 @@ class LoggingConfig(Section):
         return names
 
 
+# Settings an RL run does not read, and what to use instead: refused unless left at their default.
+RL_UNUSED_SETTINGS = (
+    ("train", "eval_every", "RL validates on its held-out prompts every rl.validation_every steps: use rl.validation_every"),
+)
+
+
 class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
     model: ModelConfig = Field(..., description="The model to train.")
@@ -502,13 +585,28 @@ class Config(Section):
     preference: PreferenceConfig = Field(
         default_factory=PreferenceConfig, description="Preference, KTO, reward-model and distillation objectives."
     )
-    rl: RLConfig = Field(default_factory=RLConfig, description="RL with verifiable rewards (RL algorithms only).")
+    rl: RLConfig = Field(
+        default_factory=RLConfig, validate_default=True,
+        description="RL with verifiable rewards (RL algorithms only); filled in from the algorithm's preset.",
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
     strategy: StrategyConfig = Field(
         default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
+
+    @field_validator("rl")
+    @classmethod
+    def _rl_resolved(cls, rl: RLConfig, info: ValidationInfo) -> RLConfig:
+        """An RL algorithm's preset fills the `rl` fields left unset, so `cfg.rl` is always resolved; a setting
+        the algorithm does not read is refused here, before anything loads (oxrl/config/rl_presets.py). A field
+        validator, not a model validator: it sees `algorithm` (validated before `rl`) and also runs when `rl`
+        is assigned, without re-validating the whole config."""
+        algorithm = info.data.get("algorithm")  # absent when it failed its own validation
+        if algorithm is None or algorithm.name not in RL_ALGORITHMS:
+            return rl
+        return resolve(algorithm.name, rl)
 
     @model_validator(mode="after")
     def _batch_sizes_divide(self) -> "Config":
@@ -524,6 +622,11 @@ class Config(Section):
     @model_validator(mode="after")
     def _preference_settings_fit(self) -> "Config":
         name, pref = self.algorithm.name, self.preference
+        unread = [f"preference.{field} = {getattr(pref, field)!r} is not read by `{name}`: read only by "
+                  f"{', '.join(readers)}" for field, readers in PREFERENCE_READ_BY.items()
+                  if name not in readers and getattr(pref, field) != PreferenceConfig.model_fields[field].default]
+        if unread:
+            raise ValueError("; ".join(unread))
         if name.startswith("kd_") and pref.teacher is None:
             raise ValueError(f"algorithm `{name}` distils a teacher: set preference.teacher")
         if pref.reference == "lora_disabled" and not self.lora.enabled:
@@ -538,4 +641,32 @@ class Config(Section):
             raise ValueError("`rm` with LoRA is not supported yet (the score head must be trained in full): set lora.enabled: false")
         if name == "rm" and self.logging.samples:
             raise ValueError("`rm` trains a reward model, which scores text but does not generate: remove logging.samples")
+        return self
+
+    @model_validator(mode="after")
+    def _data_fits_the_algorithm(self) -> "Config":
+        """Dataset formats of the algorithm's kind (offline rows or RL prompts); RL: room for the completion, one
+        held-out split, and no setting it would ignore (`RL_UNUSED_SETTINGS`)."""
+        is_rl = self.algorithm.name in RL_ALGORITHMS
+        for part in ("train", "validation"):
+            for index, spec in enumerate(getattr(self.data, part)):
+                key = f"data.{part}[{index}].format `{spec.format}`"
+                if is_rl and spec.format in OFFLINE_FORMATS:
+                    raise ValueError(f"{key} is not an RL prompt format: RL reads {', '.join(RL_PROMPT_FORMATS)} "
+                                     "rows (`auto` detects them from the columns)")
+                if not is_rl and spec.format in RL_PROMPT_FORMATS:
+                    raise ValueError(f"{key} is an RL prompt format, and `{self.algorithm.name}` trains on offline "
+                                     f"rows: use one of {', '.join(OFFLINE_FORMATS)} (or `auto`)")
+        if not is_rl:
+            return self
+        for section, name, instead in RL_UNUSED_SETTINGS:
+            value = getattr(getattr(self, section), name)
+            if value != type(getattr(self, section)).model_fields[name].default:
+                raise ValueError(f"{section}.{name} = {value!r} is not read by RL algorithms: {instead}")
+        if self.data.max_length <= self.rl.rollout.max_new_tokens:
+            raise ValueError(f"data.max_length ({self.data.max_length}) must exceed rl.rollout.max_new_tokens "
+                             f"({self.rl.rollout.max_new_tokens}): a prompt gets the tokens the completion leaves")
+        if self.rl.task is None and self.data.validation_fraction and self.rl.validation_size is not None:
+            raise ValueError(f"data.validation_fraction ({self.data.validation_fraction}) and rl.validation_size "
+                             f"({self.rl.validation_size}) both hold out prompts for validation: set only one")
         return self

@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from oxrl.config.schema import DataConfig, DatasetSpec
 from oxrl.data.errors import DataError
 from oxrl.data.formats import detect_format, parse_row
 from oxrl.data.mix import mix
-from oxrl.data.read import dataset_name, read_dataset
+from oxrl.data.read import RawDataset, Row, dataset_name, read_dataset
 from oxrl.data.tokenize import NO_TRAINED_TOKENS_LEFT, ExampleTokenizer, truncate
 from oxrl.data.types import Example
 
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 INVALID_ROW = "invalid_row"  # a key of `LoadedData.skipped`, beside those of `oxrl.data.tokenize`
 _LOGGED_SKIPS = 5  # skipped rows logged one by one per dataset; the rest only counted
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -42,11 +45,7 @@ class LoadedData:
 def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> LoadedData:
     row_tokenizer = ExampleTokenizer(tokenizer)
     skipped: Counter[str] = Counter()
-    names = [dataset_name(spec) for spec in cfg.train]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"several training datasets are named {duplicates}; give each a distinct `name`")
-
+    names = distinct_names(cfg.train)
     per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped) for name, spec in zip(names, cfg.train)}
     validation: list[Example] = []
     if cfg.validation:
@@ -55,7 +54,7 @@ def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: 
         for spec in cfg.validation:
             validation.extend(_load_dataset(spec, cfg, row_tokenizer, skipped))
     elif cfg.validation_fraction:
-        per_dataset, validation = _hold_out(per_dataset, cfg.validation_fraction, seed)
+        per_dataset, validation = hold_out(per_dataset, cfg.validation_fraction, seed)
 
     weights = {name: spec.weight for name, spec in zip(names, cfg.train)}
     train, counts = mix(per_dataset, weights, total=cfg.num_examples, seed=seed)
@@ -68,6 +67,15 @@ def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: 
     return LoadedData(train, validation, counts, dict(skipped))
 
 
+def distinct_names(specs: list[DatasetSpec]) -> list[str]:
+    """The datasets' names (logs, mixing counts, hold-out seeds), which must differ."""
+    names = [dataset_name(spec) for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"several training datasets are named {duplicates}; give each a distinct `name`")
+    return names
+
+
 def _load_dataset(
     spec: DatasetSpec, cfg: DataConfig, row_tokenizer: ExampleTokenizer, skipped: Counter[str]
 ) -> list[Example]:
@@ -75,30 +83,22 @@ def _load_dataset(
     raw = read_dataset(spec)
     fmt = detect_format(raw.columns, raw.location) if spec.format == "auto" else spec.format
     logger.info("%s: %d rows, format %s%s", raw.name, len(raw.rows), fmt, " (detected)" if spec.format == "auto" else "")
+
+    def example(row: Row) -> Example:
+        parsed = parse_row(fmt, row.values, location=raw.location, row=row.number, chat_template=spec.chat_template)
+        return row_tokenizer.example(parsed, source=raw.name, location=raw.location, row=row.number)
+
+    parsed, invalid = parse_rows(raw, example, cfg.skip_invalid_rows)
+    if invalid:
+        skipped[INVALID_ROW] += invalid
     examples: list[Example] = []
-    invalid = 0
-    for row in raw.rows:
-        try:
-            if row.error is not None:
-                raise row.error
-            parsed = parse_row(fmt, row.values, location=raw.location, row=row.number, chat_template=spec.chat_template)
-            example = row_tokenizer.example(parsed, source=raw.name, location=raw.location, row=row.number)
-        except DataError as error:
-            if not cfg.skip_invalid_rows:
-                raise
-            invalid += 1
-            if invalid <= _LOGGED_SKIPS:
-                logger.warning("skipping invalid row: %s", error)
-            continue
-        # Outside the try: truncation "error" stops the run even when invalid rows are skipped.
-        kept, reason = truncate(example, cfg.max_length, cfg.truncation, location=raw.location)
+    for each in parsed:
+        # After parsing: truncation "error" stops the run even when invalid rows are skipped.
+        kept, reason = truncate(each, cfg.max_length, cfg.truncation, location=raw.location)
         if kept is None:
             skipped[reason] += 1
             continue
         examples.append(kept)
-    if invalid:
-        skipped[INVALID_ROW] += invalid
-        logger.warning("%s: skipped %d invalid rows of %d (data.skip_invalid_rows)", raw.name, invalid, len(raw.rows))
     if not examples:
         # Every row was skipped: say why now, rather than after the model has loaded.
         raise DataError(raw.location, None, None, f"none of its {len(raw.rows)} rows is usable: {invalid} invalid "
@@ -107,12 +107,34 @@ def _load_dataset(
     return examples
 
 
-def _hold_out(
-    per_dataset: dict[str, list[Example]], fraction: float, seed: int
-) -> tuple[dict[str, list[Example]], list[Example]]:
-    """Move `fraction` of each dataset (at least one example, never all) to validation, seeded by name."""
-    train: dict[str, list[Example]] = {}
-    validation: list[Example] = []
+def parse_rows(raw: RawDataset, parse: Callable[[Row], T], skip_invalid_rows: bool) -> tuple[list[T], int]:
+    """`parse` of every row, in order, and how many rows were invalid.
+
+    A row that could not be read, or whose `parse` raises a DataError, stops the run, or with
+    `skip_invalid_rows` is skipped, counted and (the first few) logged.
+    """
+    parsed: list[T] = []
+    invalid = 0
+    for row in raw.rows:
+        try:
+            if row.error is not None:
+                raise row.error
+            parsed.append(parse(row))
+        except DataError as error:
+            if not skip_invalid_rows:
+                raise
+            invalid += 1
+            if invalid <= _LOGGED_SKIPS:
+                logger.warning("skipping invalid row: %s", error)
+    if invalid:
+        logger.warning("%s: skipped %d invalid rows of %d (data.skip_invalid_rows)", raw.name, invalid, len(raw.rows))
+    return parsed, invalid
+
+
+def hold_out(per_dataset: dict[str, list[T]], fraction: float, seed: int) -> tuple[dict[str, list[T]], list[T]]:
+    """Move `fraction` of each dataset (at least one item, never all) to validation, seeded by name."""
+    train: dict[str, list[T]] = {}
+    validation: list[T] = []
     for name, examples in per_dataset.items():
         size = len(examples)
         held_count = min(max(1, round(size * fraction)), size - 1) if size > 1 else 0

@@ -1,8 +1,9 @@
-"""Prompts for RL with verifiable rewards: from files (GSM8K, OpenR1 math, RL2) or generated offline.
+"""Prompts for RL with verifiable rewards: the `RLPrompt`, generated tasks, and rendering to token ids.
 
-Each prompt is an `RLPrompt`: a chat prompt (`messages`, rendered later with the tokenizer's chat
-template) or a plain `prompt`, plus `fields` the reward reads (the gold `answer`, `tests`,
-reasoning-gym `metadata`, ...) and where it came from (`source`, 1-based `row`).
+Each prompt is an `RLPrompt`: a chat prompt (`messages`, rendered with the tokenizer's chat template)
+or a plain `prompt`, plus `fields` the reward reads (the gold `answer`, `tests`, reasoning-gym
+`metadata`, ...) and where it came from (`source`, 1-based `row`, the `column` of its question).
+Prompt files (GSM8K, OpenR1 math, RL2) are read by `oxrl.data.rl_prompts`.
 
 Tasks and their default reward (`TASK_REWARDS`, `default_reward_specs`):
 
@@ -16,24 +17,23 @@ The question is wrapped by a `PromptTemplate`: by default one user message, the 
 by an instruction to put the final answer in `\\boxed{}` (`answer_format="boxed"`) or to think in
 `<think>` tags and answer in `<answer>` tags (`answer_format="tags"`); an optional system message.
 RL2 rows carry their own finished prompt and are not wrapped.
+
+`encode_prompts` renders prompts to token ids and fits them into a token budget (`data.max_length`
+minus `rl.rollout.max_new_tokens`) by `data.truncation`; see `fit_prompt`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from oxrl.data.errors import DataError
-from oxrl.data.formats import _kind
 from oxrl.data.types import RLPromptBatch
-from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
 from oxrl.rewards import RewardSpec
-from oxrl.rewards.extract import last_boxed
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ ANSWER_INSTRUCTIONS = {
     "tags": "Think step by step inside <think> </think> tags, then give your final answer inside <answer> </answer> tags.",
 }
 TASK_REWARDS: dict[str, str] = {"arithmetic": "math", "gsm8k": "math", "openr1": "math", "reasoning_gym": "reasoning_gym"}
-FILE_FORMATS = ("gsm8k", "openr1", "rl2")
 ARITHMETIC_OPTIONS = ("max_operand",)  # the `task_config` keys of the built-in `arithmetic` task
 
 
@@ -71,6 +70,7 @@ class RLPrompt:
     fields: dict[str, Any] = field(default_factory=dict)  # what rewards read: answer, tests, metadata, ...
     source: str = ""
     row: int = -1  # 1-based row in `source`
+    column: str | None = None  # the column the question came from (error messages)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -92,108 +92,6 @@ def default_reward_specs(task: str, answer_format: str = "boxed") -> list[Reward
         )
     prefer_tag = {"prefer": "tag"} if answer_format == "tags" and reward == "math" else {}
     return [RewardSpec(reward, kwargs=prefer_tag)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
-def read_rl_prompts(
-    path: str,
-    format: Literal["auto", "gsm8k", "openr1", "rl2"] = "auto",
-    *,
-    split: str = "train",
-    max_rows: int | None = None,
-    columns: dict[str, str] | None = None,
-    template: PromptTemplate | None = None,
-) -> list[RLPrompt]:
-    """Read RL prompts from a local file or saved dataset (what `oxrl.data.read` reads).
-
-    `auto` picks the format from the columns; `columns` renames columns first, e.g.
-    `{"question": "prompt"}` turns plain question/answer rows into rl2 rows (prompt + answer).
-    """
-    from oxrl.config.schema import DatasetSpec
-    from oxrl.data.read import read_dataset
-
-    if format != "auto" and format not in FILE_FORMATS:
-        raise ValueError(f"unknown RL prompt format {format!r}; expected 'auto' or one of {FILE_FORMATS}")
-    template = template or PromptTemplate()
-    raw = read_dataset(DatasetSpec(path=path, split=split, max_rows=max_rows, columns=columns or {}))
-    chosen = _detect_format(raw.columns, raw.location) if format == "auto" else format
-    convert = {"gsm8k": _gsm8k_row, "openr1": _openr1_row, "rl2": _rl2_row}[chosen]
-    prompts = []
-    for row in raw.rows:
-        if row.error is not None:
-            raise row.error
-        prompts.append(convert(dict(row.values), RowChecker(raw.location, row.number), template))
-    logger.info("%s: %d %s prompts", raw.location, len(prompts), chosen)
-    return prompts
-
-
-def _detect_format(columns: list[str], location: str) -> str:
-    if {"question", "answer"} <= set(columns):
-        return "gsm8k"
-    if {"problem", "solution"} <= set(columns):
-        return "openr1"
-    if "prompt" in columns or "messages" in columns:
-        return "rl2"
-    raise DataError(
-        location, None, None,
-        f"cannot tell the RL prompt format from the columns {columns}: expected question+answer (gsm8k), "
-        "problem+solution (openr1), or prompt/messages (+ extra_info) (rl2)",
-    )
-
-
-def _gsm8k_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
-    question = where.string(values, "question")
-    solution = where.string(values, "answer")
-    if "####" not in solution:
-        raise where.fail(
-            "answer",
-            f"expected GSM8K's final '#### <answer>' line, got {solution[-80:]!r} (for rows whose answer is "
-            "the gold answer itself, rename `question` to `prompt`: they are then rl2 rows)",
-        )
-    gold = solution.rsplit("####", 1)[1].strip().replace(",", "")
-    if not gold:
-        raise where.fail("answer", "nothing after '####'")
-    fields = {**values, "answer": gold, "solution": solution}
-    del fields["question"]
-    return RLPrompt(messages=template.messages(question), fields=fields, source=where.location, row=where.row)
-
-
-def _openr1_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
-    problem = where.string(values, "problem")
-    solution = where.string(values, "solution")
-    # The solution's last \boxed{} is the gold answer; OpenR1-Math's own `answer` column is the fallback.
-    gold = last_boxed(solution)
-    if gold is None and isinstance(values.get("answer"), str) and values["answer"].strip():
-        gold = values["answer"].strip()
-    if gold is None:
-        raise where.fail("solution", "no \\boxed{} answer in the solution (and no `answer` column)")
-    fields = {key: value for key, value in values.items() if key != "problem"}
-    fields["answer"] = gold
-    return RLPrompt(messages=template.messages(problem), fields=fields, source=where.location, row=where.row)
-
-
-def _rl2_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate) -> RLPrompt:
-    extra = values.pop("extra_info", None)
-    if isinstance(extra, str):  # a CSV cell, or a dataset that stored it as JSON text
-        try:
-            extra = json.loads(extra)
-        except json.JSONDecodeError as error:
-            raise where.fail("extra_info", f"expected an object (or JSON object text), got {extra[:60]!r}") from error
-    if extra is not None and not isinstance(extra, dict):
-        raise where.fail("extra_info", f"expected an object, got {_kind(extra)}")
-    # Arrow gives every row of a dict column the union of all rows' keys, filling the absent ones with
-    # null; a null in extra_info therefore means "absent" and is dropped.
-    extra_fields = {key: value for key, value in (extra or {}).items() if value is not None}
-    if isinstance(values.get("prompt"), list) and values.get("messages") is None:
-        values["messages"] = values.pop("prompt")  # verl keeps the chat prompt in `prompt`
-    prompt = where.prompt(values)  # a string, or checked messages
-    fields = {key: value for key, value in values.items() if key not in ("prompt", "messages")} | extra_fields
-    if isinstance(prompt, str):
-        return RLPrompt(prompt=prompt, fields=fields, source=where.location, row=where.row)
-    return RLPrompt(messages=prompt, fields=fields, source=where.location, row=where.row)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,16 +226,97 @@ def _reasoning_gym(
     return train, validation
 
 
-def encode_prompts(prompts: list[RLPrompt], tokenizer) -> RLPromptBatch:
-    """Token ids of each prompt, ready for generation (chat template + generation header)."""
-    ids, texts = [], []
+def plain_text(messages: list[dict[str, Any]]) -> str:
+    """A chat prompt as plain text (no chat template): its non-empty contents, one per line."""
+    return "\n".join(m["content"] for m in messages if m["content"])
+
+
+def encode_prompts(
+    prompts: list[RLPrompt], tokenizer, *, max_tokens: int | None = None, truncation: str = "error"
+) -> RLPromptBatch:
+    """Token ids of each prompt, ready for generation (chat template + generation header).
+
+    With `max_tokens` (`data.max_length - rl.rollout.max_new_tokens`), a longer prompt is fitted by
+    `truncation` (`data.truncation`): cut at its start (`left`, see `fit_prompt`), left out (`drop`,
+    counted and logged), or a DataError naming its file, row and column (`error`, and `right`, which
+    would cut the question and the generation header).
+    """
+    ids, kept, texts = [], [], []
+    cut = dropped = 0
     for prompt in prompts:
-        if prompt.messages is not None and tokenizer.chat_template:
-            ids.append(list(tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)["input_ids"]))
-            texts.append(prompt.messages[-1]["content"])
+        rendered, text = _render(prompt, tokenizer)
+        if max_tokens is not None and len(rendered) > max_tokens:
+            fitted = fit_prompt(prompt, tokenizer, max_tokens, truncation, len(rendered))
+            if fitted is None:
+                dropped += 1
+                continue
+            cut += 1
+            prompt, rendered, text = fitted
+        ids.append(rendered)
+        kept.append(prompt)
+        texts.append(text)
+    if cut:
+        logger.warning("cut the start of %d of %d prompts to fit %d tokens (data.truncation=left)", cut, len(prompts), max_tokens)
+    if dropped:
+        logger.warning("dropped %d of %d prompts longer than %d tokens (data.truncation=drop)", dropped, len(prompts), max_tokens)
+        if not kept:
+            raise ValueError(f"every prompt is longer than {max_tokens} tokens (data.max_length - rl.rollout.max_new_tokens) "
+                             "and was dropped: raise data.max_length or lower rl.rollout.max_new_tokens")
+    return RLPromptBatch(ids, texts, [p.fields for p in kept], [p.origin for p in kept])
+
+
+def _render(prompt: RLPrompt, tokenizer) -> tuple[list[int], str]:
+    """The prompt's token ids, and its text as the rewards see it (the last message's content for a chat)."""
+    if prompt.messages is not None and tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return list(rendered["input_ids"]), prompt.messages[-1]["content"]
+    text = prompt.prompt if prompt.prompt is not None else plain_text(prompt.messages)
+    return list(tokenizer(text)["input_ids"]), text
+
+
+def fit_prompt(
+    prompt: RLPrompt, tokenizer, max_tokens: int, truncation: str, length: int
+) -> tuple[RLPrompt, list[int], str] | None:
+    """A prompt of `length` > `max_tokens` tokens fitted by `truncation`: (the cut prompt, its ids, its text), or
+    None to drop it.
+
+    `left` cuts tokens from the start of the last user message's content (of the text, for a plain
+    prompt), never the ids of the rendered chat, so that the system prompt, the template's headers and
+    the generation header stay whole; the end of the message, where the question and the answer-format
+    instruction sit, is kept. A prompt that would need all of that content cut is a DataError.
+    """
+    if truncation == "drop":
+        return None
+    where = (prompt.source, prompt.row, prompt.column)
+    over = f"{length} tokens, more than the {max_tokens} that data.max_length leaves after rl.rollout.max_new_tokens"
+    if truncation in ("error", "right"):
+        fix = "set data.truncation to left (cut its start) or drop, or raise data.max_length"
+        if truncation == "right":
+            fix = ("data.truncation `right` (the default) does not apply to RL prompts, as it would cut the question "
+                   "and the generation header: " + fix)
+        raise DataError(*where, f"{over}; {fix}")
+    if truncation != "left":
+        raise ValueError(f"unknown truncation {truncation!r}; expected one of ['left', 'drop', 'error', 'right']")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"data.truncation `left` needs a fast tokenizer (offsets); {type(tokenizer).__name__} is slow")
+    chat = prompt.messages is not None and bool(tokenizer.chat_template)
+    users = [i for i, m in enumerate(prompt.messages or []) if m["role"] == "user"]
+    if chat and not users:
+        raise DataError(*where, f"{over}, and it has no user message to cut (data.truncation=left)")
+    text = prompt.messages[users[-1]]["content"] if chat else _render(prompt, tokenizer)[1]
+    starts = [begin for begin, _ in tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+    cut = length - max_tokens
+    while cut < len(starts):
+        rest = text[starts[cut]:]
+        if chat:
+            messages = [dict(m) for m in prompt.messages]
+            messages[users[-1]]["content"] = rest
+            candidate = dataclasses.replace(prompt, messages=messages)
         else:
-            text = prompt.prompt if prompt.prompt is not None else "\n".join(m["content"] for m in prompt.messages)
-            ids.append(tokenizer(text)["input_ids"])
-            texts.append(text)
-    return RLPromptBatch(ids, texts, [p.fields for p in prompts], [p.origin for p in prompts])
+            candidate = dataclasses.replace(prompt, prompt=rest, messages=None)
+        ids, shown = _render(candidate, tokenizer)
+        if len(ids) <= max_tokens:
+            return candidate, ids, shown
+        cut += len(ids) - max_tokens  # tokens merge differently at the new start: cut the difference too
+    raise DataError(*where, f"{over}, even with all but the last token of its text cut (data.truncation=left): the "
+                    "system prompt and the chat template leave no room; raise data.max_length")

@@ -1,5 +1,5 @@
 """The numbers an evaluation reports from scored completions. The RL loop's held-out evaluation
-(`evaluate` in oxrl/loops/rl.py) and `oxrl eval` both sample with `sample_and_score` and summarise here.
+(`evaluate` in oxrl/loops/rl.py) and `oxrl eval` both sample with `sample_and_reward` and summarise here.
 
 A completion is *correct* when it has full marks (>= 1) on the first reward: the correctness reward
 (`math`, `reasoning_gym`, an environment's `score`); with several rewards, name that one first.

@@ -19,7 +19,7 @@ they mean in training, and the RL loop's own functions do the work:
   decides correctness (oxrl/evaluation/metrics.py);
 - a greedy pass (T = 0, one sample per prompt, `sampling_params(rl, greedy=True)`: what the RL loop's
   `evaluate` runs) and, with `--n K` > 1, a sampled pass of K samples per prompt at
-  `rl.rollout.temperature` for pass@k. Each pass is `sample_and_score` then `summarise`, as in the
+  `rl.rollout.temperature` for pass@k. Each pass is `sample_and_reward` then `summarise`, as in the
   loop, so `greedy/accuracy` is the `val/accuracy` a training run logs for the same model and prompts.
 """
 
@@ -132,12 +132,14 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
 
 def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple[list[RLPrompt], str]:
     """The prompts to evaluate on (module docstring), and where they come from in words."""
-    from oxrl.config.schema import DatasetSpec
-    from oxrl.loops.rl_setup import load_prompts, read_prompt_files
+    from oxrl.data.rl_prompts import prompt_template, read_rl_prompts
+    from oxrl.loops.rl_setup import load_prompts
 
     rl = cfg.rl
     if data_files:
-        prompts, source = read_prompt_files([DatasetSpec(path=p) for p in data_files], rl), ", ".join(data_files)
+        template = prompt_template(rl)
+        prompts = [prompt for path in data_files for prompt in read_rl_prompts(path, template=template)]
+        source = ", ".join(data_files)
     elif rl.task is None and not cfg.data.train:
         raise ValueError("nothing to evaluate on: give --task (e.g. arithmetic) or --data FILE, or a --config or run "
                          "directory whose config names them")
@@ -190,7 +192,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
 
 
 def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
-    from oxrl.loops.rl import sample_and_score, sampling_params
+    from oxrl.loops.rl_stages import sample_and_reward, sampling_params
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl_setup import environment
     from oxrl.models.load import load_model, load_tokenizer
@@ -209,7 +211,7 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
     try:
         for name, params in passes.items():
             set_seed(cfg.run.seed)  # both models sample from the same RNG state
-            completions, scored, _ = sample_and_score(engine, reward_fn, env, batch, params)
+            completions, scored, _ = sample_and_reward(engine, reward_fn, env, batch, params)
             summary = summarise(completions, scored)
             if name == "sampled":
                 del summary["accuracy"]  # over all samples: pass@1 exactly

@@ -163,7 +163,7 @@ def evaluate(h: RLHandles, batch: RLPromptBatch) -> dict[str, float]:
     greedy pass is these same calls (oxrl/evaluation/run.py), so the two report the same numbers."""
     if not batch.prompt_ids:
         return {}
-    completions, scored, _ = sample_and_reward(h, batch, sampling_params(h.cfg.rl, greedy=True))
+    completions, scored, _ = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg.rl, greedy=True))
     summary = summarise(completions, scored)
     return {"val/accuracy": summary["accuracy"], "val/reward": summary["reward/mean"]}
 

@@ -57,28 +57,29 @@ def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens, stop=r.stop)
 
 
-def sample_and_reward(h, batch: RLPromptBatch, params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
+def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
+                      params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
     """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
-    engine samples and the reward functions score the text. Multi-turn (`h.env`): the episodes' summed
-    environment rewards are the rewards (oxrl/rollout/multiturn.py)."""
+    engine samples and the reward functions score the text. Multi-turn (`env`): the episodes' summed
+    environment rewards are the rewards (oxrl/rollout/multiturn.py). `oxrl eval` samples with it too."""
     started = time.perf_counter()
-    if h.env is not None:
-        episodes = run_episodes(h.engine, h.env, batch.prompt_ids, batch.fields, params)
-        h.engine.offload()  # every turn is sampled: the trainer gets the memory back
+    if env is not None:
+        episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
+        engine.offload()  # every turn is sampled: the trainer gets the memory back
         return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
                                                                 **episodes.metrics()}
-    completions = h.engine.generate(batch.prompt_ids, params)
-    h.engine.offload()
+    completions = engine.generate(batch.prompt_ids, params)
+    engine.offload()
     generated = time.perf_counter()
     of_prompt = [c.prompt_index for c in completions]
-    scored = h.reward_fn([batch.prompt_texts[i] for i in of_prompt], [c.text for c in completions],
+    scored = reward_fn([batch.prompt_texts[i] for i in of_prompt], [c.text for c in completions],
                          [batch.fields[i] for i in of_prompt], [batch.origins[i] for i in of_prompt])
     return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
 
 
 def sample(h, batch: RLPromptBatch) -> tuple[Rollout, dict[str, float]]:
     """Stage 1: sample the step's completions and reward them."""
-    completions, scored, metrics = sample_and_reward(h, batch, sampling_params(h.cfg.rl))
+    completions, scored, metrics = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg.rl))
     rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32))
     return rollout, {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
 

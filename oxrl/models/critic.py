@@ -28,14 +28,18 @@ def load_critic(path: str, device: torch.device, trust_remote_code: bool = False
     holds that one record back during the call, and the keys come back through the documented
     `output_loading_info=True` instead, where any other missing or unused key is logged as a warning.
     """
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     report = logging.getLogger("transformers.modeling_utils")  # where from_pretrained logs its key report
     hold_back = _KeyReportFilter()
     report.addFilter(hold_back)
     try:
+        config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+        # A token classifier puts dropout (0.1 unless the config says otherwise) before its head: a value model
+        # trained with it would fit noisy values and score others than it trains, so it is off.
+        config.classifier_dropout = 0.0
         critic, info = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
+            path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
     finally:
         report.removeFilter(hold_back)
     backbone = critic.base_model_prefix + "."

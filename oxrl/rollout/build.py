@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from oxrl.config.names import ROLLOUT_ENGINES
 from oxrl.config.schema import RolloutConfig
 
 VLLM_INSTALL_HINT = (
@@ -35,11 +36,21 @@ def require_vllm() -> None:
 
 def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int = 0):
     """A RolloutEngine (oxrl/rollout/base.py) sampling from `model`."""
-    if rollout.engine == "vllm":
-        from oxrl.rollout.vllm_engine import VLLMEngine
+    return ENGINES[rollout.engine](rollout, model, tokenizer, strategy, seed)
 
-        return VLLMEngine(model, tokenizer, rollout.vllm, seed)
+
+def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
     from oxrl.rollout.hf import HFEngine
 
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
     return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)
+
+
+def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
+    from oxrl.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, rollout.vllm, seed)
+
+
+ENGINES = {"hf": _hf_engine, "vllm": _vllm_engine}
+assert tuple(ENGINES) == ROLLOUT_ENGINES, "keep oxrl.config.names.ROLLOUT_ENGINES in step"

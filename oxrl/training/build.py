@@ -6,16 +6,15 @@ import the base class without the base module importing them back.
 
 from __future__ import annotations
 
+from oxrl.config.names import STRATEGY_NAMES
 from oxrl.training import distributed
 from oxrl.training.strategy import SingleDevice, Strategy
-
-STRATEGIES = ("auto", "single", "fsdp2", "deepspeed")
 
 
 def resolve_strategy_name(name: str, world_size: int) -> str:
     """`auto`: FSDP2 when several processes were launched, else a single device."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy.name {name!r}; valid: {', '.join(STRATEGIES)}")
+    if name not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy.name {name!r}; valid: {', '.join(STRATEGY_NAMES)}")
     if name == "auto":
         return "fsdp2" if world_size > 1 else "single"
     return name

@@ -8,9 +8,15 @@
         rng_rank1.pt, rng_rank1.json, ...     multi-process runs: the RNG of every other rank
         sharded/ or deepspeed/                multi-process runs: model and optimizer shards, written
                                               by every rank (oxrl/training/fsdp.py, deepspeed_strategy.py)
+    <run>/checkpoints/step_000010/critic/     an attached companion (PPO's critic): its own HF folder,
+        training_state/                       and its optimizer.pt (or shards), scheduler.pt and
+                                              nonfinite.json (RNG and trainer state are the run's, above)
 
 A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
 never shadows the previous good one; a failed save removes its temporary folder (oxrl/training/folders.py).
+The flow (partial folder, companions, RNG, publish) is `Strategy.save_checkpoint`
+(oxrl/training/strategy.py); this module holds the pieces, and one model's single-device state
+(`write_model_state` / `read_model_state`).
 
 On resume the schedule's POSITION comes from the checkpoint and its VALUES from the config: the
 learning rate, schedule shape and optimizer hyper-parameters the loop built from the (possibly
@@ -30,7 +36,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from oxrl.training.folders import publish_folder, writing_folder
+from oxrl.training.folders import publish_folder
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
 
@@ -113,31 +119,16 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    trainer_state: dict,
-    keep_last: int,
-    lora_save: str = "merged",
-) -> Path:
-    tmp, final = partial_and_final_dirs(run_dir, step)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    with writing_folder(tmp, final):
-        save_hf_folder(model, tokenizer, tmp, lora_save=lora_save)
-        state_dir = tmp / "training_state"
-        state_dir.mkdir()
-        torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
-        torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
-        save_rng_state(state_dir)
-        (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-        if is_peft(model):
-            save_file(trainable_state(model), state_dir / "adapter.safetensors")
-        return publish_checkpoint(tmp, final, keep_last)
+def write_model_state(folder: Path, model, tokenizer, optimizer, scheduler, lora_save: str = "merged") -> None:
+    """One model on one device: its HF folder in `folder`, its optimizer and schedule (and the exact
+    LoRA adapter weights) in `folder/training_state/`."""
+    save_hf_folder(model, tokenizer, folder, lora_save=lora_save)
+    state_dir = Path(folder) / "training_state"
+    state_dir.mkdir()
+    torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+    torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
+    if is_peft(model):
+        save_file(trainable_state(model), state_dir / "adapter.safetensors")
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -174,18 +165,14 @@ def _load_weights(model, checkpoint: Path) -> None:
         raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
 
 
-def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
-    """Restore weights, optimizer, schedule and RNG; returns the trainer state (step, counters)."""
-    checkpoint = Path(checkpoint)
-    state_dir = checkpoint / "training_state"
-    trainer_state = read_trainer_state(checkpoint)
+def read_model_state(folder: Path, model, optimizer, scheduler) -> None:
+    """Restore what `write_model_state` wrote: weights, optimizer and the schedule's position."""
+    folder = Path(folder)
+    state_dir = folder / "training_state"
     configured = ConfiguredSchedule.of(scheduler)
-    _load_weights(model, checkpoint)
+    _load_weights(model, folder)
     optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
     restore_configured(configured, scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
-    load_rng_state(state_dir)
-    logger.info("resumed from %s", checkpoint)
-    return trainer_state
 
 
 @dataclass

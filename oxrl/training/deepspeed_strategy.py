@@ -14,6 +14,9 @@ Checkpoints: DeepSpeed's own sharded checkpoint (`engine.save_checkpoint`, every
 `training_state/deepspeed/`, our scheduler and RNGs beside it, and the HF folder written by rank 0
 from the gathered weights (ZeRO-3 gathers the partitioned parameters first). DeepSpeed writes
 and reads its shards with torch.save/torch.load (pickles): resume only from checkpoints you wrote.
+
+A companion (`Strategy.companion`, e.g. PPO's critic) is a second engine with the same config but
+its own `gradient_clipping`, and its own engine checkpoint in `<name>/training_state/deepspeed/`.
 """
 
 from __future__ import annotations
@@ -87,9 +90,17 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         self.bf16 = train.mixed_precision == "bf16" or (train.mixed_precision == "auto" and env.device.type == "cuda")
         self.config = deepspeed_config(cfg, train, self.bf16)
         self.shards_parameters = self.config["zero_optimization"]["stage"] == 3
+        self.max_grad_norm = self.config["gradient_clipping"] or None  # the user's JSON may have changed it
         self.nonfinite = NonFiniteGuard(train.max_nonfinite_steps)
         self.ds_engine = None
         self.scheduler = None
+
+    def companion(self, subject: str, max_grad_norm: float | None) -> DeepSpeedStrategy:
+        other = super().companion(subject, max_grad_norm)
+        # A copy (DeepSpeed may write into its config); DeepSpeed clips inside engine.step.
+        other.config = merge(self.config, {"gradient_clipping": max_grad_norm or 0.0})
+        other.ds_engine = None
+        return other
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
         # Compiled ops are cached per virtual environment: a torch upgrade elsewhere never loads a stale one.
@@ -128,8 +139,9 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         raw_norm = self.ds_engine.get_global_grad_norm()  # None when the config turns the norm off
         norm = float(raw_norm) if raw_norm is not None else float("nan")
         if applied and not (is_finite(loss) and (raw_norm is None or is_finite(norm))):
+            subject = f" ({self.nonfinite.subject})" if self.nonfinite.subject else ""
             raise NonFiniteError(
-                f"{step_name(step)}: non-finite loss {loss}, grad norm {norm}, and DeepSpeed applied the update "
+                f"{step_name(step)}{subject}: non-finite loss {loss}, grad norm {norm}, and DeepSpeed applied the update "
                 "(it skips only steps whose gradient norm it sees as inf/NaN): the weights may be damaged. Resume from "
                 "the last checkpoint with a lower train.optim.lr (or set train.optim.max_grad_norm)"
             )

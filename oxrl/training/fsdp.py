@@ -11,7 +11,9 @@ again.
 Checkpoints (see oxrl/training/checkpoint.py for the folder): the HF folder is written by rank 0
 from a full state dict gathered to its CPU; the resumable state is a sharded torch DCP checkpoint
 of model + optimizer in `training_state/sharded/`, written and read by every rank (so the run
-folder must be on a file system every node sees), plus the scheduler and every rank's RNG.
+folder must be on a file system every node sees), plus the scheduler and every rank's RNG. A
+companion (`Strategy.companion`, e.g. PPO's critic) is sharded with the same policies and keeps
+its own HF folder and DCP shards in `<name>/`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from oxrl.config.names import LR_SCHEDULES
 from oxrl.config.schema import OptimConfig
 
 
@@ -29,11 +30,16 @@ def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
         return 1.0
     progress = (step - warmup) / max(1, total_steps - warmup)
     progress = min(1.0, progress)
-    if cfg.schedule == "linear":
-        shape = 1.0 - progress
-    else:  # cosine
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * DECAYS[cfg.schedule](progress)
+
+
+# After warmup the lr falls from `lr` (progress 0) to `min_lr_ratio * lr` (progress 1) along one of these;
+# `constant` stays at `lr`.
+DECAYS = {
+    "linear": lambda progress: 1.0 - progress,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+}
+assert ("constant", *DECAYS) == LR_SCHEDULES, "keep oxrl.config.names.LR_SCHEDULES in step"
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: OptimConfig):

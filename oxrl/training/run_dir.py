@@ -52,6 +52,7 @@ IGNORED_ON_RESUME = frozenset({
     "logging.progress_bar", "logging.plot", "logging.report_to", "logging.project", "logging.mlflow_tracking_uri",
     "checkpoint.keep_last",
     "logging.mlflow",  # replaced by logging.report_to; still in the config.yaml of runs saved before
+    "rl.data_format",  # replaced by data.train[].format; likewise
 })
 
 

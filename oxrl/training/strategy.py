@@ -16,11 +16,20 @@ has no PREMUL_SUM). Hence 1 rank == N ranks, up to float rounding.
 A step whose loss or gradient norm is inf/NaN is skipped on every rank alike (see
 oxrl/training/nonfinite.py), and no checkpoint or final folder is written from weights holding
 inf/NaN: `NonFiniteError` stops the run instead, leaving the last good checkpoint as it was.
+
+A second trained model (PPO's critic) trains through a companion: `strategy.companion("critic",
+max_grad_norm)` is a strategy of the same kind in the same process group, with its own model,
+optimizer, schedule, clipping and non-finite count. `strategy.attach("critic", companion)` makes
+every checkpoint hold it too, in `<checkpoint>/critic/` (written before the folder is published, so
+a checkpoint is complete for both models or absent), and `load_checkpoint` restore it.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
+import shutil
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,9 +37,22 @@ from pathlib import Path
 import torch
 
 from oxrl.training import distributed
+from oxrl.training.checkpoint import (
+    ConfiguredSchedule,
+    load_rng_state,
+    partial_and_final_dirs,
+    publish_checkpoint,
+    read_model_state,
+    read_trainer_state,
+    restore_configured,
+    save_rng_state,
+    write_model_state,
+)
+from oxrl.training.folders import writing_folder
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)
+NONFINITE_FILE = "nonfinite.json"  # a companion's skipped-step counts (the main model's are in trainer_state.json)
 
 
 class Strategy:
@@ -45,9 +67,13 @@ class Strategy:
     shards_parameters: bool = False
 
     nonfinite: NonFiniteGuard  # skipped-step counts; set by each subclass from train.max_nonfinite_steps
+    max_grad_norm: float | None = None  # clip the global gradient norm to this (None: no clipping)
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     scheduler = None
+    # (folder name, companion) checkpointed with this strategy; a tuple, so no instance shares a mutable default.
+    attached: tuple[tuple[str, Strategy], ...] = ()
+    owns_process_group: bool = True  # False for a companion: the group is its parent's to leave
 
     @property
     def is_main(self) -> bool:
@@ -56,6 +82,29 @@ class Strategy:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
         """Take ownership of the model, optimizer and schedule; returns the model to call in the loop."""
         raise NotImplementedError
+
+    def companion(self, subject: str, max_grad_norm: float | None) -> Strategy:
+        """A strategy of the same kind for another trained model (e.g. subject "critic"): same device,
+        process group, precision and sharding settings; its own model, optimizer, schedule, gradient
+        clipping and non-finite count (whose messages name `subject`). It never joins or leaves the
+        process group itself. `attach` it to checkpoint the two models together."""
+        other = copy.copy(self)  # the settings; everything that belongs to one model is replaced below
+        other.model, other.optimizer, other.scheduler = None, None, None
+        other.max_grad_norm = max_grad_norm
+        other.nonfinite = NonFiniteGuard(self.nonfinite.max_consecutive, subject=subject)
+        other.attached = ()
+        other.owns_process_group = False
+        return other
+
+    def attach(self, name: str, companion: Strategy) -> None:
+        """Save `companion` in `<checkpoint>/<name>/` with every checkpoint of this strategy, and restore it
+        from there in `load_checkpoint`."""
+        if type(companion) is not type(self) or companion is self or companion.owns_process_group:
+            raise ValueError(f"attach {name!r}: expected a companion of this {type(self).__name__} (see `companion`)")
+        taken = {"training_state", *(attached for attached, _ in self.attached)}
+        if not name or name.startswith(".") or "/" in name or name in taken:
+            raise ValueError(f"attach: {name!r} cannot name a checkpoint sub-folder (taken: {', '.join(sorted(taken))})")
+        self.attached = (*self.attached, (name, companion))
 
     def prepare_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         """A model that is only run without gradient (reference, teacher): shard it too where the strategy shards."""
@@ -129,11 +178,61 @@ class Strategy:
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
                         lora_save: str = "merged") -> Path | None:
-        """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0."""
-        raise NotImplementedError
+        """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0.
+
+        Into a partial folder, published once complete: this model's state (`write_state`), each
+        attached companion's in `<name>/` (its non-finite count beside its optimizer state), every
+        rank's RNG and the trainer state. Weights holding inf/NaN are refused before anything is written.
+        """
+        self.check_finite_weights(f"checkpoint step {step}")
+        for name, companion in self.attached:
+            companion.check_finite_weights(f"checkpoint step {step} ({name})")
+        tmp, final = partial_and_final_dirs(run_dir, step)
+        if self.is_main and tmp.exists():
+            shutil.rmtree(tmp)
+        distributed.barrier()
+        # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
+        # stops the other ranks.
+        with writing_folder(tmp, final, remove_on_error=self.is_main):
+            self.write_state(tmp, tokenizer, lora_save)
+            for name, companion in self.attached:
+                companion.write_state(tmp / name, tokenizer)
+                if self.is_main:
+                    (tmp / name / "training_state" / NONFINITE_FILE).write_text(json.dumps(companion.nonfinite.state_dict()))
+            state_dir = tmp / "training_state"
+            save_rng_state(state_dir, self.rank)
+            if self.is_main:
+                (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+            distributed.barrier()  # every rank's files are on disk before the folder is published
+            if self.is_main:
+                publish_checkpoint(tmp, final, keep_last)
+        distributed.barrier()
+        return final if self.is_main else None
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
-        """Restore weights, optimizer, schedule and RNG (every rank); returns the trainer state."""
+        """Restore weights, optimizer, schedule and RNG (every rank), and each attached companion from
+        `<checkpoint>/<name>/`; returns the trainer state."""
+        checkpoint = Path(checkpoint)
+        trainer_state = read_trainer_state(checkpoint)
+        for name, _ in self.attached:  # before anything is restored: all or nothing
+            if not (checkpoint / name / "training_state").is_dir():
+                raise FileNotFoundError(f"{checkpoint} has no {name}/ folder (the state of the {name} attached to this "
+                                        f"run), so the {name} cannot resume from it: it was written without a {name}")
+        self.read_state(checkpoint)
+        for name, companion in self.attached:
+            companion.read_state(checkpoint / name)
+            companion.nonfinite.load_state_dict(json.loads((checkpoint / name / "training_state" / NONFINITE_FILE).read_text()))
+        load_rng_state(checkpoint / "training_state", self.rank)
+        logger.info("resumed from %s", checkpoint)
+        return trainer_state
+
+    def write_state(self, folder: Path, tokenizer, lora_save: str = "merged") -> None:
+        """This model's part of a checkpoint (every rank): its HF folder in `folder`, its optimizer and
+        schedule (or shards) in `folder/training_state/`."""
+        raise NotImplementedError
+
+    def read_state(self, folder: Path) -> None:
+        """Restore what `write_state` wrote in `folder` (every rank)."""
         raise NotImplementedError
 
     def save_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
@@ -147,7 +246,8 @@ class Strategy:
         raise NotImplementedError
 
     def close(self) -> None:
-        distributed.shutdown()
+        if self.owns_process_group:
+            distributed.shutdown()
 
 
 class SingleDevice(Strategy):
@@ -184,18 +284,11 @@ class SingleDevice(Strategy):
     def gather_objects(self, value: object) -> list[object]:
         return [value]
 
-    def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
-                        lora_save: str = "merged") -> Path | None:
-        from oxrl.training.checkpoint import save_checkpoint
+    def write_state(self, folder: Path, tokenizer, lora_save: str = "merged") -> None:
+        write_model_state(folder, self.model, tokenizer, self.optimizer, self.scheduler, lora_save)
 
-        self.check_finite_weights(f"checkpoint step {step}")
-        return save_checkpoint(run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, trainer_state,
-                               keep_last=keep_last, lora_save=lora_save)
-
-    def load_checkpoint(self, checkpoint: Path) -> dict:
-        from oxrl.training.checkpoint import load_checkpoint
-
-        return load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
+    def read_state(self, folder: Path) -> None:
+        read_model_state(folder, self.model, self.optimizer, self.scheduler)
 
     def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
         from oxrl.models.save import save_hf_folder
@@ -207,11 +300,11 @@ class SingleDevice(Strategy):
 
 
 class MultiProcessStrategy(Strategy):
-    """The checkpoint flow of the sharded strategies; subclasses write and read their shards.
+    """One model's checkpoint state in the sharded strategies; subclasses write and read their shards.
 
-    Every rank: (rank 0) clears a stale partial folder; the HF folder is gathered and written by
-    rank 0; every rank writes its shards and RNG into `training_state/<shard_dir>`; rank 0 writes
-    the schedule and trainer state, and publishes the folder once every rank is done.
+    Every rank: the HF folder is gathered and written by rank 0; every rank writes its shards into
+    `training_state/<shard_dir>`; rank 0 writes the schedule. (`Strategy.save_checkpoint` adds the
+    RNG and the trainer state, and publishes the folder once every rank is done.)
     """
 
     shard_dir = ""
@@ -225,49 +318,20 @@ class MultiProcessStrategy(Strategy):
     def shards_of(self, state_dir: Path) -> Path:
         return state_dir / self.shard_dir
 
-    def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
-                        lora_save: str = "merged") -> Path | None:
-        import json
-        import shutil
+    def write_state(self, folder: Path, tokenizer, lora_save: str = "merged") -> None:
+        self.write_hf_folder(tokenizer, folder, lora_save)
+        state_dir = folder / "training_state"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.save_shards(self.shards_of(state_dir))
+        if self.is_main:
+            torch.save(self.scheduler.state_dict(), state_dir / "scheduler.pt")
 
-        from oxrl.training.checkpoint import partial_and_final_dirs, publish_checkpoint, save_rng_state
-        from oxrl.training.folders import writing_folder
-
-        self.check_finite_weights(f"checkpoint step {step}")
-        tmp, final = partial_and_final_dirs(run_dir, step)
-        if self.is_main and tmp.exists():
-            shutil.rmtree(tmp)
-        distributed.barrier()
-        # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
-        # stops the other ranks.
-        with writing_folder(tmp, final, remove_on_error=self.is_main):
-            self.write_hf_folder(tokenizer, tmp, lora_save)
-            state_dir = tmp / "training_state"
-            state_dir.mkdir(parents=True, exist_ok=True)
-            self.save_shards(self.shards_of(state_dir))
-            save_rng_state(state_dir, self.rank)
-            if self.is_main:
-                torch.save(self.scheduler.state_dict(), state_dir / "scheduler.pt")
-                (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-            distributed.barrier()  # every rank's shards are on disk before the folder is published
-            if self.is_main:
-                publish_checkpoint(tmp, final, keep_last)
-        distributed.barrier()
-        return final if self.is_main else None
-
-    def load_checkpoint(self, checkpoint: Path) -> dict:
-        from oxrl.training.checkpoint import ConfiguredSchedule, load_rng_state, read_trainer_state, restore_configured
-
-        checkpoint = Path(checkpoint)
-        trainer_state = read_trainer_state(checkpoint)
-        state_dir = checkpoint / "training_state"
+    def read_state(self, folder: Path) -> None:
+        state_dir = Path(folder) / "training_state"
         if not self.shards_of(state_dir).is_dir():
-            raise FileNotFoundError(f"{checkpoint} holds no {type(self).__name__} shards ({self.shards_of(state_dir)}): "
+            raise FileNotFoundError(f"{folder} holds no {type(self).__name__} shards ({self.shards_of(state_dir)}): "
                                     "it was written by another strategy; resume with that one, or start a new run "
                                     "from its HF folder")
         configured = ConfiguredSchedule.of(self.scheduler)  # before the shards bring the saved hyper-parameters back
         self.load_shards(self.shards_of(state_dir))
         restore_configured(configured, self.scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
-        load_rng_state(state_dir, self.rank)
-        logger.info("resumed from %s", checkpoint)
-        return trainer_state
