@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import make_tiny_llama, rl_handles, save_tiny_model
+from tests.conftest import make_tiny_critic, make_tiny_llama, rl_handles, save_tiny_model
 
 STEPS = 6
 COMPARED = ("reward/mean", "reward/std", "loss", "grad_norm", "response_length/mean", "lr")
@@ -46,8 +46,9 @@ def rows_by_step(run_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
-def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False):
-    """GRPO on the tiny model and the `share_of_sevens` reward of tests/test_rl_loop.py, in this process."""
+def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False, algorithm: str = "grpo"):
+    """GRPO (or PPO, whose critic is checkpointed too) on the tiny model and the `share_of_sevens` reward of
+    tests/test_rl_loop.py, in this process."""
     import torch
 
     from oxrl.training.strategy import SingleDevice
@@ -58,25 +59,30 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False):
     from tests.test_rl_loop import prompts, rl_config
     from tests.test_rollout_hf import TinyTokenizer
 
-    cfg = rl_config(tmp_path, "grpo")
+    cfg = rl_config(tmp_path, algorithm)
     cfg.train.max_steps = 4
     cfg.train.optim.schedule, cfg.train.optim.warmup_steps, cfg.train.optim.weight_decay = "cosine", 1, 0.1
     cfg.checkpoint.every, cfg.checkpoint.keep_last = 2, 5
     cfg.run.resume = resume
     model = make_tiny_llama(seed=7 if resume else 0)  # a resumed run must take every weight from the checkpoint
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
-    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), max_grad_norm=1.0))
+    critic = make_tiny_critic(seed=9 if resume else 3) if algorithm == "ppo" else None  # resumed: from the checkpoint
+    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), max_grad_norm=1.0),
+                   critic_model=critic)
     result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / run_name)
     return result, rows_by_step(tmp_path / run_name)
 
 
-def test_grpo_resumed_from_a_checkpoint_repeats_the_uninterrupted_steps(tmp_path):
-    full, full_rows = train_tiny_grpo(tmp_path, "full")
-    resumed, resumed_rows = train_tiny_grpo(tmp_path, "resumed", str(tmp_path / "full" / "checkpoints" / "step_000002"))
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_rl_resumed_from_a_checkpoint_repeats_the_uninterrupted_steps(tmp_path, algorithm):
+    full, full_rows = train_tiny_grpo(tmp_path, "full", algorithm=algorithm)
+    resumed, resumed_rows = train_tiny_grpo(tmp_path, "resumed", str(tmp_path / "full" / "checkpoints" / "step_000002"),
+                                            algorithm)
     assert resumed.rewards == pytest.approx(full.rewards[2:], abs=1e-6)
     assert sorted(resumed_rows) == [3, 4]
+    critic = ("critic/loss", "critic/grad_norm", "critic/abs_error", "advantage/abs_max") if algorithm == "ppo" else ()
     for step in (3, 4):
-        for key in COMPARED:
+        for key in COMPARED + critic:
             assert resumed_rows[step][key] == pytest.approx(full_rows[step][key], rel=1e-6, abs=1e-6), (step, key)
 
 
