@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from oxrl.algorithms.advantages import (
-    ADVANTAGES,
+    OUTCOME_ESTIMATORS,
     AdvantageParams,
     broadcast_to_tokens,
     outcome_advantages,
@@ -80,7 +80,7 @@ def test_reinforce_pp_batch_normalisation():
     assert torch.equal(outcome_advantages("reinforce_pp", torch.full((4,), 0.3), ids), torch.zeros(4))
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(OUTCOME_ESTIMATORS))
 def test_no_nan_on_equal_rewards_and_integer_rewards(name):
     ids = torch.tensor([0, 0, 0, 1, 1, 1])
     adv = outcome_advantages(name, torch.full((6,), 0.7), ids)
@@ -192,3 +192,36 @@ def test_whiten_over_masked_tokens():
     assert torch.allclose(whiten(x, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
     assert torch.allclose(whiten(x, mask, shift_mean=False), torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]), atol=1e-6)
     assert torch.equal(whiten(torch.full((2, 3), 0.1), mask), torch.zeros(2, 3))
+
+
+# ----------------------------------------------------------------------------- one signature for every estimator
+
+
+def test_every_estimator_takes_token_rewards_and_returns_token_advantages():
+    from oxrl.algorithms.advantages import ADVANTAGES, RolloutRewards, estimate_advantages
+
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]]).bool()
+    # Two groups of two. Returns (sums of token rewards): 1 and 0 in group 0; 2 and 2 in group 1.
+    token_rewards = torch.tensor([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    inp = RolloutRewards(token_rewards, mask, torch.tensor([0, 0, 1, 1]))
+    out = estimate_advantages("dr_grpo", inp)
+    # r - mean(group): +0.5 / -0.5 on every trained token of group 0; group 1's rewards are equal: 0.
+    expected = torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.equal(out.advantages, expected) and out.returns is None
+    assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"}
+
+
+def test_gae_estimator_credits_each_token_and_needs_values():
+    from oxrl.algorithms.advantages import AdvantageParams, RolloutRewards, estimate_advantages
+
+    # One row: a per-token reward of 1 on the first token, the outcome 2 on the last, V = 0, gamma = lam = 1:
+    # A_t = sum of rewards from t on = [3, 2, 2]; returns = A + V.
+    inp = RolloutRewards(torch.tensor([[1.0, 0.0, 2.0]]), torch.ones(1, 3).bool(), torch.tensor([0]), torch.zeros(1, 3))
+    out = estimate_advantages("gae", inp, AdvantageParams(gamma=1.0, lam=1.0, whiten_advantages=False))
+    assert torch.equal(out.advantages, torch.tensor([[3.0, 2.0, 2.0]]))
+    assert torch.equal(out.returns, torch.tensor([[3.0, 2.0, 2.0]]))
+    whitened = estimate_advantages("gae", inp, AdvantageParams(gamma=1.0, lam=1.0))
+    # mean 7/3, unbiased std of (3, 2, 2) = sqrt(1/3): (3 - 7/3) / 0.57735 = 1.1547, (2 - 7/3) / 0.57735 = -0.57735
+    assert torch.allclose(whitened.advantages, torch.tensor([[1.1547, -0.57735, -0.57735]]), atol=1e-4)
+    with pytest.raises(ValueError, match="needs the critic's values"):
+        estimate_advantages("gae", RolloutRewards(inp.token_rewards, inp.mask, inp.group_ids))

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from oxrl.algorithms.advantages import RolloutRewards, estimate_advantages, place_outcome_reward
+from oxrl.algorithms.advantages import NEEDS_VALUES, RolloutRewards, estimate_advantages, place_outcome_reward
 from oxrl.config.schema import RLConfig
 from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import accuracy_of
-from oxrl.loops.rl_batch import pad_rows, score_logprobs
+from oxrl.loops.critic import Critic, SharedValueHead
+from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_values
 from oxrl.loops.rl_presets import advantage_params
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
@@ -41,12 +42,18 @@ class Rollout:
     returns: list[torch.Tensor] | None = None  # the critic's targets (gae)
 
     @classmethod
-    def of(cls, completions: list[Completion], rewards: torch.Tensor) -> Rollout:
-        """Completions with one outcome reward each, credited to their last sampled token."""
+    def of(cls, completions: list[Completion], rewards: torch.Tensor,
+           per_token: list[list[float] | None] | None = None) -> Rollout:
+        """Completions and their rewards as token rewards: the per-token part (`per_token[i]`, one value per
+        sampled token, when a reward gave one) on its tokens, the rest of `rewards[i]` on the last sampled token."""
         lengths = [c.num_sampled for c in completions]
-        placed = place_outcome_reward(rewards, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
-        return cls(completions, rewards, [row[:n] for row, n in zip(placed, lengths)],
-                   torch.tensor([c.prompt_index for c in completions]))
+        per_token = per_token or [None] * len(completions)
+        outcome = torch.tensor([float(r) - (sum(p) if p is not None else 0.0) for r, p in zip(rewards.tolist(), per_token)])
+        outcome = rewards if all(p is None for p in per_token) else outcome  # (bit-exact when there is none)
+        placed = place_outcome_reward(outcome, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
+        token_rewards = [row[:n] + (torch.tensor(p) if p is not None else 0.0)
+                         for row, n, p in zip(placed, lengths, per_token)]
+        return cls(completions, rewards, token_rewards, torch.tensor([c.prompt_index for c in completions]))
 
 
 def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
@@ -73,22 +80,25 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
     generated = time.perf_counter()
     of_prompt = [c.prompt_index for c in completions]
     scored = reward_fn([batch.prompt_texts[i] for i in of_prompt], [c.text for c in completions],
-                         [batch.fields[i] for i in of_prompt], [batch.origins[i] for i in of_prompt])
+                       [batch.fields[i] for i in of_prompt], [batch.origins[i] for i in of_prompt],
+                       [c.completion_ids for c in completions])
     return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
 
 
 def sample(h, batch: RLPromptBatch) -> tuple[Rollout, dict[str, float]]:
     """Stage 1: sample the step's completions and reward them."""
     completions, scored, metrics = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg.rl))
-    rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32))
+    rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32), scored.token_rewards)
     return rollout, {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
 
 
 def single_on_policy_update(rl: RLConfig) -> bool:
     """One optimizer step per rollout, on the policy that sampled it: pi_old IS the policy at update time, so the
     update's own log-probs (detached) are the old ones and no separate no-grad pass is needed (TRL and verl skip
-    it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update."""
-    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0)
+    it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update, nor with a
+    shared value head, whose values GAE needs before the update: the pass that gives them gives the old log-probs."""
+    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
+    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0) and not shared_head
 
 
 def score(h, rollout: Rollout) -> dict[str, float]:
@@ -96,11 +106,14 @@ def score(h, rollout: Rollout) -> dict[str, float]:
     started = time.perf_counter()
     rl, micro = h.cfg.rl, h.cfg.train.micro_batch_size_per_device
     temperature = rl.rollout.temperature or 1.0
-    if not single_on_policy_update(rl):
+    if isinstance(h.critic, SharedValueHead):  # one pass of the policy: old log-probs and values together
+        rollout.old_logprobs, rollout.values = score_logprobs_and_values(h.policy, rollout.completions, micro,
+                                                                         temperature, h.critic.head)
+    elif not single_on_policy_update(rl):
         rollout.old_logprobs = score_logprobs(h.policy, rollout.completions, micro, temperature)
     if h.reference is not None:
         rollout.ref_logprobs = score_logprobs(h.reference, rollout.completions, micro, temperature)
-    if h.critic is not None:
+    if isinstance(h.critic, Critic):  # a model of its own
         rollout.values = h.critic.values(rollout.completions)
     return {"time/logprobs": time.perf_counter() - started}
 

@@ -13,6 +13,15 @@ called once per batch with lists:
     @batched
     def my_batched_reward(prompts: list[str], completions: list[str], **fields: list) -> list[float]
 
+A reward may also credit single tokens (a per-token or process reward): it takes the `completion_ids`
+keyword (the sampled token ids, which the RL loop passes like a row field) and returns one float per
+id instead of one float. The loop adds those to the tokens' rewards (an outcome reward sits on the
+last token); GAE credits each token by what follows it, and the group estimators (GRPO, RLOO, ...) use
+the completion's summed reward:
+
+    def step_penalty(prompt: str, completion: str, completion_ids: list[int]) -> list[float]
+        return [-0.01 if token == NEWLINE else 0.0 for token in completion_ids]
+
 A reward is named in a config by a built-in name (`math`), a dotted path
 (`my_pkg.rewards:exact` or `my_pkg.rewards.exact`) or a file path (`rewards/exact.py:exact`).
 
@@ -33,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-RewardFn = Callable[..., Any]  # per sample -> float; @batched -> list[float]
+RewardFn = Callable[..., Any]  # per sample -> float (or one float per token); @batched -> a list of those
 F = TypeVar("F", bound=Callable[..., Any])
 
 BATCHED_ATTRIBUTE = "__oxrl_batched__"

@@ -52,6 +52,7 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 EXCERPT_CHARS = 300
+TOKEN_IDS = "completion_ids"  # the keyword a per-token reward takes
 DEFAULT_TIMEOUT_S = 300.0  # rl.reward_timeout_s's default
 
 
@@ -80,10 +81,13 @@ class RewardSpec:
 
 @dataclass
 class RewardOutput:
-    totals: list[float]  # [N] weighted sum per sample
-    components: dict[str, list[float]]  # label -> [N] unweighted scores
+    totals: list[float]  # [N] weighted sum per sample (a per-token reward counts with its sum)
+    components: dict[str, list[float]]  # label -> [N] unweighted scores (sums, for per-token rewards)
     failures: dict[str, int]  # label -> samples scored 0 because the reward raised (on_error="zero")
     seconds: dict[str, float]  # label -> wall time spent in that reward
+    # Per sample: the weighted sum of the per-token rewards, one value per completion token, or None when
+    # every reward scored the sample as a whole. Part of `totals` already.
+    token_rewards: list[list[float] | None] = field(default_factory=list)
 
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
         out = {f"{prefix}/total": _mean(self.totals)}
@@ -110,24 +114,31 @@ class CombinedReward:
         completions: Sequence[str],
         fields: Sequence[dict[str, Any]] | None = None,
         origins: Sequence[str] | None = None,
+        completion_ids: Sequence[list[int]] | None = None,
     ) -> RewardOutput:
-        """Score a batch. `fields[i]` is sample i's row fields; `origins[i]` (e.g. "gsm8k.jsonl row 12") goes into error messages."""
+        """Score a batch. `fields[i]` is sample i's row fields; `origins[i]` (e.g. "gsm8k.jsonl row 12") goes into error
+        messages; `completion_ids[i]`, sample i's sampled token ids, go to rewards that name `completion_ids`."""
         rows = list(fields) if fields is not None else [{} for _ in prompts]
         if not len(prompts) == len(completions) == len(rows) or (origins is not None and len(origins) != len(prompts)):
             raise ValueError(
                 f"prompts ({len(prompts)}), completions ({len(completions)}), fields ({len(rows)}) "
                 f"and origins ({'-' if origins is None else len(origins)}) must have the same length"
             )
-        batch = _Batch(list(prompts), list(completions), rows, list(origins) if origins is not None else None)
+        batch = _Batch(list(prompts), list(completions), rows, list(origins) if origins is not None else None,
+                       list(completion_ids) if completion_ids is not None else None)
         totals = [0.0] * len(batch.prompts)
+        token_rewards: list[list[float] | None] = [None] * len(batch.prompts)
         components, failures, seconds = {}, {}, {}
         for reward in self.rewards:
             start = time.perf_counter()
             scores, failures[reward.label] = reward.score(batch)
             seconds[reward.label] = time.perf_counter() - start
-            components[reward.label] = scores
-            totals = [total + reward.weight * score for total, score in zip(totals, scores)]
-        return RewardOutput(totals, components, failures, seconds)
+            components[reward.label] = [sum(score) if isinstance(score, list) else score for score in scores]
+            totals = [total + reward.weight * score for total, score in zip(totals, components[reward.label])]
+            for index, score in enumerate(scores):
+                if isinstance(score, list):
+                    token_rewards[index] = _add_per_token(token_rewards[index], score, reward, batch, index)
+        return RewardOutput(totals, components, failures, seconds, token_rewards)
 
 
 def build_reward_fn(specs: Sequence[RewardSpec | dict[str, Any] | str]) -> CombinedReward:
@@ -168,6 +179,7 @@ class _Batch:
     completions: list[str]
     rows: list[dict[str, Any]]
     origins: list[str] | None
+    completion_ids: list[list[int]] | None = None  # for per-token rewards, which name `completion_ids`
 
 
 @dataclass
@@ -195,7 +207,7 @@ class BoundReward:
         timeout = None if spec.name in REWARDS else spec.timeout_s
         return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names, timeout)
 
-    def score(self, batch: _Batch) -> tuple[list[float], int]:
+    def score(self, batch: _Batch) -> tuple[list[float | list[float]], int]:
         """Scores for the batch and the number of samples that failed (scored 0, only with on_error="zero")."""
         clash = sorted({key for row in batch.rows for key in row if self._takes(key)} & set(self.kwargs))
         if clash:  # a configuration error, whatever on_error says
@@ -216,8 +228,8 @@ class BoundReward:
     def _takes(self, key: str) -> bool:
         return self.takes_all_fields or key in self.field_names
 
-    def _score_one_by_one(self, batch: _Batch) -> tuple[list[float], int]:
-        scores: list[float] = []
+    def _score_one_by_one(self, batch: _Batch) -> tuple[list[float | list[float]], int]:
+        scores: list[float | list[float]] = []
         failed: list[str] = []
         for index in range(len(batch.prompts)):
             try:
@@ -235,8 +247,11 @@ class BoundReward:
                            len(failed), len(scores), self.label, failed[0])
         return scores, len(failed)
 
-    def _call(self, batch: _Batch, indices: Sequence[int]) -> list[float]:
+    def _call(self, batch: _Batch, indices: Sequence[int]) -> list[float | list[float]]:
         rows = [batch.rows[i] for i in indices]
+        if TOKEN_IDS in self.field_names:  # asked for by name only: `**fields` rewards get the row's fields alone
+            rows = [{**row, TOKEN_IDS: batch.completion_ids[i] if batch.completion_ids else None}
+                    for row, i in zip(rows, indices)]
         passed = [key for key in dict.fromkeys(key for row in rows for key in row) if self._takes(key)]
         if self.batched:
             per_field = {key: [row.get(key) for row in rows] for key in passed}
@@ -244,7 +259,7 @@ class BoundReward:
             values = call_with_timeout(self.fn, self.timeout_s, what, [batch.prompts[i] for i in indices],
                                        [batch.completions[i] for i in indices], **per_field, **self.kwargs)
             if not isinstance(values, Sequence) or len(values) != len(indices):
-                raise TypeError(f"a @batched reward must return a list of {len(indices)} floats, got {values!r:.100}")
+                raise TypeError(f"a @batched reward must return a list of {len(indices)} scores, got {values!r:.100}")
         else:
             (index,), (row,) = indices, rows
             selected = {key: row[key] for key in passed}
@@ -292,14 +307,34 @@ def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozen
     return takes_all, names
 
 
-def _as_score(value: Any) -> float:
+def _as_score(value: Any) -> float | list[float]:
+    """A float, or one float per completion token (a list, tuple or 1-D array / tensor)."""
+    if isinstance(value, (list, tuple)) or getattr(value, "ndim", None) == 1:
+        return [_as_float(item) for item in (value.tolist() if hasattr(value, "tolist") else value)]
+    return _as_float(value)
+
+
+def _as_float(value: Any) -> float:
     # bool is a numbers.Real too: True/False score 1/0, which is what a checker returning a bool means.
     if not isinstance(value, numbers.Real):
-        raise TypeError(f"a reward must return a float, got {type(value).__name__} {value!r:.100}")
+        raise TypeError(f"a reward must return a float (or one float per completion token), got "
+                        f"{type(value).__name__} {value!r:.100}")
     score = float(value)
     if not math.isfinite(score):
         raise ValueError(f"a reward must return a finite float, got {score}")
     return score
+
+
+def _add_per_token(running: list[float] | None, scores: list[float], reward: BoundReward, batch: _Batch,
+                   index: int) -> list[float]:
+    """`running` + weight x the per-token `scores` of sample `index`, which must match its token count."""
+    ids = batch.completion_ids[index] if batch.completion_ids is not None else None
+    if ids is None or len(ids) != len(scores):
+        tokens = "no token ids were passed" if ids is None else f"the completion has {len(ids)} tokens"
+        raise RewardError(f"reward {reward.label!r} returned {len(scores)} per-token values for sample {index + 1}, but "
+                          f"{tokens}: a per-token reward takes `completion_ids` and returns one float per id")
+    weighted = [reward.weight * score for score in scores]
+    return weighted if running is None else [a + b for a, b in zip(running, weighted)]
 
 
 def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
