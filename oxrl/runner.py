@@ -128,15 +128,20 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     write_config(cfg, run_dir, strategy.is_main)
     handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env)
+    answers: dict[str, list[dict]] = {}
     try:
+        answers["before"] = answer_samples(cfg, handles.model, tokenizer)
         result = train_rl(handles, train, val, run_dir)
         final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
+        answers["after"] = answer_samples(cfg, handles.model, tokenizer)
     finally:
         handles.engine.close()
         strategy.close()
     summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
     if not strategy.is_main:
         return RunResult(run_dir, None, [], result.final_metrics, {"summary": [summary]})
+    samples = {**result.samples, **(answers if cfg.logging.samples else {})}
+    write_samples(run_dir, answers if cfg.logging.samples else {})
     if result.accuracy_before is not None:
         logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training",
                     100 * result.accuracy_before, 100 * (result.accuracy_after or 0.0))
@@ -144,27 +149,56 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     if cfg.logging.plot:
         from oxrl.logging.report import write_report
 
-        write_report(run_dir, cfg, time.monotonic() - started, (result.accuracy_before, result.accuracy_after),
-                     result.samples)
-    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary], **result.samples})
+        write_report(run_dir, cfg, time.monotonic() - started, (result.accuracy_before, result.accuracy_after), samples)
+    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary], **samples})
+
+
+def answer_samples(cfg: Config, model, tokenizer) -> list[dict]:
+    """Greedy answers to `logging.samples` (every rank runs them: sharded weights are gathered by all)."""
+    from oxrl.loops.samples import generate_samples
+
+    if not cfg.logging.samples:
+        return []
+    return generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+
+
+def write_samples(run_dir: Path, samples: dict[str, list[dict]]) -> None:
+    """`samples.json` and the log lines of the answers before and after training (rank 0)."""
+    if not samples.get("before"):
+        return
+    (run_dir / "samples.json").write_text(json.dumps(samples, indent=1))
+    for before, after in zip(samples["before"], samples["after"]):
+        logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
 
 
 def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
     """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop."""
     from oxrl.algorithms.advantages import NEEDS_VALUES
-    from oxrl.loops.critic import Critic
+    from oxrl.loops.critic import Critic, SharedValueHead
     from oxrl.loops.rl import RLHandles
     from oxrl.models.critic import load_critic
     from oxrl.models.load import load_model, resolve_source
+    from oxrl.models.value_head import attach_value_head
     from oxrl.rollout.build import build_engine
+    from oxrl.training.strategy import SingleDevice
 
     rl, device = cfg.rl, strategy.device
+    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
+    if shared_head and not isinstance(strategy, SingleDevice):
+        raise ValueError("rl.critic_backbone `shared` trains in one process only for now (strategy `single`): the value "
+                         "head is not sharded with the policy under fsdp2/deepspeed. Use rl.critic_backbone: separate")
+    if shared_head and rl.rollout.engine != "hf":
+        raise ValueError(f"rl.critic_backbone `shared` needs rollout.engine `hf` for now: the {rl.rollout.engine} weight "
+                         "sync does not leave the value head out yet. Use rl.critic_backbone: separate")
     model = load_model(cfg.model, device, cfg.lora)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
         reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
     critic = None
-    if rl.advantage in NEEDS_VALUES:
+    if shared_head:  # PPO's critic as a head on the policy's backbone (saved beside a final folder: reused from one)
+        critic = SharedValueHead(attach_value_head(model, resolve_source(cfg.model.name_or_path).path), rl.value_coef,
+                                 rl.value_clip)
+    elif rl.advantage in NEEDS_VALUES:
         source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
         critic = Critic(load_critic(source, device, cfg.model.trust_remote_code),
                         strategy.companion("critic", rl.critic_max_grad_norm),
@@ -204,7 +238,6 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     write_config(cfg, run_dir, strategy.is_main)
 
     model = _load_trained_model(cfg, tokenizer, device)
-    from oxrl.loops.samples import generate_samples
     from oxrl.loops.sl import train_offline
 
     reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
@@ -213,22 +246,17 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
         reference.model = strategy.prepare_frozen(reference.model)
     samples: dict[str, list[dict]] = {}
     try:
-        # Every rank generates (sharded weights are gathered by all of them); greedy, so all agree.
-        if cfg.logging.samples:
-            samples["before"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+        samples["before"] = answer_samples(cfg, model, tokenizer)
         result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
         del reference  # free a frozen copy or teacher before saving
         final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
-        if cfg.logging.samples:
-            samples["after"] = generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+        samples["after"] = answer_samples(cfg, model, tokenizer)
     finally:
         strategy.close()
+    samples = samples if cfg.logging.samples else {}
     if not strategy.is_main:
         return RunResult(run_dir, None, result.losses, result.final_metrics, samples)
-    if cfg.logging.samples:
-        (run_dir / "samples.json").write_text(json.dumps(samples, indent=1))
-        for before, after in zip(samples["before"], samples["after"]):
-            logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
+    write_samples(run_dir, samples)
     if cfg.logging.plot:
         from oxrl.logging.report import write_report
 

@@ -123,7 +123,7 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
                "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}},  # 1.0: the default, not listed
         "train": {"max_steps": 2, "micro_batch_size_per_device": 4},
         "checkpoint": {"every": None, "save_final": False},  # every: None is the default, not listed
-        "logging": {"progress_bar": False, "plot": True},
+        "logging": {"progress_bar": False, "plot": True, "samples": ["What is 2 + 2?"], "sample_max_new_tokens": 3},
     }
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", str(tmp_path / "grpo.yaml")]) == 0
@@ -137,8 +137,12 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
         "run.name", "run.output_dir", "run.device", "model.name_or_path", "algorithm.name", "rl.task", "rl.task_size",
         "rl.validation_size", "rl.validation_every", "rl.prompts_per_step", "rl.rollout.n", "rl.rollout.max_new_tokens",
         "train.max_steps", "train.micro_batch_size_per_device", "checkpoint.save_final", "logging.progress_bar",
+        "logging.samples", "logging.sample_max_new_tokens",
     }
     assert "### First training step (step 1)" in report and "### Last training step (step 2)" in report
+    answers = json.loads((run / "samples.json").read_text())  # logging.samples, answered before and after
+    assert [a["prompt"] for a in answers["before"] + answers["after"]] == ["What is 2 + 2?"] * 2
+    assert "## Sample answers (greedy, before / after training)" in report
     assert report.count("**completion** (reward ") == 4  # the first completion of each of the 2 prompts, twice
     assert re.search(r"What is \d+ ?[-+*] ?\d+", report)
     assert (run / "curves.png").is_file() and "![training curves](curves.png)" in report  # throughput moves

@@ -62,10 +62,26 @@ REQUIRED, NOT_SET = "(required)", "(not set)"
 
 
 def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
-    """(dotted key, value, schema default) for every key whose value differs from the schema's default,
-    sorted by key. Required keys (no default) are always listed, their default shown as REQUIRED."""
+    """(dotted key, value, default) for every key whose value differs from its default, sorted by key. Required
+    keys (no default) are always listed, their default shown as REQUIRED. An RL algorithm's preset values (the
+    `rl` keys it fills, e.g. ppo's `advantage: gae`) are its defaults: only a value the user changed is listed."""
     changed = flatten(cfg.model_dump(mode="json", exclude_defaults=True))
-    return [(key, value, schema_default(key)) for key, value in sorted(changed.items())]
+    preset = preset_settings(cfg.algorithm.name)
+    listed = [(key, value, preset.get(key, NOT_SET) if key in preset else schema_default(key))
+              for key, value in sorted(changed.items())]
+    return [(key, value, default) for key, value, default in listed if value != default]
+
+
+def preset_settings(algorithm: str) -> dict[str, Any]:
+    """The `rl` keys an RL algorithm's preset fills, with their values (empty for other algorithms)."""
+    from oxrl.config.rl_presets import is_rl, resolve
+    from oxrl.config.schema import RLConfig
+
+    if not is_rl(algorithm):
+        return {}
+    unset, filled = RLConfig(), resolve(algorithm, RLConfig())
+    return {f"rl.{key}": to_jsonable_python(getattr(filled, key)) for key in RLConfig.model_fields
+            if getattr(filled, key) != getattr(unset, key)}
 
 
 def schema_default(key: str) -> Any:
@@ -140,7 +156,7 @@ def _samples_section(samples: dict[str, list[dict]]) -> list[str]:
             for sample in samples[part]:
                 lines += ["**prompt**", "", _fenced(sample["prompt"]), "",
                           f"**completion** (reward {sample['reward']:.3g})", "", _fenced(sample["completion"]), ""]
-    elif samples.get("before") and samples.get("after"):  # offline: logging.samples answered greedily
+    if samples.get("before") and samples.get("after"):  # logging.samples answered greedily
         lines += ["## Sample answers (greedy, before / after training)", ""]
         for before, after in zip(samples["before"], samples["after"]):
             lines += ["**prompt**", "", _fenced(before["prompt"]), "", "**before**", "", _fenced(before["completion"]), "",
