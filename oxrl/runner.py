@@ -94,11 +94,9 @@ def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | Non
 
 def run_rl(cfg: Config) -> RunResult:
     """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
-    from oxrl.loops.rl_presets import resolve
     from oxrl.rollout.build import check_engine
     from oxrl.training.build import build_strategy
 
-    cfg = cfg.model_copy(update={"rl": resolve(cfg.algorithm.name, cfg.rl)})  # the one resolved RL config
     strategy = build_strategy(cfg)
     check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
@@ -212,7 +210,7 @@ def run(cfg: Config) -> RunResult:
 
     setup_logging()
     from oxrl.loops.objectives import get_objective
-    from oxrl.loops.rl_presets import is_rl
+    from oxrl.config.rl_presets import is_rl
 
     if is_rl(cfg.algorithm.name):
         return run_rl(cfg)

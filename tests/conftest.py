@@ -103,14 +103,12 @@ def make_tiny_critic(seed: int = 0):
 
 def rl_handles(cfg, model, engine, reward_fn=None, strategy=None, critic_model=None, env=None, reference=None,
                tokenizer=None):
-    """The RL loop's handles for a test: `cfg.rl` resolved, one CPU device unless `strategy` is given, and
+    """The RL loop's handles for a test: one CPU device unless `strategy` is given, and
     a critic trained through a companion strategy when `critic_model` is given."""
     from oxrl.loops.critic import Critic
     from oxrl.loops.rl import RLHandles
-    from oxrl.loops.rl_presets import resolve
     from oxrl.training.strategy import SingleDevice
 
-    cfg = cfg.model_copy(update={"rl": resolve(cfg.algorithm.name, cfg.rl)})
     strategy = strategy if strategy is not None else SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
     critic = None
     if critic_model is not None:

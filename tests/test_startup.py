@@ -142,7 +142,7 @@ def test_the_critic_loads_without_a_key_table(tmp_path, capfd, critic_log):
     critic = load_critic(str(tmp_path / "policy"), torch.device("cpu"))
     err = capfd.readouterr().err
     assert "LOAD REPORT" not in err and "UNEXPECTED" not in err and "MISSING" not in err
-    lines = [r.getMessage() for r in critic_log.records if r.name == "oxrl.loops.critic"]
+    lines = [r.getMessage() for r in critic_log.records if r.name == "oxrl.models.critic"]
     assert len(lines) == 1 and "new value head" in lines[0] and "score.weight" in lines[0]
     assert critic.score.weight.abs().max() < 1e-2 and critic.config.num_labels == 1
     assert not logging.getLogger("transformers.modeling_utils").filters  # the filter is gone again

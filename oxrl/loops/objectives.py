@@ -51,7 +51,7 @@ def get_objective(name: str, preference: PreferenceConfig | None = None) -> Obje
     key = name.strip().lower()  # the config stores names in lower case; library callers may not
     if key not in objectives:
         if key in RL_ALGORITHMS:
-            raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: resolve it with "
-                             "oxrl.loops.rl_presets.resolve and train it with oxrl.loops.rl.train_rl")
+            raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: oxrl.runner.run trains it "
+                             "with the RL loop (oxrl.loops.rl.train_rl)")
         raise ValueError(unknown_algorithm_message(name, "offline objective", OFFLINE_ALGORITHMS))
     return objectives[key]

@@ -21,7 +21,7 @@ from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import accuracy_of
 from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_values
-from oxrl.loops.rl_presets import advantage_params
+from oxrl.config.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.multiturn import run_episodes
