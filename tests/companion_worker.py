@@ -10,7 +10,6 @@ count, so 1 rank == 2 ranks up to summation order. Rank 0 writes OUT_DIR/result.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from oxrl.training.build import build_strategy
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.strategy import Strategy
 from tests.conftest import make_tiny_critic, make_tiny_llama
+from tests.distributed_worker import run_as_worker
 
 TOTAL_STEPS = 4
 # Different schedules, weight decay and clipping for the two models: a companion that borrowed any of
@@ -47,11 +47,9 @@ def config(out: Path, strategy: dict) -> Config:
 def prepare_pair(strategy: Strategy, seed: int = 0):
     """(policy, critic, the critic's companion strategy), prepared and attached as "critic"."""
     critic_strategy = strategy.companion("critic", CRITIC_MAX_GRAD_NORM)
-    critic = make_tiny_critic(seed=seed + 1)
-    critic.dropout.p = 0.0  # the head's default dropout (0.1) draws from each rank's own RNG: 1 rank != 2 ranks
     models = []
     for prepared_by, model, optim in ((strategy, make_tiny_llama(seed=seed), POLICY_OPTIM),
-                                      (critic_strategy, critic, CRITIC_OPTIM)):
+                                      (critic_strategy, make_tiny_critic(seed=seed + 1), CRITIC_OPTIM)):
         optimizer = build_optimizer(model, optim)
         models.append(prepared_by.prepare(model, optimizer, build_scheduler(optimizer, TOTAL_STEPS, optim)))
     strategy.attach("critic", critic_strategy)
@@ -108,28 +106,12 @@ def train_and_resume(strategy_cfg: dict, out: Path) -> dict:
     return {"full": full, "resumed": resumed}
 
 
-def scenario_fsdp2(out: Path) -> dict:
-    return train_and_resume({"name": "fsdp2"}, out)
-
-
-def scenario_deepspeed_zero3(out: Path) -> dict:
-    return train_and_resume({"name": "deepspeed", "zero_stage": 3}, out)
-
-
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {"fsdp2": {"name": "fsdp2"}, "deepspeed_zero3": {"name": "deepspeed", "zero_stage": 3}}  # strategy settings
 
 
 def main() -> None:
-    from oxrl.training import distributed
-
-    torch.set_num_threads(1)
-    name, out = sys.argv[1], Path(sys.argv[2])
-    result = SCENARIOS[name](out)
-    if distributed.init_distributed("cpu").is_main:
-        (out / "result.json").write_text(json.dumps(result))
-    distributed.barrier()  # leave together: gloo can abort a process whose peer tore the group down first
-    distributed.shutdown()
-
+    settings = SCENARIOS[sys.argv[1]]
+    run_as_worker(lambda out: train_and_resume(settings, out))
 
 if __name__ == "__main__":
     main()

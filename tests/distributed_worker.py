@@ -46,7 +46,7 @@ def config(out: Path, algorithm: str = "sft", strategy: dict | None = None, **tr
         "model": {"name_or_path": "unused"},
         "data": {"train": [{"path": "unused"}]},
         "algorithm": {"name": algorithm},
-        "preference": {"beta": 0.5},
+        **({"preference": {"beta": 0.5}} if algorithm == "dpo" else {}),  # a setting sft does not read is an error
         # Warmup + cosine + weight decay: a resume that loses any state changes the losses.
         "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 4,
                   "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}, **train},
@@ -323,17 +323,21 @@ def scenario_stuck_rank(out: Path) -> None:
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
-def main() -> None:
+def run_as_worker(scenario) -> None:
+    """A torchrun worker's life: `scenario(out)` with argv's output folder; rank 0 writes result.json."""
     from oxrl.training import distributed
 
     torch.set_num_threads(1)
-    name, out = sys.argv[1], Path(sys.argv[2])
-    result = SCENARIOS[name](out)
+    out = Path(sys.argv[2])
+    result = scenario(out)
     if distributed.init_distributed("cpu").is_main:
         (out / "result.json").write_text(json.dumps(result))
     distributed.barrier()  # leave together: gloo can abort a process whose peer tore the group down first
     distributed.shutdown()
 
+
+def main() -> None:
+    run_as_worker(SCENARIOS[sys.argv[1]])
 
 if __name__ == "__main__":
     main()

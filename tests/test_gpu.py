@@ -76,3 +76,26 @@ def test_rl_reward_goes_up_on_cuda(tmp_path):
     assert last > first + 0.2, result.rewards
     # The engine samples and the trainer scores in fp32 (autocast is for the update only): they agree.
     assert result.final_metrics["logprob_mismatch/mean_abs"] < 1e-2
+
+
+def test_ppo_with_its_critic_on_cuda_learns_and_resumes(tmp_path):
+    """PPO on CUDA (bf16 autocast for both updates): the reward goes up, the critic trains through its
+    companion strategy, and a run resumed from a checkpoint repeats the uninterrupted steps."""
+    from tests.conftest import make_tiny_critic
+
+    def run(name, resume=False, seed=0):
+        cfg = rl_config(tmp_path, "ppo")
+        cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.run.resume = 8, 3, resume
+        torch.manual_seed(0)
+        model = make_tiny_llama(seed=seed).to(CUDA)
+        reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+        h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(CUDA, max_grad_norm=1.0),
+                       critic_model=make_tiny_critic(seed=seed).to(CUDA))
+        return train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / name)
+
+    full = run("full")
+    first, last = sum(full.rewards[:4]) / 4, sum(full.rewards[-4:]) / 4
+    assert last > first + 0.2, full.rewards
+    assert full.final_metrics["critic/loss"] > 0 and full.final_metrics["critic/nonfinite_steps"] == 0
+    resumed = run("resumed", str(tmp_path / "full" / "checkpoints" / "step_000008"), seed=5)
+    assert resumed.rewards == pytest.approx(full.rewards[8:], abs=1e-3)

@@ -150,19 +150,19 @@ def test_generating_from_diverged_weights_raises_a_clear_error(temperature):
 
 
 def test_the_critic_skips_a_nonfinite_update():
-    from oxrl.loops.critic import critic_step
-    from oxrl.config.rl_presets import resolve
+    from oxrl.loops.critic import Critic
     from oxrl.rollout.base import Completion
-    from tests.test_rl_loop import _tiny_critic, rl_config
+    from tests.conftest import make_tiny_critic
 
-    critic = _tiny_critic()
-    before = snapshot(critic.model)
+    model = make_tiny_critic()
+    before = snapshot(model)
+    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0).companion("critic", max_grad_norm=1.0)
+    strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    critic = Critic(model, strategy, micro_batch_size=1, value_clip=0.2)
     completions = [Completion(0, [1, 3], [5, 6, 2], [-1.0, -1.0, -1.0], "eos", "5 6")]
-    rl = resolve("ppo", rl_config(None, "ppo").rl)
-    metrics = critic_step(rl, critic.model, critic.optimizer, completions, [torch.zeros(3)], [torch.full((3,), NAN)],
-                          micro_size=1, guard=critic.nonfinite, step=5)
+    metrics = critic.update(completions, [torch.zeros(3)], [torch.full((3,), NAN)], step=5)
     assert math.isnan(metrics["critic/loss"])
-    assert unchanged(critic.model, before) and critic.nonfinite.skipped == 1
+    assert unchanged(model, before) and strategy.nonfinite.skipped == 1
 
 
 class FakeDeepSpeedEngine:
