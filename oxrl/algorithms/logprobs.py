@@ -44,13 +44,16 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
 
 
 def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = None, temperature: float = 1.0,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, value_head=None):
     """[T] log-probs of the `targets` tokens of a packed row under `model` (0 elsewhere).
 
     `targets` [T] bool defaults to the batch's loss mask. Only the positions that predict a target
     go through the lm_head (transformers' `logits_to_keep`): prompt tokens cost a backbone pass
     but no vocabulary projection, which is most of a small model's FLOPs on long prompts.
     With `with_entropy`, also returns the [T] entropy of each target's predictive distribution.
+    With `value_head` (final hidden states [N, H] -> [N]: PPO's shared critic, oxrl/models/value_head.py),
+    the same forward also gives the [T] value of the state before each target, read where its logits
+    are (position t - 1); the result is then (log-probs, entropy or None, values).
     """
     targets = batch.loss_mask[0] if targets is None else targets
     positions = torch.nonzero(targets, as_tuple=True)[0]  # [N] token positions t >= 1
@@ -58,20 +61,29 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         raise ValueError("the first token of a packed row has no prediction and cannot be a target")
     # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
     keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
-    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep)
+    with_hidden = {"output_hidden_states": True} if value_head is not None else {}
+    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep,
+                **with_hidden)
     logits = out.logits[0]  # [N, V], row i predicts token positions[i]
     if temperature != 1.0:
         logits = logits / temperature
     values = torch.zeros(batch.input_ids.shape[1], dtype=torch.float32, device=logits.device)
     entropy = torch.zeros_like(values) if with_entropy else None
+    if value_head is not None:
+        # The final hidden state (after the final norm: what the LM head reads) at the kept positions only.
+        head_out = value_head(out.hidden_states[-1][0, keep])  # [N]
+        state_values = torch.zeros_like(values)
+        state_values = (state_values + 0.0 * head_out.sum() if positions.numel() == 0
+                        else state_values.index_put((positions,), head_out))
     if positions.numel() == 0:
         values = values + 0.0 * logits.sum()
-        return (values, entropy) if with_entropy else values
-    values = values.index_put((positions,), selected_logprobs(logits, batch.input_ids[0, positions]))
-    if with_entropy:
-        entropy = entropy.index_put((positions,), token_entropy_from_rows(logits))
-        return values, entropy
-    return values
+    else:
+        values = values.index_put((positions,), selected_logprobs(logits, batch.input_ids[0, positions]))
+        if with_entropy:
+            entropy = entropy.index_put((positions,), token_entropy_from_rows(logits))
+    if value_head is not None:
+        return values, entropy, state_values
+    return (values, entropy) if with_entropy else values
 
 
 def token_entropy_from_rows(logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:

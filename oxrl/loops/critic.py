@@ -7,6 +7,10 @@ like the policy, clipped to `rl.critic_max_grad_norm`, stepped on `train.optim`'
 `rl.critic_lr`, and saved in every checkpoint's `critic/` folder. In a multi-turn episode the
 trajectory is its sampled tokens in order; environment-written tokens are context, with no value,
 advantage or loss of their own.
+
+With `rl.critic_backbone: shared` the critic is instead a value head on the policy's own backbone
+(`SharedValueHead`, oxrl/models/value_head.py): the policy's forward passes give its values, and the update
+minimises the policy loss + `rl.value_coef` x the same clipped value loss in one backward and one optimizer step.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ def value_rows(critic, completions: list[Completion], device) -> tuple[torch.Ten
     values = out.logits[0, :, 0]  # [T]
     index, valid = completion_index(batch)
     return values[(index - 1).clamp(min=0)] * valid, valid
+
+
+@dataclass
+class SharedValueHead:
+    """PPO's critic as a head on the policy's backbone: scored in the policy's old-log-prob pass and trained in
+    the policy's step (oxrl/loops/rl_update.py), so no model, optimizer or checkpoint folder of its own."""
+
+    head: torch.nn.Module  # the policy's `value_head` submodule (oxrl/models/value_head.py)
+    value_coef: float  # weight of the value loss in the one loss
+    value_clip: float | None
 
 
 @dataclass

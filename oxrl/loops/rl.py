@@ -31,7 +31,7 @@ from oxrl.data.sampler import StepSampler, split_for_rank
 from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import summarise
 from oxrl.logging.metrics import MetricsLogger
-from oxrl.loops.critic import Critic
+from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import check_on_policy
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
@@ -55,7 +55,7 @@ class RLHandles:
     reward_fn: Any = None  # scores single-turn completions (oxrl/rewards/combine.py); None with `env`
     env: Environment | None = None  # multi-turn episodes, which reward themselves
     reference: torch.nn.Module | None = None  # frozen, for the KL term (None when kl_coef is 0)
-    critic: Critic | None = None  # PPO (advantage `gae`)
+    critic: Critic | SharedValueHead | None = None  # PPO (advantage `gae`): its own model, or a head on the policy
     tokenizer: Any = None  # saved with checkpoints
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`
 
@@ -76,7 +76,7 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
     optimizer = build_optimizer(h.model, cfg.train.optim)
     h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
     h.policy.train()
-    if h.critic is not None:
+    if isinstance(h.critic, Critic):  # (a shared value head is one of the policy's parameters)
         critic_optim = cfg.train.optim.model_copy(update={"lr": cfg.rl.critic_lr})
         optimizer = build_optimizer(h.critic.model, critic_optim)
         h.critic.model = h.critic.strategy.prepare(h.critic.model, optimizer,
@@ -152,7 +152,7 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     metrics.update(h.engine.sync_weights(h.model))  # e.g. vLLM: the sync's seconds and probe gap
     metrics["time/train"] = time.perf_counter() - started
     metrics["train/nonfinite_steps"] = h.strategy.nonfinite.skipped
-    if h.critic is not None:
+    if isinstance(h.critic, Critic):
         metrics["critic/nonfinite_steps"] = h.critic.strategy.nonfinite.skipped
     metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]
     return metrics, rollout

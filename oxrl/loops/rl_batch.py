@@ -46,13 +46,23 @@ def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return index, valid
 
 
-def policy_rows(model, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-probs [S, L] (and entropies) of each completion's trained (sampled) tokens, with the mask [S, L]."""
+def policy_rows(model, batch: PackedBatch, temperature: float, with_entropy: bool,
+                value_head=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """Log-probs [S, L] (and entropies; and with PPO's shared `value_head`, the values of the same forward)
+    of each completion's trained (sampled) tokens, with the mask [S, L]: (logprobs, entropy, values, valid)."""
     index, valid = completion_index(batch)
-    if with_entropy:
-        logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=True)
-        return logprobs[index] * valid, entropy[index] * valid, valid
-    return token_logprobs(model, batch, temperature=temperature)[index] * valid, None, valid
+    if value_head is not None:
+        logprobs, entropy, values = token_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                                   value_head=value_head)
+    elif with_entropy:
+        (logprobs, entropy), values = token_logprobs(model, batch, temperature=temperature, with_entropy=True), None
+    else:
+        logprobs, entropy, values = token_logprobs(model, batch, temperature=temperature), None, None
+
+    def rows(per_token: torch.Tensor | None) -> torch.Tensor | None:  # [T] -> [S, L]
+        return None if per_token is None else per_token[index] * valid
+
+    return rows(logprobs), rows(entropy), rows(values), valid
 
 
 def pad_rows(values: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -62,15 +72,26 @@ def pad_rows(values: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
-@torch.no_grad()
 def score_logprobs(model, completions: list[Completion], micro_size: int, temperature: float) -> list[torch.Tensor]:
     """Per-completion token log-probs under `model` (packed micro-batches, no grad)."""
+    return score_logprobs_and_values(model, completions, micro_size, temperature)[0]
+
+
+@torch.no_grad()
+def score_logprobs_and_values(model, completions: list[Completion], micro_size: int, temperature: float,
+                              value_head=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-completion token log-probs under `model` (packed micro-batches, no grad) and, with PPO's shared
+    `value_head`, the values [len] of every sampled token's state from the same forward passes."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out: list[torch.Tensor] = []
+    logprob_rows: list[torch.Tensor] = []
+    value_rows: list[torch.Tensor] = []
     for chunk in micro_batches(completions, micro_size):
-        logprobs, _, valid = policy_rows(model, pack([completion_example(c) for c in chunk]).to(device), temperature, False)
-        out.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
+        batch = pack([completion_example(c) for c in chunk]).to(device)
+        logprobs, _, values, valid = policy_rows(model, batch, temperature, False, value_head)
+        logprob_rows.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
+        if values is not None:
+            value_rows.extend(row[mask].float().cpu() for row, mask in zip(values, valid))
     model.train(was_training)
-    return out
+    return logprob_rows, value_rows if value_head is not None else None

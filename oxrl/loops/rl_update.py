@@ -6,6 +6,9 @@
         policy step (clip, schedule; none when the loss or grad norm is inf/NaN)
         critic step on the same mini-batch (gae)
 
+With a shared value head (`rl.critic_backbone: shared`) the micro-batch's forward also gives the values, the
+loss is policy_loss + value_coef x value_loss, and there is no critic step: the policy's step trains both.
+
 One update per rollout takes pi_old from the update's own log-probs (detached), and measures the
 engine/trainer mismatch there; `rl.strict_on_policy` refuses the update before its step if the samples
 were not the policy's own.
@@ -18,11 +21,13 @@ import math
 import torch
 
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
+from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack
+from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
-from oxrl.loops.rl_presets import loss_params
+from oxrl.config.params import loss_params
 
 
 def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]:
@@ -36,9 +41,10 @@ def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]
     for _epoch in range(rl.epochs):
         for mini in micro_batches(order, per_mini):
             sums = {}
-            if train_policy:
-                sums = policy_step(h, rollout, mini, params, check=rl.strict_on_policy and updates == 0, step=step)
-            if h.critic is not None:
+            if train_policy or isinstance(h.critic, SharedValueHead):  # a shared head learns in the policy's step
+                sums = policy_step(h, rollout, mini, params, check=rl.strict_on_policy and updates == 0, step=step,
+                                   train_policy=train_policy)
+            if isinstance(h.critic, Critic):
                 sums.update(h.critic.update([rollout.completions[i] for i in mini], [rollout.values[i] for i in mini],
                                             [rollout.returns[i] for i in mini], step))
             for key, value in sums.items():
@@ -47,17 +53,27 @@ def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]
     return {key: value / updates for key, value in totals.items()}
 
 
-def policy_step(h, rollout, indices: list[int], params: PolicyLossParams, check: bool, step: int) -> dict[str, float]:
-    """One optimizer step of the policy loss over the rollout's completions `indices` (this rank's share)."""
+def policy_step(h, rollout, indices: list[int], params: PolicyLossParams, check: bool, step: int,
+                train_policy: bool = True) -> dict[str, float]:
+    """One optimizer step of the policy loss over the rollout's completions `indices` (this rank's share).
+
+    With a shared value head, of policy loss + value_coef x value loss; while the critic warms up
+    (`train_policy` False) of the value loss alone, on the head alone: the backbone's features are
+    detached, so the policy does not move, as with a separate critic."""
     rl, strategy, micro = h.cfg.rl, h.strategy, h.cfg.train.micro_batch_size_per_device
     lengths = [rollout.completions[i].num_sampled for i in indices]  # trained tokens per completion
     normaliser = strategy.all_reduce_sum(float(local_normaliser(pad_rows([torch.ones(n) for n in lengths], max(lengths)),
                                                                 params.aggregation)))
+    shared = h.critic if isinstance(h.critic, SharedValueHead) else None
+    tokens = strategy.all_reduce_sum(float(sum(lengths))) if shared else None  # the value loss's normaliser
     sums: dict[str, float] = {}
     gap: dict[str, float] = {}  # engine/trainer mismatch sums, when this update supplies the old log-probs
     for mb in [indices[i : i + micro] for i in range(0, len(indices), micro)]:
-        inp, mb_gap = loss_input(h, rollout, mb, params, normaliser, check)
-        loss, metrics = policy_loss(rl.policy_loss, inp, params)
+        inp, value_inp, mb_gap = loss_input(h, rollout, mb, params, normaliser, check, tokens, head_only=not train_policy)
+        loss, metrics = policy_loss(rl.policy_loss, inp, params) if train_policy else (0.0, {})
+        if shared:
+            critic_loss, critic_metrics = value_loss(value_inp, clip_eps=shared.value_clip)
+            loss, metrics = loss + shared.value_coef * critic_loss, {**metrics, **critic_metrics}
         strategy.backward(loss)
         for target, values in ((sums, {"loss": loss.detach(), **metrics}), (gap, mb_gap)):
             for key, value in values.items():
@@ -72,13 +88,21 @@ def policy_step(h, rollout, indices: list[int], params: PolicyLossParams, check:
     return sums
 
 
-def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: float,
-               check: bool) -> tuple[PolicyLossInput, dict[str, float]]:
-    """The policy loss's input for one micro-batch (a forward pass with grad), and its engine/trainer mismatch sums."""
+def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: float, check: bool,
+               value_normaliser: float | None = None,
+               head_only: bool = False) -> tuple[PolicyLossInput, ValueLossInput | None, dict[str, float]]:
+    """The policy loss's input for one micro-batch (a forward pass with grad), with a shared value head the value
+    loss's input from the same forward (`head_only`: its gradient stops at the head), and the engine/trainer
+    mismatch sums."""
     rl = h.cfg.rl
     batch = pack([completion_example(rollout.completions[i]) for i in mb]).to(h.strategy.device)
+    shared_head = h.critic.head if isinstance(h.critic, SharedValueHead) else None
+    value_head = shared_head
+    if shared_head is not None and head_only:
+        value_head = lambda hidden: shared_head(hidden.detach())  # the backbone gets no gradient
     with h.strategy.autocast():
-        logprobs, entropy, valid = policy_rows(h.policy, batch, rl.rollout.temperature or 1.0, with_entropy=True)
+        logprobs, entropy, state_values, valid = policy_rows(h.policy, batch, rl.rollout.temperature or 1.0,
+                                                             with_entropy=True, value_head=value_head)
     width, device = valid.shape[1], logprobs.device
 
     def rows(values: list[torch.Tensor]) -> torch.Tensor:
@@ -105,4 +129,8 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
         entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
         behaviour_logprobs=behaviour if params.tis_cap is not None else None,
     )
-    return inp, gap
+    value_inp = None
+    if state_values is not None:
+        value_inp = ValueLossInput(state_values.float(), rows(rollout.values), rows(rollout.returns), valid,
+                                   value_normaliser)
+    return inp, value_inp, gap

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from oxrl.models.lora import is_peft
+from oxrl.models.value_head import value_head_of, without_value_head, write_value_head
 
 
 @contextmanager
@@ -43,14 +44,22 @@ def save_hf_folder(model, tokenizer, out_dir: str | Path, lora_save: str = "merg
 
     With LoRA, `merged` folds the adapters into a copy of the weights (the live model keeps
     training its adapters) and `adapter` writes only the peft adapter (load it with peft).
+    PPO's shared value head is not part of the architecture: it goes beside it, in `value_head.safetensors`
+    (oxrl/models/value_head.py), so the folder loads without an unexpected key.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     to_save = model
     if is_peft(model) and lora_save == "merged":
         to_save = copy.deepcopy(model).merge_and_unload()
+    head = value_head_of(to_save)
+    weights = {}
+    if head is not None and not is_peft(to_save):  # (a peft model saves its adapter only, never the head)
+        weights["state_dict"] = without_value_head(to_save.state_dict())
     with no_progress_bars():
-        to_save.save_pretrained(out_dir, safe_serialization=True)
+        to_save.save_pretrained(out_dir, safe_serialization=True, **weights)
+    if head is not None:
+        write_value_head(head, out_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
