@@ -185,9 +185,6 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
     if shared_head and not isinstance(strategy, SingleDevice):
         raise ValueError("rl.critic_backbone `shared` trains in one process only for now (strategy `single`): the value "
                          "head is not sharded with the policy under fsdp2/deepspeed. Use rl.critic_backbone: separate")
-    if shared_head and rl.rollout.engine != "hf":
-        raise ValueError(f"rl.critic_backbone `shared` needs rollout.engine `hf` for now: the {rl.rollout.engine} weight "
-                         "sync does not leave the value head out yet. Use rl.critic_backbone: separate")
     model = load_model(cfg.model, device, cfg.lora)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all

@@ -46,6 +46,16 @@ def rows_by_step(run_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
+def checkpointed_every_2_steps(cfg, resume: str | bool):
+    """4 steps, checkpoints every 2; cosine schedule with warmup and weight decay, so that any training state a
+    resume does not restore changes the numbers."""
+    cfg.train.max_steps = 4
+    cfg.train.optim.schedule, cfg.train.optim.warmup_steps, cfg.train.optim.weight_decay = "cosine", 1, 0.1
+    cfg.checkpoint.every, cfg.checkpoint.keep_last = 2, 5
+    cfg.run.resume = resume
+    return cfg
+
+
 def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False, algorithm: str = "grpo"):
     """GRPO (or PPO, whose critic is checkpointed too) on the tiny model and the `share_of_sevens` reward of
     tests/test_rl_loop.py, in this process."""
@@ -59,11 +69,7 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False, a
     from tests.test_rl_loop import prompts, rl_config
     from tests.test_rollout_hf import TinyTokenizer
 
-    cfg = rl_config(tmp_path, algorithm)
-    cfg.train.max_steps = 4
-    cfg.train.optim.schedule, cfg.train.optim.warmup_steps, cfg.train.optim.weight_decay = "cosine", 1, 0.1
-    cfg.checkpoint.every, cfg.checkpoint.keep_last = 2, 5
-    cfg.run.resume = resume
+    cfg = checkpointed_every_2_steps(rl_config(tmp_path, algorithm), resume)
     model = make_tiny_llama(seed=7 if resume else 0)  # a resumed run must take every weight from the checkpoint
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
     critic = make_tiny_critic(seed=9 if resume else 3) if algorithm == "ppo" else None  # resumed: from the checkpoint

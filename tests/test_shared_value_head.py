@@ -202,11 +202,9 @@ def test_a_shared_head_run_through_the_runner_saves_a_clean_final_folder(tmp_pat
 
 
 def train_shared(tmp_path, run_name: str, resume: str | bool = False):
-    cfg = shared_config(tmp_path, run_name)
-    cfg.train.max_steps = 4
-    cfg.train.optim.schedule, cfg.train.optim.warmup_steps, cfg.train.optim.weight_decay = "cosine", 1, 0.1
-    cfg.checkpoint.every, cfg.checkpoint.keep_last = 2, 5
-    cfg.run.resume = resume
+    from tests.test_rl_resume import checkpointed_every_2_steps
+
+    cfg = checkpointed_every_2_steps(shared_config(tmp_path, run_name), resume)
     model = make_tiny_llama(seed=7 if resume else 0)  # a resumed run must take every weight from the checkpoint
     torch.manual_seed(0)
     result = train_rl(shared_handles(cfg, model), prompts(), NO_VALIDATION, tmp_path / run_name)

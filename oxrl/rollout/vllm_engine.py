@@ -37,6 +37,7 @@ from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.config.schema import VLLMConfig
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.value_head import without_value_head
 from oxrl.models.save import no_progress_bars
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import eos_token_ids
@@ -140,7 +141,8 @@ class VLLMEngine:
         """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""
         folder = self.root / f"weights-{self._version}"
         base = _base(model)
-        state = merged_state_dict(model) if is_peft(model) else dict(model.state_dict())
+        # Only the architecture's own weights: a shared PPO value head (oxrl/models/value_head.py) is not vLLM's.
+        state = without_value_head(merged_state_dict(model) if is_peft(model) else dict(model.state_dict()))
         if self.tied:  # a separate tensor, so save_pretrained keeps it
             state[_weight_key(base, base.get_output_embeddings())] = state[_weight_key(base, base.get_input_embeddings())].clone()
         with no_progress_bars():
