@@ -1,9 +1,10 @@
 """Config errors name the key, the bad value and the fix."""
 
 import pytest
+import yaml
 
 from oxrl.cli import main
-from oxrl.config.load import ConfigError, load_config
+from oxrl.config.load import ConfigError, load_config, save_config
 from oxrl.config.reference import config_reference
 
 BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
@@ -115,3 +116,14 @@ def test_malformed_override_value_names_the_override():
     assert message.startswith("the value of override 'data.train=[{path: a.jsonl', line 1, column 16: not valid YAML: "
                               "expected ',' or '}'")
     assert "<unicode string>" not in message
+
+
+def test_a_saved_rl_config_keeps_the_users_settings_and_takes_another_algorithms_preset(tmp_path):
+    cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=dapo", "rl.task=arithmetic", "rl.eps_low=0.1"])
+    assert (cfg.rl.advantage, cfg.rl.eps_low, cfg.rl.eps_high) == ("grpo", 0.1, 0.28)  # dapo's clip-higher
+    save_config(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["rl"]
+    assert saved["advantage"] is None and saved["eps_high"] is None and saved["eps_low"] == 0.1  # the preset's: unset
+    assert load_config(tmp_path / "config.yaml").rl == cfg.rl  # loading resolves the same values again
+    ppo = load_config(tmp_path / "config.yaml", ["algorithm.name=ppo"]).rl
+    assert (ppo.advantage, ppo.eps_low, ppo.eps_high) == ("gae", 0.1, 0.2)  # ppo's preset, the user's eps_low

@@ -173,12 +173,25 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         raise ConfigError(describe_errors(error, source)) from None
 
 
+def saved_form(config: Config) -> dict[str, Any]:
+    """The config as `config.yaml` holds it: every key, except that an `rl` value equal to what the algorithm's
+    preset fills is left unset (null), as the user left it. Loading it resolves the same values again, and the
+    file run with another `algorithm.name` gets that algorithm's preset, not the first one's."""
+    from oxrl.config.rl_presets import preset_values
+
+    data = config.model_dump(mode="json")
+    for key, value in preset_values(config.algorithm.name).items():
+        if data["rl"][key] == value:
+            data["rl"][key] = None
+    return data
+
+
 def save_config(config: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML; a failed write (e.g. a full disk) leaves the previous file intact."""
+    """Write the config as YAML (`saved_form`); a failed write (e.g. a full disk) leaves the previous file intact."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.partial")
     try:
-        partial.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        partial.write_text(yaml.safe_dump(saved_form(config), sort_keys=False))
         partial.replace(path)
     except OSError:
         partial.unlink(missing_ok=True)

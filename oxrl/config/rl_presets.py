@@ -116,6 +116,12 @@ def resolve(name: str, rl: RLConfig) -> RLConfig:
     return resolved
 
 
+def preset_values(name: str) -> dict[str, Any]:
+    """The `rl` fields an RL algorithm's preset fills when they are left unset, with its values ({} for others)."""
+    key = name.strip().lower()
+    return {**DEFAULTS, **PRESETS[key]} if key in PRESETS else {}
+
+
 def unread_settings(name: str, rl: BaseModel) -> list[str]:
     """One line per field of the resolved `rl` that differs from its default but is not read (READ_ONLY_WITH)."""
     lines = []

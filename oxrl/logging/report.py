@@ -74,14 +74,9 @@ def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
 
 def preset_settings(algorithm: str) -> dict[str, Any]:
     """The `rl` keys an RL algorithm's preset fills, with their values (empty for other algorithms)."""
-    from oxrl.config.rl_presets import is_rl, resolve
-    from oxrl.config.schema import RLConfig
+    from oxrl.config.rl_presets import preset_values
 
-    if not is_rl(algorithm):
-        return {}
-    unset, filled = RLConfig(), resolve(algorithm, RLConfig())
-    return {f"rl.{key}": to_jsonable_python(getattr(filled, key)) for key in RLConfig.model_fields
-            if getattr(filled, key) != getattr(unset, key)}
+    return {f"rl.{key}": value for key, value in preset_values(algorithm).items()}
 
 
 def schema_default(key: str) -> Any:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from oxrl.config.load import flatten
+from oxrl.config.load import flatten, saved_form
 from oxrl.config.schema import Config
 from oxrl.training.checkpoint import latest_checkpoint, list_checkpoints, step_of
 from oxrl.training.folders import OutputWriteError
@@ -206,7 +206,7 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
         logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",
                        checkpoint, saved_path)
         return
-    changes = config_changes(yaml.safe_load(saved_path.read_text()) or {}, cfg.model_dump(mode="json"))
+    changes = config_changes(yaml.safe_load(saved_path.read_text()) or {}, saved_form(cfg))
     if not changes:
         return
     listing = "\n  ".join(changes)
