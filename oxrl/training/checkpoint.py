@@ -5,6 +5,7 @@
         optimizer.pt, scheduler.pt, rng.pt    torch state (loaded with weights_only=True)
         rng.json, trainer_state.json          python/numpy RNG, step and counters
         adapter.safetensors                   LoRA only: the exact trainable adapter weights
+    <run>/checkpoints/step_000010/value_head.safetensors   PPO's shared-backbone value head (not the HF model's)
         rng_rank1.pt, rng_rank1.json, ...     multi-process runs: the RNG of every other rank
         sharded/ or deepspeed/                multi-process runs: model and optimizer shards, written
                                               by every rank (oxrl/training/fsdp.py, deepspeed_strategy.py)
