@@ -6,6 +6,7 @@ import argparse
 import errno
 import logging
 import sys
+from pathlib import Path
 
 logger = logging.getLogger("oxrl.cli")
 
@@ -44,6 +45,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from oxrl.logging.bug_report import write_bug_report
+
+    path = write_bug_report(Path(args.run_dir))
+    logger.info("wrote %s: check it holds nothing private, then paste it into an issue", path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxrl", description="Post-training for language models: SFT, preference optimisation, RL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("config-reference", help="print the reference of every config field (markdown)",
                          description="Print the reference of every config field, generated from the schema.")
     ref.set_defaults(func=_cmd_config_reference)
+    report = sub.add_parser("report", help="write a bug report of a run (Markdown, to paste into an issue)",
+                            description="Write <run dir>/bug_report.md: versions, hardware, the run's config, its last "
+                            "log lines and the traceback that stopped it. Reads only this machine; sends nothing.")
+    report.add_argument("run_dir", help="the run directory, e.g. runs/grpo-20261123-0612")
+    report.set_defaults(func=_cmd_report)
     doctor = sub.add_parser("doctor", help="report usable hardware and backends", description="Report which devices, strategies and backends are usable here, and why not. Changes nothing.")
     doctor.set_defaults(func=_cmd_doctor)
     return parser

@@ -43,8 +43,9 @@ def set_seed(seed: int) -> None:
 @contextmanager
 def claimed_run(cfg: Config, strategy):
     """Yield (config with `run.name` resolved, run directory), the directory locked by rank 0 until the
-    block ends, and every RNG seeded. Rank 0 picks the default name and checks the directory; the other
+    block ends, its log copied to `<run>/train.log`, and every RNG seeded. Rank 0 picks the default name and checks the directory; the other
     ranks take its name and fail with its error, so that none waits in a collective for a rank that left."""
+    from oxrl.logging.run_log import run_logged
     from oxrl.training.run_dir import RunDirError, claim_run_dir, default_run_name, run_dir_for
 
     name = cfg.run.name or (default_run_name(cfg.algorithm.name, cfg.run.output_dir) if strategy.is_main else None)
@@ -61,8 +62,10 @@ def claimed_run(cfg: Config, strategy):
         raise RunDirError(f"rank 0 could not claim the run directory: {message}")
     cfg = _named(cfg, name)
     set_seed(cfg.run.seed)
+    run_dir = run_dir_for(cfg.run.output_dir, name)
     try:
-        yield cfg, run_dir_for(cfg.run.output_dir, name)
+        with run_logged(run_dir, strategy.is_main):  # <run>/train.log; a failure's traceback in failure.txt
+            yield cfg, run_dir
     finally:
         if lock is not None:
             lock.release()

@@ -149,21 +149,21 @@ def _samples_section(samples: dict[str, list[dict]]) -> list[str]:
                 continue
             lines += [f"### {part.capitalize()} training step (step {samples[part][0]['step']})", ""]
             for sample in samples[part]:
-                lines += ["**prompt**", "", _fenced(sample["prompt"]), "",
-                          f"**completion** (reward {sample['reward']:.3g})", "", _fenced(sample["completion"]), ""]
+                lines += ["**prompt**", "", fenced(sample["prompt"]), "",
+                          f"**completion** (reward {sample['reward']:.3g})", "", fenced(sample["completion"]), ""]
     if samples.get("before") and samples.get("after"):  # logging.samples answered greedily
         lines += ["## Sample answers (greedy, before / after training)", ""]
         for before, after in zip(samples["before"], samples["after"]):
-            lines += ["**prompt**", "", _fenced(before["prompt"]), "", "**before**", "", _fenced(before["completion"]), "",
-                      "**after**", "", _fenced(after["completion"]), ""]
+            lines += ["**prompt**", "", fenced(before["prompt"]), "", "**before**", "", fenced(before["completion"]), "",
+                      "**after**", "", fenced(after["completion"]), ""]
     return lines
 
 
-def _fenced(text: str) -> str:
+def fenced(text: str, language: str = "text") -> str:
     """A code block that shows `text` verbatim, whatever backticks it holds."""
     longest = max(map(len, re.findall("`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return f"{fence}text\n{text}\n{fence}"
+    return f"{fence}{language}\n{text}\n{fence}"
 
 
 def _shown(value: Any) -> str:

@@ -5,6 +5,7 @@
         config.yaml      the resolved config          metrics.jsonl     one row per logged step
         checkpoints/     step folders                 final/            the final HF folder
         summary.json, samples.json, curves.png, report.md
+        train.log        rank 0's log          failure.txt, bug_report.md   what stopped it; `oxrl report`
 
 Rank 0 claims the directory before anything is written (`claim_run_dir`):
 
@@ -45,7 +46,7 @@ LOCK_NAME = ".lock"
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
 RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md", "tensorboard",
-                             "wandb")
+                             "wandb", "train.log", "failure.txt", "bug_report.md")
 # Keys that say where a run lives or how its progress is shown: a resume may change them freely.
 IGNORED_ON_RESUME = frozenset({
     "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",

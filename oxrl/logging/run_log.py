@@ -1,0 +1,42 @@
+"""A run's own log file and, when a run fails, its traceback: what `oxrl report` puts in a bug report.
+
+    <run>/train.log      every log line of rank 0 for this run (appended to on resume)
+    <run>/failure.txt    the traceback of the exception that stopped the run (removed by a run that ends well)
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOG_FILE, FAILURE_FILE = "train.log", "failure.txt"
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
+    """Rank 0: copy the `oxrl` log to `<run>/train.log` for the block; if the block raises, write the traceback
+    to `<run>/failure.txt` and say how to turn both into a bug report. Other ranks: nothing."""
+    if not is_main:
+        yield
+        return
+    run_dir = Path(run_dir)
+    root = logging.getLogger("oxrl")
+    handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    root.addHandler(handler)
+    try:
+        yield
+        (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # an earlier failure of this run was resumed past
+    except BaseException as error:
+        (run_dir / FAILURE_FILE).write_text("".join(traceback.format_exception(error)), encoding="utf-8")
+        # The error itself is reported once, by whoever handles it (the CLI); this line says where to go next.
+        logger.info("the run stopped with %s; its traceback is in %s, and `oxrl report %s` writes a bug report to "
+                    "paste into an issue", type(error).__name__, run_dir / FAILURE_FILE, run_dir)
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()
