@@ -77,7 +77,8 @@ class ModelConfig(Section):
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = Field(
         "auto",
         description="Attention kernel. `auto`/`packed_sdpa`: SDPA run once per sequence of a packed row "
-        "(oxrl/models/packed_attention.py) where it applies, else plain `sdpa` (the reason is logged); "
+        "(oxrl/models/packed_attention.py) where it applies, else transformers' default, `sdpa` or `eager` "
+        "where a model has no sdpa path (Gemma 2's soft-capping; the reason is logged); "
         "it declines on CUDA, where `flash_attention_2` does variable-length attention natively.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")

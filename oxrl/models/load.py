@@ -79,9 +79,11 @@ def load_tokenizer(cfg: ModelConfig):
 PACKED_CHOICES = ("auto", "packed_sdpa")
 
 
-def hf_attn_implementation(name: str) -> str:
-    """What transformers is asked to load with: our packed kernel is switched on after loading."""
-    return "sdpa" if name in PACKED_CHOICES else name
+def hf_attn_implementation(name: str) -> str | None:
+    """What transformers is asked to load with: our packed kernel is switched on after loading.
+    For it, transformers' own default (None): sdpa, or eager for a model without an sdpa path
+    (Gemma 2, whose attention logit soft-capping sdpa cannot apply)."""
+    return None if name in PACKED_CHOICES else name
 
 
 def enable_activation_checkpointing(model) -> None:

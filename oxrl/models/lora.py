@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from oxrl.config.schema import LoraConfig
 
 
@@ -41,7 +43,13 @@ def merged_state_dict(model) -> dict:
     for name, module in base.named_modules():
         if not isinstance(module, LoraLayer) or module.merged or module.disable_adapters:
             continue  # a merged layer's base weight already holds its delta
-        weight = module.get_base_layer().weight.detach()
+        base_layer = module.get_base_layer()
+        if not isinstance(getattr(base_layer, "weight", None), torch.Tensor):
+            # e.g. Qwen3-MoE's fused experts: peft adapts their 3-D parameters through a wrapper with no `.weight`.
+            raise NotImplementedError(
+                f"{name}: LoRA on {type(base_layer).__name__} (fused parameters, no single weight) cannot be merged on the "
+                "fly, which the vLLM weight sync needs: use rollout.engine `hf`, or name lora.target_modules without it")
+        weight = base_layer.weight.detach()
         for adapter in module.active_adapters:
             if adapter not in module.lora_A:
                 continue

@@ -165,8 +165,12 @@ def packed_attention_unsupported_reason(model) -> str | None:
         return "composite (e.g. multimodal) models build extra mask patterns this kernel does not reproduce"
     if not getattr(config, "is_causal", True):
         return "the model is not causal"
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) is not None or any(t != "full_attention" for t in layer_types):
+    # Per-layer configs (Gemma 2/3, Qwen2, SmolLM3) name their sliding layers in `layer_types`, and may
+    # keep an unused `sliding_window` (Qwen2-MoE: 0); the others (Mistral) window every layer.
+    layer_types = getattr(config, "layer_types", None)
+    windowed = (any(t != "full_attention" for t in layer_types) if layer_types
+                else bool(getattr(config, "sliding_window", None)))
+    if windowed:
         return "sliding-window / non-full attention layers are not supported"
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "attention logit softcapping is not supported by SDPA"
@@ -179,7 +183,8 @@ def use_packed_attention(model) -> bool:
     kernel does not apply."""
     reason = packed_attention_unsupported_reason(model)
     if reason is not None:
-        logger.info("keeping attention %r: %s", model.config._attn_implementation, reason)
+        logger.info("keeping attention %r for %s: %s", model.config._attn_implementation,
+                    getattr(model.config, "model_type", type(model).__name__), reason)
         return False
     register_packed_attention()
     model.set_attn_implementation(PACKED_ATTENTION)
