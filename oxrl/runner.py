@@ -198,9 +198,7 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
                                  rl.value_clip)
     elif rl.advantage in NEEDS_VALUES:
         source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
-        critic = Critic(load_critic(source, device, cfg.model.trust_remote_code),
-                        strategy.companion("critic", rl.critic_max_grad_norm),
-                        cfg.train.micro_batch_size_per_device, rl.value_clip)
+        critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
     engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer)
 

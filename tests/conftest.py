@@ -110,9 +110,6 @@ def rl_handles(cfg, model, engine, reward_fn=None, strategy=None, critic_model=N
     from oxrl.training.strategy import SingleDevice
 
     strategy = strategy if strategy is not None else SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
-    critic = None
-    if critic_model is not None:
-        critic = Critic(critic_model, strategy.companion("critic", cfg.rl.critic_max_grad_norm),
-                        cfg.train.micro_batch_size_per_device, cfg.rl.value_clip)
+    critic = Critic.configured(critic_model, strategy, cfg) if critic_model is not None else None
     # `policy` is what `prepare` replaces with the prepared model; the model itself for stages called directly
     return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer, policy=model)

@@ -67,7 +67,7 @@ def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
     `rl` keys it fills, e.g. ppo's `advantage: gae`) are its defaults: only a value the user changed is listed."""
     changed = flatten(cfg.model_dump(mode="json", exclude_defaults=True))
     preset = preset_settings(cfg.algorithm.name)
-    listed = [(key, value, preset.get(key, NOT_SET) if key in preset else schema_default(key))
+    listed = [(key, value, preset[key] if key in preset else schema_default(key))
               for key, value in sorted(changed.items())]
     return [(key, value, default) for key, value, default in listed if value != default]
 

@@ -54,6 +54,12 @@ class Critic:
     micro_batch_size: int
     value_clip: float | None
 
+    @classmethod
+    def configured(cls, model: torch.nn.Module, policy_strategy, cfg) -> Critic:
+        """`model` as PPO's critic for the run `cfg`: a companion of the policy's strategy with `rl`'s clipping."""
+        return cls(model, policy_strategy.companion("critic", cfg.rl.critic_max_grad_norm),
+                   cfg.train.micro_batch_size_per_device, cfg.rl.value_clip)
+
     @torch.no_grad()
     def values(self, completions: list[Completion]) -> list[torch.Tensor]:
         """Per-completion values [len] of every sampled token's state (no grad)."""

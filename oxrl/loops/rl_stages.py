@@ -48,10 +48,12 @@ class Rollout:
         sampled token, when a reward gave one) on its tokens, the rest of `rewards[i]` on the last sampled token."""
         lengths = [c.num_sampled for c in completions]
         per_token = per_token or [None] * len(completions)
-        outcome = torch.tensor([float(r) - (sum(p) if p is not None else 0.0) for r, p in zip(rewards.tolist(), per_token)])
-        outcome = rewards if all(p is None for p in per_token) else outcome  # (bit-exact when there is none)
+        outcome = rewards.clone()
+        for i, values in enumerate(per_token):
+            if values is not None:
+                outcome[i] -= sum(values)  # the per-token part sits on its own tokens
         placed = place_outcome_reward(outcome, pad_rows([torch.ones(n) for n in lengths], max(lengths, default=0)))
-        token_rewards = [row[:n] + (torch.tensor(p) if p is not None else 0.0)
+        token_rewards = [row[:n] + torch.tensor(p) if p is not None else row[:n]
                          for row, n, p in zip(placed, lengths, per_token)]
         return cls(completions, rewards, token_rewards, torch.tensor([c.prompt_index for c in completions]))
 
