@@ -1,0 +1,161 @@
+"""Peak training memory per device, estimated from a model's shape before anything loads.
+
+Everything is bytes on ONE device (a GPU, or the CPU's RAM), for the layout oxRL would really build:
+
+    static   = weights + optimizer state [+ reference model] [+ autocast weight copies]
+    dynamic  = gradients + activations + logits
+    peak     = static + dynamic                                   (no colocated vLLM)
+             = static + max(dynamic, vLLM share)                  (vLLM colocated and asleep while training)
+
+with P parameters, L trainable LoRA parameters, b bytes per parameter (the model dtype), D devices
+sharding the states (FSDP2 and ZeRO-3 shard weights, gradients and optimizer state; ZeRO-2 all but the
+weights; `single` shards nothing):
+
+- weights: P*b / D, plus under FSDP2/ZeRO-3 two gathered decoder layers (the one computing and the one
+  prefetched) in the compute dtype. LoRA adds L*b.
+- gradients: P*b / D (full fine-tune), L*b (LoRA). Counted in full: with gradient accumulation the
+  second micro-batch's backward starts with every gradient of the first already held.
+- optimizer: AdamW's two moments in the parameter dtype, 2*P*b / D (torch AdamW keeps them in the
+  parameter's dtype); DeepSpeed's bf16 optimizer keeps fp32 master weights and moments, 12*P / D
+  (arXiv 1910.02054, Sec. 3.1). LoRA: 2*L*b.
+- autocast weight copies: bf16 autocast over fp32 weights caches one bf16 copy of every weight that
+  requires grad for the forward and backward, 2*P (full fine-tune, unsharded strategies).
+- activations: what autograd keeps per token of one decoder layer (Llama-style block with RMSNorm,
+  rotary embedding, SDPA and a gated MLP), in elements: each of the two norms keeps its input, the
+  normalised input and the weighted output (3h, the last cast to the compute dtype under autocast);
+  attention keeps the rotated queries, keys, values, its output and the output projection's input
+  (3*Hd + 2*KVd); the gated MLP keeps the gate, the activation, the up projection and their product
+  (4*I). Norms are fp32 whatever the autocast (transformers' RMSNorm upcasts); the rest is in the
+  compute dtype. Times tokens x layers; with gradient checkpointing, each layer's input (h per token)
+  plus one layer recomputed in full.
+- logits: only the positions that predict a trained token reach the lm_head (oxRL's `logits_to_keep`);
+  per such token and vocabulary entry: the logits in the compute dtype, their fp32 copy under autocast,
+  the fp32 log-softmax cross-entropy keeps, and the fp32 gradient (4 + 4 + 4 bytes in fp32).
+- reference model: P*b / D for the objectives that need one, except under LoRA (the reference is the
+  base model with the adapters switched off: no second copy).
+- vLLM share: `gpu_memory_utilization` x the device's memory, the pool vLLM claims for its weights and
+  KV cache when colocated; asleep (`sleep_between_phases`) it frees it while the trainer runs.
+
+The formula leaves out the framework itself (CUDA context and kernels, ~0.5-1 GiB per GPU; the Python
+process and its libraries on CPU) and allocator fragmentation; `fits` keeps a margin for them.
+tests/test_memory.py measures SmolLM2-135M's real peak on the CPU against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from oxrl.models.shape import ModelShape
+
+GIB = 1024**3
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SHARDING_STRATEGIES = ("fsdp2", "deepspeed")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What the run will do, in the terms the estimate needs (built from a Config by `plan_of`)."""
+
+    tokens_per_micro_batch: int  # packed tokens of one forward pass on one device
+    logit_tokens: int | None = None  # positions that reach the lm_head (trained tokens); None: all of them
+    dtype: str = "float32"  # parameter dtype
+    bf16_autocast: bool = False
+    strategy: str = "single"  # single | fsdp2 | deepspeed
+    zero_stage: int = 3
+    devices: int = 1  # ranks sharding the states
+    cpu_offload: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] | str = "all-linear"
+    reference: bool = False  # a frozen reference model (DPO family, KL-regularised RL)
+    vllm_share_bytes: int = 0  # memory a colocated vLLM claims on the device
+    vllm_sleeps: bool = True
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    gradients: int
+    optimizer: int
+    autocast_copies: int
+    activations: int
+    logits: int
+    reference: int
+    vllm: int
+    vllm_sleeps: bool = True
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.optimizer + self.reference + self.autocast_copies
+
+    @property
+    def dynamic(self) -> int:
+        return self.gradients + self.activations + self.logits
+
+    @property
+    def total(self) -> int:
+        if self.vllm_sleeps:
+            return self.static + max(self.dynamic, self.vllm)
+        return self.static + self.dynamic + self.vllm
+
+    def lines(self) -> list[str]:
+        parts = [f"{field.name} {self_gib(getattr(self, field.name))}" for field in fields(self)
+                 if field.name != "vllm_sleeps" and getattr(self, field.name)]
+        return [f"peak {self_gib(self.total)} per device: " + ", ".join(parts)]
+
+
+def self_gib(size: int) -> str:
+    return f"{size / GIB:.2f} GiB"
+
+
+def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
+    """Peak bytes on one device for `plan` (the module docstring derives each term)."""
+    b = BYTES[plan.dtype]
+    compute = 2 if plan.bf16_autocast or plan.dtype != "float32" else 4
+    sharded = plan.strategy in SHARDING_STRATEGIES and plan.devices > 1
+    shards = plan.devices if sharded else 1
+    weight_shards = shards if plan.strategy == "fsdp2" or (plan.strategy == "deepspeed" and plan.zero_stage == 3) else 1
+    deepspeed_bf16 = plan.strategy == "deepspeed" and plan.bf16_autocast
+
+    weights = shape.parameters * b // weight_shards
+    if weight_shards > 1:
+        weights += 2 * shape.largest_layer_parameters * compute
+    if plan.lora:
+        trainable = shape.lora_parameters(plan.lora_rank, plan.lora_targets)
+        weights += trainable * b
+        gradients, optimizer = trainable * b, 2 * trainable * b
+    elif deepspeed_bf16:
+        gradients, optimizer = shape.parameters * 2 // shards, 12 * shape.parameters // shards
+    else:
+        gradients, optimizer = shape.parameters * b // shards, 2 * shape.parameters * b // shards
+    if plan.cpu_offload and sharded:
+        weights -= shape.parameters * b // weight_shards  # on the host; the gathered layers stay
+        gradients, optimizer = 0, 0
+    autocast_copies = 2 * shape.parameters if plan.bf16_autocast and b == 4 and not plan.lora and not sharded else 0
+    reference = shape.parameters * b // weight_shards if plan.reference and not plan.lora else 0
+    return MemoryEstimate(
+        weights=weights, gradients=gradients, optimizer=optimizer, autocast_copies=autocast_copies,
+        activations=activation_bytes(shape, plan, compute), logits=logit_bytes(shape, plan, compute),
+        reference=reference, vllm=plan.vllm_share_bytes, vllm_sleeps=plan.vllm_sleeps)
+
+
+def layer_activation_bytes(shape: ModelShape, compute: int) -> int:
+    """Bytes autograd keeps per token in one decoder layer (module docstring)."""
+    norms = 2 * (2 * 4 + compute) * shape.hidden
+    attention = (3 * shape.attention_width + 2 * shape.kv_width) * compute
+    mlp = 4 * shape.mlp_width * compute
+    return norms + attention + mlp
+
+
+def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
+    per_layer = layer_activation_bytes(shape, compute)
+    if plan.gradient_checkpointing:
+        return plan.tokens_per_micro_batch * (shape.layers * shape.hidden * 4 + per_layer)
+    return plan.tokens_per_micro_batch * shape.layers * per_layer
+
+
+def logit_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
+    tokens = plan.tokens_per_micro_batch if plan.logit_tokens is None else plan.logit_tokens
+    per_entry = compute + (4 if compute != 4 else 0) + 4 + 4
+    return tokens * shape.vocab * per_entry

@@ -1,0 +1,86 @@
+"""A model's shape, read from its config alone: what the memory estimate needs, before any weight loads.
+
+The parameter counts come from building the model on PyTorch's meta device (no memory, no weights), so
+they are exact for every family transformers ships (tied embeddings, fused projections, MoE experts,
+q/k norms) instead of a per-family formula that would drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One kind of linear layer, summed over the model: e.g. every layer's `q_proj`."""
+
+    name: str  # the module name's last part, as LoRA's target_modules names it
+    in_features: int
+    out_features: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    parameters: int  # all of them, a tied embedding counted once
+    largest_layer_parameters: int  # one decoder layer: FSDP2 / ZeRO-3 gather one at a time
+    layers: int
+    hidden: int
+    mlp_width: int  # intermediate width a token passes through (MoE: routed experts per token + shared)
+    attention_width: int  # heads x head_dim
+    kv_width: int  # key/value heads x head_dim
+    vocab: int
+    context: int | None
+    linears: tuple[Linear, ...]  # the decoder layers' nn.Linear modules (not the lm_head)
+
+    @classmethod
+    def from_config(cls, config) -> "ModelShape":
+        """From a transformers config of a causal LM (a vision-language config's `text_config` is not read here)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        layer_sizes = [sum(p.numel() for p in layer.parameters()) for layer in base.layers]
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(
+            model_type=config.model_type,
+            parameters=sum(p.numel() for p in model.parameters()),
+            largest_layer_parameters=max(layer_sizes),
+            layers=config.num_hidden_layers,
+            hidden=config.hidden_size,
+            mlp_width=_mlp_width(config),
+            attention_width=heads * head_dim,
+            kv_width=kv_heads * head_dim,
+            vocab=config.vocab_size,
+            context=getattr(config, "max_position_embeddings", None),
+            linears=_decoder_linears(base),
+        )
+
+    def lora_parameters(self, rank: int, target_modules: list[str] | str = "all-linear") -> int:
+        """Trainable parameters of LoRA rank r: r x (in + out) for each adapted linear layer.
+        `all-linear` is peft's meaning: every nn.Linear of the decoder, not the lm_head."""
+        return sum(rank * (linear.in_features + linear.out_features) * linear.count
+                   for linear in self.linears if target_modules == "all-linear" or linear.name in target_modules)
+
+
+def _mlp_width(config) -> int:
+    experts_per_token = getattr(config, "num_experts_per_tok", None)
+    expert_width = getattr(config, "moe_intermediate_size", None)
+    if experts_per_token and expert_width:
+        return experts_per_token * expert_width + (getattr(config, "shared_expert_intermediate_size", None) or 0)
+    return config.intermediate_size
+
+
+def _decoder_linears(decoder) -> tuple[Linear, ...]:
+    kinds: dict[tuple[str, int, int], int] = {}
+    for name, module in decoder.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
+            kinds[key] = kinds.get(key, 0) + 1
+    return tuple(Linear(name, fan_in, fan_out, count) for (name, fan_in, fan_out), count in kinds.items())
