@@ -33,6 +33,8 @@ weights; `single` shards nothing):
   the fp32 log-softmax cross-entropy keeps, and the fp32 gradient (4 + 4 + 4 bytes in fp32).
 - reference model: P*b / D for the objectives that need one, except under LoRA (the reference is the
   base model with the adapters switched off: no second copy).
+- critic (PPO with a separate critic): a full fine-tune's weights, gradients and AdamW moments of a model
+  of the same shape, 4*P*b / D; its activations come at another time than the policy's.
 - vLLM share: `gpu_memory_utilization` x the device's memory, the pool vLLM claims for its weights and
   KV cache when colocated; asleep (`sleep_between_phases`) it frees it while the trainer runs.
 
@@ -69,6 +71,7 @@ class TrainingPlan:
     lora_rank: int = 16
     lora_targets: tuple[str, ...] | str = "all-linear"
     reference: bool = False  # a frozen reference model (DPO family, KL-regularised RL)
+    critic: bool = False  # PPO's separate critic: a second trained copy of the model
     vllm_share_bytes: int = 0  # memory a colocated vLLM claims on the device
     vllm_sleeps: bool = True
 
@@ -82,12 +85,13 @@ class MemoryEstimate:
     activations: int
     logits: int
     reference: int
+    critic: int
     vllm: int
     vllm_sleeps: bool = True
 
     @property
     def static(self) -> int:
-        return self.weights + self.optimizer + self.reference + self.autocast_copies
+        return self.weights + self.optimizer + self.reference + self.critic + self.autocast_copies
 
     @property
     def dynamic(self) -> int:
@@ -100,12 +104,12 @@ class MemoryEstimate:
         return self.static + self.dynamic + self.vllm
 
     def lines(self) -> list[str]:
-        parts = [f"{field.name} {self_gib(getattr(self, field.name))}" for field in fields(self)
+        parts = [f"{field.name} {gib(getattr(self, field.name))}" for field in fields(self)
                  if field.name != "vllm_sleeps" and getattr(self, field.name)]
-        return [f"peak {self_gib(self.total)} per device: " + ", ".join(parts)]
+        return [f"peak {gib(self.total)} per device: " + ", ".join(parts)]
 
 
-def self_gib(size: int) -> str:
+def gib(size: float) -> str:
     return f"{size / GIB:.2f} GiB"
 
 
@@ -134,10 +138,11 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
         gradients, optimizer = 0, 0
     autocast_copies = 2 * shape.parameters if plan.bf16_autocast and b == 4 and not plan.lora and not sharded else 0
     reference = shape.parameters * b // weight_shards if plan.reference and not plan.lora else 0
+    critic = shape.parameters * b * 4 // shards if plan.critic else 0
     return MemoryEstimate(
         weights=weights, gradients=gradients, optimizer=optimizer, autocast_copies=autocast_copies,
         activations=activation_bytes(shape, plan, compute), logits=logit_bytes(shape, plan, compute),
-        reference=reference, vllm=plan.vllm_share_bytes, vllm_sleeps=plan.vllm_sleeps)
+        reference=reference, critic=critic, vllm=plan.vllm_share_bytes, vllm_sleeps=plan.vllm_sleeps)
 
 
 def layer_activation_bytes(shape: ModelShape, compute: int) -> int:
@@ -151,7 +156,8 @@ def layer_activation_bytes(shape: ModelShape, compute: int) -> int:
 def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
     per_layer = layer_activation_bytes(shape, compute)
     if plan.gradient_checkpointing:
-        return plan.tokens_per_micro_batch * (shape.layers * shape.hidden * 4 + per_layer)
+        residual = 4 if plan.dtype == "float32" else 2  # the stream between layers, in the parameter dtype
+        return plan.tokens_per_micro_batch * (shape.layers * shape.hidden * residual + per_layer)
     return plan.tokens_per_micro_batch * shape.layers * per_layer
 
 

@@ -1,0 +1,107 @@
+"""Does a config fit its hardware? The memory estimate (oxrl/models/memory.py) for a whole Config.
+
+The shape comes from the model's config.json (a local folder, the bundled model, or the hub when it can
+be reached) or else from the registry, so nothing is loaded but that small file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from oxrl.config.names import PREFERENCE, REWARD_MODEL
+from oxrl.config.schema import Config, ModelConfig
+from oxrl.models.hardware import Devices
+from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib
+from oxrl.models.shape import ModelShape
+
+logger = logging.getLogger(__name__)
+
+# Objectives whose example is a pair (chosen and rejected packed side by side); KTO's is one sequence.
+PAIRED = frozenset(PREFERENCE + REWARD_MODEL) - {"kto"}
+
+# Room left for what the estimate leaves out: the CUDA context and kernels, the allocator's fragmentation.
+HEADROOM = 0.9
+
+
+def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShape:
+    """The shape of `model`: a local model's own config.json, else the registry's entry, else the hub's
+    config.json (downloaded: a few kB)."""
+    from transformers import AutoConfig
+
+    from oxrl.models.load import resolve_source
+    from oxrl.models.registry import find_model, load_registry
+
+    source = resolve_source(model.name_or_path)
+    entry = find_model(model.name_or_path, load_registry(registry_files))
+    if source.path == model.name_or_path and entry is not None and entry.config is not None:
+        config = entry.transformers_config()  # a hub id the registry knows: no network needed
+    else:
+        config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file, revision=model.revision,
+                                            trust_remote_code=model.trust_remote_code)
+    return ModelShape.from_config(getattr(config, "text_config", None) or config)
+
+
+def needs_reference(cfg: Config) -> bool:
+    from oxrl.config.rl_presets import is_rl
+    from oxrl.loops.objectives import get_objective
+
+    if is_rl(cfg.algorithm.name):
+        return cfg.rl.kl_coef > 0
+    return get_objective(cfg.algorithm.name, cfg.preference).needs_reference
+
+
+def training_plan(cfg: Config, devices: Devices, lora: bool | None = None) -> TrainingPlan:
+    """What `cfg` would do on `devices` (one process per device), in the estimate's terms."""
+    from oxrl.algorithms.advantages import NEEDS_VALUES
+    from oxrl.config.rl_presets import is_rl
+    from oxrl.models.load import resolve_dtype
+
+    import torch
+
+    on_gpu = devices.kind == "cuda"
+    strategy = cfg.strategy.name if cfg.strategy.name != "auto" else ("fsdp2" if devices.count > 1 else "single")
+    micro = cfg.train.micro_batch_size_per_device
+    rl = is_rl(cfg.algorithm.name)
+    sequences = 2 if cfg.algorithm.name in PAIRED else 1
+    vllm = rl and cfg.rl.rollout.engine == "vllm" and on_gpu
+    return TrainingPlan(
+        tokens_per_micro_batch=micro * sequences * cfg.data.max_length,
+        logit_tokens=micro * cfg.rl.rollout.max_new_tokens if rl else None,
+        dtype=str(resolve_dtype(cfg.model.dtype, torch.device("cuda" if on_gpu else "cpu"))).removeprefix("torch."),
+        bf16_autocast=cfg.train.mixed_precision == "bf16" or (cfg.train.mixed_precision == "auto" and on_gpu),
+        strategy=strategy, zero_stage=cfg.strategy.zero_stage, devices=devices.count,
+        cpu_offload=cfg.strategy.cpu_offload, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        lora=cfg.lora.enabled if lora is None else lora, lora_rank=cfg.lora.rank,
+        lora_targets=cfg.lora.target_modules if isinstance(cfg.lora.target_modules, str) else tuple(cfg.lora.target_modules),
+        reference=needs_reference(cfg),
+        critic=rl and cfg.rl.advantage in NEEDS_VALUES and cfg.rl.critic_backbone == "separate",
+        vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
+        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases)
+
+
+def fits(estimate: MemoryEstimate, devices: Devices) -> bool:
+    return estimate.total <= HEADROOM * devices.total
+
+
+def describe_fit(estimate: MemoryEstimate, devices: Devices) -> str:
+    verdict = "fits" if fits(estimate, devices) else "does NOT fit"
+    return (f"{estimate.lines()[0]}; {verdict} in {devices.describe()} "
+            f"(with {round((1 - HEADROOM) * 100)}% kept for the runtime: {gib(HEADROOM * devices.total)})")
+
+
+def choose_lora(cfg: Config, devices: Devices) -> bool:
+    """LoRA-first: True when a full fine-tune of `cfg` would not fit `devices` and LoRA would (logged)."""
+    shape = model_shape(cfg.model)
+    full = estimate_memory(shape, training_plan(cfg, devices, lora=False))
+    if fits(full, devices):
+        return False
+    adapters = estimate_memory(shape, training_plan(cfg, devices, lora=True))
+    if not fits(adapters, devices):
+        logger.warning("memory: neither a full fine-tune (%s) nor LoRA (%s) fits %s: expect out-of-memory; lower "
+                       "data.max_length or train.micro_batch_size_per_device, or set model.gradient_checkpointing",
+                       gib(full.total), gib(adapters.total), devices.describe())
+        return False
+    logger.info("memory: a full fine-tune needs about %s per device and %s has %s: training LoRA adapters instead "
+                "(%s; set lora.enabled explicitly to choose yourself)", gib(full.total), devices.describe(),
+                gib(devices.total), gib(adapters.total))
+    return True
