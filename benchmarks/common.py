@@ -109,6 +109,15 @@ def mfu(model_flops: float, seconds: float, peak: MatmulPeak) -> float:
     return model_flops / seconds / peak.flops_per_s
 
 
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (VmRSS; Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
 def peak_rss_bytes() -> int:
     """Peak resident memory of THIS process so far (getrusage ru_maxrss).
 

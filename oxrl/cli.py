@@ -1,4 +1,4 @@
-"""`oxrl` / `python -m oxrl`: train, eval, config-reference, doctor."""
+"""`oxrl` / `python -m oxrl`: train, eval, config-reference, report, doctor, models, recipe, onboard."""
 
 from __future__ import annotations
 
@@ -53,6 +53,37 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_onboard(args: argparse.Namespace) -> int:
+    from oxrl.models.onboard import model_slug, onboard
+    from oxrl.models.onboard_report import format_report
+
+    out_dir = Path(args.out) if args.out else Path("oxrl-onboard") / model_slug(args.model)
+    report = onboard(args.model, out_dir, trust_remote_code=args.trust_remote_code, smoke=not args.no_smoke)
+    sys.stdout.write(format_report(report))
+    return 1 if report.failed else 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from oxrl.models.catalog import format_catalog
+
+    sys.stdout.write(format_catalog(args.registry))
+    return 0
+
+
+def _cmd_recipe(args: argparse.Namespace) -> int:
+    from oxrl.models.hardware import available_memory, parse_devices
+    from oxrl.models.recipe import recipe
+
+    devices = parse_devices(args.gpus) if args.gpus else available_memory()
+    text = recipe(args.model, args.task, devices, args.algorithm, args.registry).yaml()
+    if args.out:
+        Path(args.out).write_text(text)
+        logger.info("wrote %s", args.out)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxrl", description="Post-training for language models: SFT, preference optimisation, RL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +102,41 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_cmd_report)
     doctor = sub.add_parser("doctor", help="report usable hardware and backends", description="Report which devices, strategies and backends are usable here, and why not. Changes nothing.")
     doctor.set_defaults(func=_cmd_doctor)
+    add_model_parsers(sub)
     return parser
+
+
+def add_model_parsers(sub) -> None:
+    registry_help = "a registry file to add (e.g. the registry_entry.yaml `oxrl onboard` wrote); repeatable"
+    models = sub.add_parser("models", help="list the model registry and what fits which hardware",
+                            description="List the models oxRL has recipes for (oxrl/models/registry.yaml): family, size, "
+                            "context, whether the family is in oxRL's architecture matrix, and the layout a "
+                            "fine-tune needs on common GPUs, from the memory estimate.")
+    models.add_argument("--registry", action="append", default=[], metavar="FILE", help=registry_help)
+    models.set_defaults(func=_cmd_models)
+    rec = sub.add_parser("recipe", help="print a ready config for a model, a task and your hardware",
+                         description="Print a config for MODEL on --task that fits --gpus: the strategy for the device "
+                         "count and the first of full fine-tune, + activation checkpointing, LoRA, LoRA + checkpointing "
+                         "(each with the task's micro-batch, then halves of it) that the memory estimate says fits.")
+    rec.add_argument("model", help="a registry name (`oxrl models`), a local model folder or a hub id")
+    rec.add_argument("--task", required=True, help="a task preset: math, countdown or chat")
+    rec.add_argument("--gpus", metavar="SPEC", help="COUNTxSIZE such as 8x80GB or 1x24GB, or `cpu` (default: this machine)")
+    rec.add_argument("--algorithm", help="replace the task's algorithm (e.g. grpo, ppo, dpo)")
+    rec.add_argument("--out", metavar="FILE.yaml", help="write the config there instead of printing it")
+    rec.add_argument("--registry", action="append", default=[], metavar="FILE", help=registry_help)
+    rec.set_defaults(func=_cmd_recipe)
+    onboard = sub.add_parser(
+        "onboard", help="check a model before training it (chat template, attention, LoRA, memory, 1-step runs)",
+        description="Check MODEL read-only before spending GPU hours on it: its chat template (assistant mask, "
+        "generation prompt, prefix stability, eos/pad), packed attention and LoRA targets on a 2-layer truncated copy, "
+        "a memory estimate for this machine, and one SFT and one GRPO step on the copy. Writes report.md, "
+        "registry_entry.yaml and the copy under --out; changes nothing of MODEL. Exit code 1 when a check fails.")
+    onboard.add_argument("model", help="hub id, local Hugging Face folder, .gguf file or bundled alias")
+    onboard.add_argument("--out", metavar="DIR", help="output folder (default: ./oxrl-onboard/<model>)")
+    onboard.add_argument("--trust-remote-code", action="store_true",
+                         help="allow the model's own code from the hub to run (off unless you trust it)")
+    onboard.add_argument("--no-smoke", action="store_true", help="skip the one-step SFT and GRPO runs")
+    onboard.set_defaults(func=_cmd_onboard)
 
 
 def add_eval_parser(sub) -> None:

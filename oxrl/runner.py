@@ -21,6 +21,7 @@ import torch
 
 from oxrl.config.load import save_config
 from oxrl.config.schema import Config
+from oxrl.models.fit import log_memory_estimate
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def run_rl(cfg: Config) -> RunResult:
     strategy = build_strategy(cfg)
     check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
+        log_memory_estimate(cfg, strategy.device, strategy.world_size)
         return _run_rl_in(run_dir, cfg, strategy)
 
 
@@ -219,6 +221,7 @@ def run(cfg: Config) -> RunResult:
 
     strategy = build_strategy(cfg)
     with claimed_run(cfg, strategy) as (cfg, run_dir):
+        log_memory_estimate(cfg, strategy.device, strategy.world_size)
         return _run_offline_in(run_dir, cfg, objective, strategy)
 
 

@@ -8,16 +8,40 @@ A task preset (`oxrl.config.presets`) supplies a complete config; `data`, `algor
 overrides refine it. The result is the same as `oxrl train` with the equivalent YAML file. Without
 a `run.name` override every `train` call gets a new run directory (`RunResult.run_dir`); with one, a
 second call is refused unless `run.resume` or `run.overwrite` says what to do with the first run.
+Unless `lora.enabled` is given, a model whose full fine-tune would not fit this machine's memory (the
+estimate of oxrl/models/memory.py) trains LoRA adapters instead, and the log says so.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from oxrl.config.load import apply_override, load_config
 from oxrl.config.presets import task_preset
 from oxrl.config.schema import Config
 from oxrl.runner import RunResult, run
+
+logger = logging.getLogger(__name__)
+
+
+def lora_first(cfg: Config) -> bool:
+    """LoRA when a full fine-tune would not fit this machine and LoRA would (oxrl.models.fit.choose_lora).
+    Only in one process: LoRA does not train sharded yet, and under torchrun the ranks share the memory."""
+    from oxrl.models.fit import choose_lora, run_devices
+    from oxrl.models.load import ModelNotFoundError
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return False
+    import torch
+
+    device = torch.device("cuda" if cfg.run.device != "cpu" and torch.cuda.is_available() else "cpu")
+    try:
+        return choose_lora(cfg, run_devices(device, 1))
+    except (ModelNotFoundError, OSError) as error:
+        logger.info("memory: cannot read the model's shape (%s): training as configured", error)
+        return False
 
 
 class Trainer:
@@ -38,7 +62,11 @@ class Trainer:
             tree.get("rl", {}).pop("task", None)  # files replace a generated task
         for key, value in {**self.overrides, **overrides}.items():
             apply_override(tree, key.split("."), value)
-        return load_config(None, base=tree)
+        cfg = load_config(None, base=tree)
+        if "enabled" not in tree.get("lora", {}) and lora_first(cfg):
+            apply_override(tree, ["lora", "enabled"], True)
+            cfg = load_config(None, base=tree)
+        return cfg
 
     def train(self, task: str | None = None, data: str | list[str] | None = None, **overrides: Any) -> RunResult:
         return run(self.config(task, data, **overrides))

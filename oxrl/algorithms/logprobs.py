@@ -26,10 +26,9 @@ def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch
 def selected_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
     """log softmax(logits[i])[ids[i]] for rows [N, V] -> [N], computed as -cross_entropy one
     chunk at a time, so no fp32 copy of the whole [N, V] log-softmax is ever held."""
-    pieces = [
-        -F.cross_entropy(logits[start : start + chunk_size].float(), ids[start : start + chunk_size], reduction="none")
-        for start in range(0, ids.numel(), chunk_size)
-    ]
+    # `split`, not slicing: the backward of a slice allocates a zeroed [N, V] gradient for every chunk.
+    pieces = [-F.cross_entropy(rows.float(), targets, reduction="none")
+              for rows, targets in zip(logits.split(chunk_size), ids.split(chunk_size))]
     return torch.cat(pieces) if pieces else logits.new_zeros(0, dtype=torch.float32)
 
 

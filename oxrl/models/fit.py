@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from oxrl.config.names import PREFERENCE, REWARD_MODEL
 from oxrl.config.schema import Config, ModelConfig
-from oxrl.models.hardware import Devices
+from oxrl.models.hardware import Devices, available_memory
 from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib
 from oxrl.models.shape import ModelShape
 
@@ -28,7 +30,7 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
     config.json (downloaded: a few kB)."""
     from transformers import AutoConfig
 
-    from oxrl.models.load import resolve_source
+    from oxrl.models.load import from_pretrained_or_explain, resolve_source
     from oxrl.models.registry import find_model, load_registry
 
     source = resolve_source(model.name_or_path)
@@ -36,7 +38,7 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
     if source.path == model.name_or_path and entry is not None and entry.config is not None:
         config = entry.transformers_config()  # a hub id the registry knows: no network needed
     else:
-        config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file, revision=model.revision,
+        config = from_pretrained_or_explain(AutoConfig, source, "model config", revision=model.revision,
                                             trust_remote_code=model.trust_remote_code)
     return ModelShape.from_config(getattr(config, "text_config", None) or config)
 
@@ -56,8 +58,6 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None) -> Tr
     from oxrl.config.rl_presets import is_rl
     from oxrl.models.load import resolve_dtype
 
-    import torch
-
     on_gpu = devices.kind == "cuda"
     strategy = cfg.strategy.name if cfg.strategy.name != "auto" else ("fsdp2" if devices.count > 1 else "single")
     micro = cfg.train.micro_batch_size_per_device
@@ -73,6 +73,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None) -> Tr
         cpu_offload=cfg.strategy.cpu_offload, gradient_checkpointing=cfg.model.gradient_checkpointing,
         lora=cfg.lora.enabled if lora is None else lora, lora_rank=cfg.lora.rank,
         lora_targets=cfg.lora.target_modules if isinstance(cfg.lora.target_modules, str) else tuple(cfg.lora.target_modules),
+        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2",
         reference=needs_reference(cfg),
         critic=rl and cfg.rl.advantage in NEEDS_VALUES and cfg.rl.critic_backbone == "separate",
         vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
@@ -87,6 +88,32 @@ def describe_fit(estimate: MemoryEstimate, devices: Devices) -> str:
     verdict = "fits" if fits(estimate, devices) else "does NOT fit"
     return (f"{estimate.lines()[0]}; {verdict} in {devices.describe()} "
             f"(with {round((1 - HEADROOM) * 100)}% kept for the runtime: {gib(HEADROOM * devices.total)})")
+
+
+def run_devices(device: torch.device, world_size: int) -> Devices:
+    """The memory of the devices a run trains on: its GPUs (one per process), or the CPU's RAM."""
+    detected = available_memory()
+    if device.type != "cuda" or detected.kind != "cuda":
+        return Devices("cpu", 1, available_memory(cpu=True).total, "CPU")
+    return Devices("cuda", world_size, detected.total, detected.name)
+
+
+def log_memory_estimate(cfg: Config, device: torch.device, world_size: int) -> None:
+    """Before any model loads: the estimated peak per device, and a warning when it will not fit."""
+    from oxrl.models.load import ModelNotFoundError
+
+    devices = run_devices(device, world_size)
+    try:
+        estimate = estimate_memory(model_shape(cfg.model), training_plan(cfg, devices))
+    except (ModelNotFoundError, OSError, ValueError) as error:
+        logger.info("memory: no estimate (%s)", error)  # the model load itself will say what is wrong
+        return
+    if fits(estimate, devices):
+        logger.info("memory: %s", describe_fit(estimate, devices))
+    else:
+        logger.warning("memory: %s. Expect out-of-memory: lower data.max_length or train.micro_batch_size_per_device, "
+                       "or set model.gradient_checkpointing or lora.enabled (`oxrl recipe` finds a layout that fits)",
+                       describe_fit(estimate, devices))
 
 
 def choose_lora(cfg: Config, devices: Devices) -> bool:

@@ -25,11 +25,11 @@ class Devices:
         return f"{self.count} x {self.name} ({size} each)" if self.kind == "cuda" else f"CPU, {size} RAM"
 
 
-def available_memory() -> Devices:
-    """This machine's GPUs (their total memory) or, without one, its RAM (what is available now)."""
+def available_memory(cpu: bool = False) -> Devices:
+    """This machine's GPUs (their total memory) or, without one or with `cpu`, its RAM (what is available now)."""
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not cpu:
         count = torch.cuda.device_count()
         return Devices("cuda", count, torch.cuda.get_device_properties(0).total_memory, torch.cuda.get_device_name(0))
     return Devices("cpu", 1, _available_ram(), "CPU")

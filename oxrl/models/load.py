@@ -48,7 +48,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _from_pretrained(loader, source: ModelSource, what: str, **kwargs):
+def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs):
     """Call a transformers loader, turning 'not cached and no network' into a clear message."""
     try:
         return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
@@ -66,7 +66,7 @@ def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     source = resolve_source(cfg.tokenizer or cfg.name_or_path)
-    tokenizer = _from_pretrained(
+    tokenizer = from_pretrained_or_explain(
         AutoTokenizer, source, "tokenizer", trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
     )
     if cfg.chat_template is not None:
@@ -101,7 +101,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
 
     source = resolve_source(cfg.name_or_path)
     dtype = resolve_dtype(cfg.dtype, device)
-    model = _from_pretrained(
+    model = from_pretrained_or_explain(
         AutoModelForCausalLM,
         source,
         "model",

@@ -29,8 +29,13 @@ weights; `single` shards nothing):
   compute dtype. Times tokens x layers; with gradient checkpointing, each layer's input (h per token)
   plus one layer recomputed in full.
 - logits: only the positions that predict a trained token reach the lm_head (oxRL's `logits_to_keep`);
-  per such token and vocabulary entry: the logits in the compute dtype, their fp32 copy under autocast,
-  the fp32 log-softmax cross-entropy keeps, and the fp32 gradient (4 + 4 + 4 bytes in fp32).
+  per such token and vocabulary entry: the fp32 log-softmax cross-entropy keeps, and in backward the
+  gradient of the logits and the chunk being added into it, in the compute dtype: 4 + 2 x compute bytes
+  (the bf16 logits are not kept, and their fp32 copy lives one chunk at a time).
+- attention mask: on CUDA oxRL's packed kernel gives way to transformers' sdpa, which is handed a dense
+  [T, T] mask for a packed row of T tokens; the memory-efficient kernel keeps it as a compute-dtype bias
+  in every layer: compute x T^2 x layers (one layer under checkpointing), plus the boolean mask, T^2.
+  Measured on an H100 (docs/models.md); on CPU the packed kernel runs each sequence alone, with no mask.
 - reference model: P*b / D for the objectives that need one, except under LoRA (the reference is the
   base model with the adapters switched off: no second copy).
 - critic (PPO with a separate critic): a full fine-tune's weights, gradients and AdamW moments of a model
@@ -72,6 +77,7 @@ class TrainingPlan:
     lora_targets: tuple[str, ...] | str = "all-linear"
     reference: bool = False  # a frozen reference model (DPO family, KL-regularised RL)
     critic: bool = False  # PPO's separate critic: a second trained copy of the model
+    dense_attention_mask: bool = False  # CUDA sdpa over packed rows (module docstring)
     vllm_share_bytes: int = 0  # memory a colocated vLLM claims on the device
     vllm_sleeps: bool = True
 
@@ -154,14 +160,16 @@ def layer_activation_bytes(shape: ModelShape, compute: int) -> int:
 
 
 def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
+    tokens = plan.tokens_per_micro_batch
+    kept_layers = 1 if plan.gradient_checkpointing else shape.layers
+    mask = tokens * tokens * (compute * kept_layers + 1) if plan.dense_attention_mask else 0
     per_layer = layer_activation_bytes(shape, compute)
     if plan.gradient_checkpointing:
         residual = 4 if plan.dtype == "float32" else 2  # the stream between layers, in the parameter dtype
-        return plan.tokens_per_micro_batch * (shape.layers * shape.hidden * residual + per_layer)
-    return plan.tokens_per_micro_batch * shape.layers * per_layer
+        return tokens * (shape.layers * shape.hidden * residual + per_layer) + mask
+    return tokens * shape.layers * per_layer + mask
 
 
 def logit_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
     tokens = plan.tokens_per_micro_batch if plan.logit_tokens is None else plan.logit_tokens
-    per_entry = compute + (4 if compute != 4 else 0) + 4 + 4
-    return tokens * shape.vocab * per_entry
+    return tokens * shape.vocab * (4 + 2 * compute)

@@ -28,7 +28,7 @@ from oxrl.config.schema import LoraConfig, ModelConfig
 from oxrl.data.errors import DataError
 from oxrl.data.formats import Chat
 from oxrl.data.tokenize import ExampleTokenizer
-from oxrl.models.load import ModelSource, _from_pretrained, load_model, load_tokenizer, resolve_source
+from oxrl.models.load import ModelSource, from_pretrained_or_explain, load_model, load_tokenizer, resolve_source
 from oxrl.models.onboard_report import FAIL, PASS, WARN, CheckResult, OnboardReport, write_report
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def load_text_config(source: ModelSource, trust_remote_code: bool):
     """The model's transformers config; refuses what oxRL cannot train (vision-language, not a causal LM)."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
 
-    config = _from_pretrained(AutoConfig, source, "config", trust_remote_code=trust_remote_code)
+    config = from_pretrained_or_explain(AutoConfig, source, "config", trust_remote_code=trust_remote_code)
     if getattr(config, "vision_config", None) is not None:
         raise NotATextModelError(f"{source.path} is a vision-language model ({config.model_type}): oxRL trains text "
                                  "models only so far")
@@ -142,7 +142,7 @@ def make_truncated_copy(source: ModelSource, config, tokenizer, folder: Path, tr
 
     short = truncated_config(config)
     if has_weight_files(source):
-        model = _from_pretrained(AutoModelForCausalLM, source, "model", config=short, dtype=torch.float32,
+        model = from_pretrained_or_explain(AutoModelForCausalLM, source, "model", config=short, dtype=torch.float32,
                                  trust_remote_code=trust_remote_code)
         detail = f"first {TRUNCATED_LAYERS} of {config.num_hidden_layers} layers, real weights"
     else:  # a config-only folder: the shape can still be checked

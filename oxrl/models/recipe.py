@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -18,6 +19,7 @@ from oxrl.config.load import apply_override, load_config
 from oxrl.config.presets import task_preset
 from oxrl.config.rl_presets import is_rl
 from oxrl.models.fit import HEADROOM, describe_fit, fits, model_shape, training_plan
+from oxrl.models.bundled import BUNDLED
 from oxrl.models.hardware import Devices
 from oxrl.models.memory import MemoryEstimate, estimate_memory, gib
 from oxrl.models.registry import RegistryError, find_model, load_registry
@@ -49,7 +51,9 @@ def recipe(model: str, task: str, devices: Devices, algorithm: str | None = None
     if entry is not None and entry.unsupported:
         raise RegistryError(f"{entry.name}: {entry.unsupported}")
     tree = task_preset(task)
-    tree["model"] = {"name_or_path": entry.name if entry is not None else model}
+    # A short registry name becomes its hub id; a local folder or the bundled alias stays as it is.
+    local = model in BUNDLED or Path(model).expanduser().exists()
+    tree["model"] = {"name_or_path": entry.name if entry is not None and not local else model}
     if algorithm is not None:
         tree["algorithm"] = {"name": algorithm}
     if devices.count > 1:

@@ -26,11 +26,11 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
     so that the saved model scores padded batches (transformers needs it to find the last token)."""
     from transformers import AutoModelForSequenceClassification
 
-    from oxrl.models.load import (_from_pretrained, enable_activation_checkpointing, hf_attn_implementation, resolve_dtype,
-                                  resolve_source)
+    from oxrl.models.load import (enable_activation_checkpointing, from_pretrained_or_explain, hf_attn_implementation,
+                                  resolve_dtype, resolve_source)
 
     source = resolve_source(cfg.name_or_path)
-    model = _from_pretrained(
+    model = from_pretrained_or_explain(
         AutoModelForSequenceClassification,
         source,
         "reward model",

@@ -1,0 +1,51 @@
+"""`oxrl models`: the registry as a table, with the layout a fine-tune needs on common GPUs."""
+
+from __future__ import annotations
+
+from oxrl.config.presets import task_preset
+from oxrl.models.fit import fits
+from oxrl.models.hardware import parse_devices
+from oxrl.models.recipe import layouts
+from oxrl.models.registry import RegistryEntry, load_registry
+from oxrl.models.shape import ModelShape
+
+HARDWARE = ("1x24GB", "1x80GB", "8x80GB")
+CATALOG_TASK = "chat"  # SFT: the fine-tune every model gets first
+
+
+def fit_label(entry: RegistryEntry, shape: ModelShape, spec: str) -> str:
+    devices = parse_devices(spec)
+    tree = task_preset(CATALOG_TASK)
+    tree["model"] = {"name_or_path": entry.name}
+    if devices.count > 1:
+        tree["strategy"] = {"name": "fsdp2"}
+    for _, cfg, estimate in layouts(tree, shape, devices, entry.lora_targets):
+        if fits(estimate, devices):
+            label = "LoRA" if cfg.lora.enabled else "full"
+            return label + ("+ckpt" if cfg.model.gradient_checkpointing else "")
+    return "no"
+
+
+def format_catalog(registry_files: list[str] = ()) -> str:
+    header = ["model", "family", "params", "context", "matrix", *(f"SFT {spec}" for spec in HARDWARE)]
+    rows = []
+    for entry in load_registry(registry_files):
+        cells = [entry.name, entry.family, f"{entry.params_b:g}B", str(entry.context), "yes" if entry.tested else "no"]
+        if entry.unsupported or entry.config is None:
+            cells += ["not supported"] + [""] * (len(HARDWARE) - 1)
+        else:
+            shape = ModelShape.from_config(entry.transformers_config())
+            cells += [fit_label(entry, shape, spec) for spec in HARDWARE]
+        rows.append(cells)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    notes = [
+        "",
+        f"SFT columns: the first layout that fits, from the memory estimate (oxrl/models/memory.py) for the `{CATALOG_TASK}` "
+        "task's micro-batch (halved until it fits), bf16: full = full fine-tune, +ckpt = activation checkpointing, "
+        "no = does not fit. 8x80GB shards with FSDP2 (LoRA trains in one process only so far).",
+        "matrix: the family is in oxRL's architecture matrix (tests/test_architectures.py).",
+        "Not supported: " + "; ".join(f"{e.name}: {e.unsupported}" for e in load_registry(registry_files) if e.unsupported),
+        "A ready config: oxrl recipe MODEL --task math --gpus 8x80GB.  A new model: oxrl onboard MODEL.",
+    ]
+    return "\n".join(lines + notes) + "\n"
