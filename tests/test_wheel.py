@@ -58,7 +58,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch, smollm2_token
         names = set(archive.namelist())
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         metadata = archive.read(info).decode()
-    assert "oxrl/py.typed" in names and "oxrl/data/bundled/chat_sft.jsonl" in names
+    assert {"oxrl/py.typed", "oxrl/data/bundled/chat_sft.jsonl", "oxrl/models/registry.yaml"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
@@ -78,6 +78,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch, smollm2_token
     assert "train" in sh([oxrl, "--help"], cwd=work).stdout
     doctor = sh([oxrl, "doctor"], cwd=work).stdout
     assert "torch 2." in doctor and "transformers" in doctor
+    assert "| Qwen/Qwen3-0.6B |" in sh([oxrl, "models"], cwd=work).stdout  # the registry ships in the wheel
 
     save_tiny_model(work / "tiny-model", smollm2_tokenizer)
     write_chat_rows(work / "chat.jsonl", 8)
@@ -98,3 +99,4 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(scratch, smollm2_token
     assert [r["step"] for r in rows] == [1]
     assert (run_dirs[0] / "final" / "model.safetensors").is_file()
     assert "Writing model shards" not in output and "Setting accelerator to CPU" not in output
+    assert "memory: peak" in output  # the run's memory estimate, from the tiny model's own config
