@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from oxrl.models.load import ModelNotFoundError
-from oxrl.models.onboard import NotATextModelError, check_eos_and_pad, onboard, truncated_config
+from oxrl.models.onboard import NotATextModelError, onboard, truncated_config
+from oxrl.models.onboard_template import check_eos_and_pad
 from oxrl.models.onboard_report import FAIL, PASS, WARN
 
 CHATML = (
