@@ -201,3 +201,28 @@ def test_saved_folder_reloads_with_the_same_logits(name, tmp_path):
     ids = torch.randint(3, 128, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not _installed("qwen3_next"), reason="transformers without Qwen3-Next")
+def test_linear_attention_layers_mix_packed_sequences_so_the_family_is_refused(tmp_path):
+    """Qwen3-Next (and Qwen3.5's language model) interleave Gated DeltaNet layers with attention: their
+    recurrent state runs from one packed sequence into the next. Shown here, then refused by name."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from oxrl.models.load import UnsupportedModelError
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "qwen3_next", **COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    first, second = [3, 5, 7, 9, 11], [4, 6, 8, 10, 12, 14]
+    with torch.no_grad():
+        packed = model(input_ids=torch.tensor([first + second]),
+                       position_ids=torch.tensor([list(range(5)) + list(range(6))])).logits[0, 5:]
+        alone = model(input_ids=torch.tensor([second])).logits[0]
+    assert (packed - alone).abs().max() > 1e-3  # the second sequence sees the first through the recurrent state
+    model.save_pretrained(tmp_path / "m")
+    with pytest.raises(UnsupportedModelError, match="qwen3_next: its linear_attention layers would carry state"):
+        load(str(tmp_path / "m"))

@@ -95,6 +95,29 @@ def enable_activation_checkpointing(model) -> None:
     model.config.use_cache = False
 
 
+# Layer kinds that attend to their own sequence only, given a packed row's position ids; any other kind
+# (linear attention, state-space, convolution) carries state from one packed sequence into the next.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+# Recurrent / state-space families whose configs name no `layer_types`.
+RECURRENT_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba", "zamba2", "falcon_h1",
+                                   "granitemoehybrid", "nemotron_h", "recurrent_gemma", "rwkv", "lfm2", "xlstm"})
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def refuse_sequence_mixing_layers(config) -> None:
+    """oxRL trains on packed rows (several sequences end to end); a layer that is not attention would read
+    one sequence's state into the next, silently. Such a model is refused by name and layer kind."""
+    kinds = set(getattr(config, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES
+    if kinds or config.model_type in RECURRENT_MODEL_TYPES:
+        what = ", ".join(sorted(kinds)) if kinds else "recurrent / state-space"
+        raise UnsupportedModelError(
+            f"{config.model_type}: its {what} layers would carry state from one packed sequence into the next, and "
+            "oxRL trains on packed rows; models with such layers are not supported yet (attention-only models are)")
+
+
 def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None = None):
     """A causal LM on `device` in the configured dtype, with LoRA adapters when enabled."""
     from transformers import AutoModelForCausalLM
@@ -111,6 +134,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         revision=cfg.revision,
         use_safetensors=None if source.gguf_file else True,
     )
+    refuse_sequence_mixing_layers(model.config)
     model.to(device)
     if cfg.attn_implementation in PACKED_CHOICES:
         use_packed_attention(model)  # after .to(device): it declines on CUDA
