@@ -1,7 +1,7 @@
 """Does a config fit its hardware? The memory estimate (oxrl/models/memory.py) for a whole Config.
 
-The shape comes from the model's config.json (a local folder, the bundled model, or the hub when it can
-be reached) or else from the registry, so nothing is loaded but that small file.
+The shape comes from a local model's config.json (a folder, a .gguf file, the bundled model), else from the
+registry's entry, else from the hub's config.json: nothing is loaded but that small file.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
     else:
         config = from_pretrained_or_explain(AutoConfig, source, "model config", revision=model.revision,
                                             trust_remote_code=model.trust_remote_code)
-    return ModelShape.from_config(getattr(config, "text_config", None) or config)
+    return ModelShape.from_config(getattr(config, "text_config", None) or config, model.trust_remote_code)
 
 
 def needs_reference(cfg: Config) -> bool:
@@ -92,9 +92,9 @@ def describe_fit(estimate: MemoryEstimate, devices: Devices) -> str:
 
 def run_devices(device: torch.device, world_size: int) -> Devices:
     """The memory of the devices a run trains on: its GPUs (one per process), or the CPU's RAM."""
+    if device.type != "cuda":
+        return available_memory(cpu=True)
     detected = available_memory()
-    if device.type != "cuda" or detected.kind != "cuda":
-        return Devices("cpu", 1, available_memory(cpu=True).total, "CPU")
     return Devices("cuda", world_size, detected.total, detected.name)
 
 

@@ -50,7 +50,7 @@ def onboard(model: str, out_dir: Path, trust_remote_code: bool = False, smoke: b
     tokenizer = load_tokenizer(ModelConfig(name_or_path=model, trust_remote_code=trust_remote_code))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shape = ModelShape.from_config(config)
+    shape = ModelShape.from_config(config, trust_remote_code)
     report = OnboardReport(model, out_dir, config, shape.parameters)
     logger.info("onboarding %s (%s, %.2fB parameters); everything is written under %s", model, config.model_type,
                 shape.parameters / 1e9, out_dir)

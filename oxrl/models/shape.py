@@ -37,12 +37,12 @@ class ModelShape:
     linears: tuple[Linear, ...]  # the decoder layers' nn.Linear modules (not the lm_head)
 
     @classmethod
-    def from_config(cls, config) -> "ModelShape":
+    def from_config(cls, config, trust_remote_code: bool = False) -> "ModelShape":
         """From a transformers config of a causal LM (a vision-language config's `text_config` is not read here)."""
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         layer_sizes = [sum(p.numel() for p in layer.parameters()) for layer in base.layers]
         heads = config.num_attention_heads
