@@ -132,7 +132,7 @@ def make_truncated_copy(source: ModelSource, config, tokenizer, folder: Path, tr
     short = truncated_config(config)
     if has_weight_files(source):
         model = from_pretrained_or_explain(AutoModelForCausalLM, source, "model", config=short, dtype=torch.float32,
-                                 trust_remote_code=trust_remote_code)
+                                           trust_remote_code=trust_remote_code)
         detail = f"first {TRUNCATED_LAYERS} of {config.num_hidden_layers} layers, real weights"
     else:  # a config-only folder: the shape can still be checked
         model = AutoModelForCausalLM.from_config(short, dtype=torch.float32, trust_remote_code=trust_remote_code)
