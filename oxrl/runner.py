@@ -104,7 +104,6 @@ def run_rl(cfg: Config) -> RunResult:
     strategy = build_strategy(cfg)
     check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        log_memory_estimate(cfg, strategy.device, strategy.world_size)
         return _run_rl_in(run_dir, cfg, strategy)
 
 
@@ -129,6 +128,10 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation}
     train, val = encode_prompts(train_prompts, tokenizer, **budget), encode_prompts(val_prompts, tokenizer, **budget)
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
+    # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
+    longest = max((len(ids) for ids in train.prompt_ids + val.prompt_ids), default=0)
+    row_tokens = None if env is not None else cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
+    log_memory_estimate(cfg, strategy.device, strategy.world_size, row_tokens)
     write_config(cfg, run_dir, strategy.is_main)
     handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env)
     answers: dict[str, list[dict]] = {}
@@ -221,7 +224,6 @@ def run(cfg: Config) -> RunResult:
 
     strategy = build_strategy(cfg)
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        log_memory_estimate(cfg, strategy.device, strategy.world_size)
         return _run_offline_in(run_dir, cfg, objective, strategy)
 
 
@@ -234,6 +236,8 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     tokenizer = load_tokenizer(cfg.model)
     data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
     logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
+    longest_rows = sorted(example.num_tokens for example in data.train)[-cfg.train.micro_batch_size_per_device:]
+    log_memory_estimate(cfg, strategy.device, strategy.world_size, sum(longest_rows) or None)
     write_config(cfg, run_dir, strategy.is_main)
 
     model = _load_trained_model(cfg, tokenizer, device)

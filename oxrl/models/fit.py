@@ -52,8 +52,10 @@ def needs_reference(cfg: Config) -> bool:
     return get_objective(cfg.algorithm.name, cfg.preference).needs_reference
 
 
-def training_plan(cfg: Config, devices: Devices, lora: bool | None = None) -> TrainingPlan:
-    """What `cfg` would do on `devices` (one process per device), in the estimate's terms."""
+def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_tokens: int | None = None) -> TrainingPlan:
+    """What `cfg` would do on `devices` (one process per device), in the estimate's terms. `row_tokens`: the
+    longest packed micro-batch the data can make, once it is known; without it every sequence is taken to be
+    `data.max_length` long (the worst case)."""
     from oxrl.algorithms.advantages import NEEDS_VALUES
     from oxrl.config.rl_presets import is_rl
     from oxrl.models.load import resolve_dtype
@@ -65,7 +67,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None) -> Tr
     sequences = 2 if cfg.algorithm.name in PAIRED else 1
     vllm = rl and cfg.rl.rollout.engine == "vllm" and on_gpu
     return TrainingPlan(
-        tokens_per_micro_batch=micro * sequences * cfg.data.max_length,
+        tokens_per_micro_batch=row_tokens or micro * sequences * cfg.data.max_length,
         logit_tokens=micro * cfg.rl.rollout.max_new_tokens if rl else None,
         dtype=str(resolve_dtype(cfg.model.dtype, torch.device("cuda" if on_gpu else "cpu"))).removeprefix("torch."),
         bf16_autocast=cfg.train.mixed_precision == "bf16" or (cfg.train.mixed_precision == "auto" and on_gpu),
@@ -98,13 +100,13 @@ def run_devices(device: torch.device, world_size: int) -> Devices:
     return Devices("cuda", world_size, detected.total, detected.name)
 
 
-def log_memory_estimate(cfg: Config, device: torch.device, world_size: int) -> None:
+def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_tokens: int | None = None) -> None:
     """Before any model loads: the estimated peak per device, and a warning when it will not fit."""
     from oxrl.models.load import ModelNotFoundError
 
     devices = run_devices(device, world_size)
     try:
-        estimate = estimate_memory(model_shape(cfg.model), training_plan(cfg, devices))
+        estimate = estimate_memory(model_shape(cfg.model), training_plan(cfg, devices, row_tokens=row_tokens))
     except (ModelNotFoundError, OSError, ValueError) as error:
         logger.info("memory: no estimate (%s)", error)  # the model load itself will say what is wrong
         return
