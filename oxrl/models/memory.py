@@ -61,7 +61,7 @@ SHARDING_STRATEGIES = ("fsdp2", "deepspeed")
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """What the run will do, in the terms the estimate needs (built from a Config by `plan_of`)."""
+    """What the run will do, in the terms the estimate needs (built from a Config by `oxrl.models.fit.training_plan`)."""
 
     tokens_per_micro_batch: int  # packed tokens of one forward pass on one device
     logit_tokens: int | None = None  # positions that reach the lm_head (trained tokens); None: all of them
