@@ -113,11 +113,13 @@ class HFEngine:
             logits_processor=LogitsProcessorList([FiniteLogits()]),
         )
         model.train(was_training)
-        new_tokens = generated.sequences[:, width:].cpu()  # [B, L]
-        # Raw logits of each step -> log-prob of the sampled token under softmax(logits / T).
-        logits = torch.stack(generated.logits, dim=1).float().cpu()  # [B, L, V]
+        new_tokens = generated.sequences[:, width:]  # [B, L]
+        # Raw logits of each step -> log-prob of the sampled token under softmax(logits / T), one step at a time
+        # where the logits are: no [B, L, V] stack, no copy of it to the CPU.
         scale = params.temperature if sampling else 1.0
-        token_logprobs = torch.log_softmax(logits / scale, -1).gather(-1, new_tokens[..., None])[..., 0]
+        token_logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, new_tokens[:, t, None])[:, 0]
+                                      for t, step in enumerate(generated.logits)], dim=1).cpu()
+        new_tokens = new_tokens.cpu()
         return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params)
                 for row, (index, ids) in enumerate(requests)]
 
