@@ -101,11 +101,20 @@ def test_the_report_and_registry_entry_are_written(good):
     with torch.device("meta"):
         parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(report.config).parameters())
     assert entry["name"] == str(folder) and entry["family"] == "llama" and entry["modality"] == "text"
-    assert entry["params_b"] == round(parameters / 1e9, 3) and entry["context"] == 256
+    assert entry["params_b"] == pytest.approx(parameters / 1e9, rel=1e-3) and entry["context"] == 256
     assert set(entry["lora_targets"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert entry["config"]["num_hidden_layers"] == LAYERS and entry["config"]["num_key_value_heads"] == 2
     assert entry["chat_template"] == "ChatML; end of turn <|im_end|>; prefix-stable"
     assert entry["onboarded"]["checks"] == statuses(report)
+    # The entry joins the registry as it is, and a recipe for the folder reads it.
+    from oxrl.models.hardware import parse_devices
+    from oxrl.models.recipe import recipe
+    from oxrl.models.registry import load_registry, read_registry_file
+
+    (loaded,) = read_registry_file(report.out_dir / "registry_entry.yaml")
+    assert loaded.name == str(folder) and loaded in load_registry([report.out_dir / "registry_entry.yaml"])
+    cooked = recipe(str(folder), "chat", parse_devices("cpu"), registry_files=[report.out_dir / "registry_entry.yaml"])
+    assert cooked.tree["model"]["name_or_path"] == str(folder) and "chat template: ChatML" in cooked.yaml()
 
 
 def test_the_truncated_copy_holds_the_first_two_layers_weights(good):

@@ -91,7 +91,7 @@ def registry_entry(report: OnboardReport) -> dict:
     return {"models": [{
         "name": report.model,
         "family": report.config.model_type,
-        "params_b": round(report.parameters / 1e9, 3),
+        "params_b": float(f"{report.parameters / 1e9:.4g}"),  # 4 significant digits: a tiny model is not 0
         "context": config.get("max_position_embeddings"),
         "modality": "text",
         "chat_template": chat_template_summary(report),
