@@ -29,7 +29,8 @@ def fit_label(entry: RegistryEntry, shape: ModelShape, spec: str) -> str:
 def format_catalog(registry_files: list[str] = ()) -> str:
     header = ["model", "family", "params", "context", "matrix", *(f"SFT {spec}" for spec in HARDWARE)]
     rows = []
-    for entry in load_registry(registry_files):
+    entries = load_registry(registry_files)
+    for entry in entries:
         cells = [entry.name, entry.family, f"{entry.params_b:g}B", str(entry.context), "yes" if entry.tested else "no"]
         if entry.unsupported or entry.config is None:
             cells += ["not supported"] + [""] * (len(HARDWARE) - 1)
@@ -45,7 +46,7 @@ def format_catalog(registry_files: list[str] = ()) -> str:
         "task's micro-batch (halved until it fits), bf16: full = full fine-tune, +ckpt = activation checkpointing, "
         "no = does not fit. 8x80GB shards with FSDP2 (LoRA trains in one process only so far).",
         "matrix: the family is in oxRL's architecture matrix (tests/test_architectures.py).",
-        "Not supported: " + "; ".join(f"{e.name}: {e.unsupported}" for e in load_registry(registry_files) if e.unsupported),
+        "Not supported: " + "; ".join(f"{e.name}: {e.unsupported}" for e in entries if e.unsupported),
         "A ready config: oxrl recipe MODEL --task math --gpus 8x80GB.  A new model: oxrl onboard MODEL.",
     ]
     return "\n".join(lines + notes) + "\n"
