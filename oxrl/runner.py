@@ -132,8 +132,12 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     longest = max((len(ids) for ids in train.prompt_ids + val.prompt_ids), default=0)
     row_tokens = None if env is not None else cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
     log_memory_estimate(cfg, strategy.device, strategy.world_size, row_tokens)
+    if cfg.algorithm.name == "spin":
+        from oxrl.loops.online import spin_iteration_steps
+
+        spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
-    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env)
+    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids))
     answers: dict[str, list[dict]] = {}
     try:
         answers["before"] = answer_samples(cfg, handles.model, tokenizer)
@@ -177,9 +181,11 @@ def write_samples(run_dir: Path, samples: dict[str, list[dict]]) -> None:
         logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
 
 
-def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
-    """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop."""
+def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int):
+    """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
+    an online algorithm the policy, its method (with the loss's reference) and the engine."""
     from oxrl.algorithms.advantages import NEEDS_VALUES
+    from oxrl.config.names import ONLINE
     from oxrl.loops.critic import Critic, SharedValueHead
     from oxrl.loops.rl import RLHandles
     from oxrl.models.critic import load_critic
@@ -194,6 +200,12 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env):
         raise ValueError("rl.critic_backbone `shared` trains in one process only for now (strategy `single`): the value "
                          "head is not sharded with the policy under fsdp2/deepspeed. Use rl.critic_backbone: separate")
     model = load_model(cfg.model, device, cfg.lora)
+    if cfg.algorithm.name in ONLINE:
+        from oxrl.loops.online import build_online
+
+        online, sampled = build_online(cfg, model, tokenizer, strategy, train_prompts)
+        engine = build_engine(rl.rollout, sampled, tokenizer, strategy, cfg.run.seed)
+        return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
         reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))

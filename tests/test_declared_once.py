@@ -191,6 +191,8 @@ def test_the_tables_name_real_settings():
 def test_a_saved_config_loads_again_and_resolving_twice_changes_nothing(name, tmp_path):
     overrides = ["preference.teacher=t"] if name.startswith("kd_") else []
     overrides += ["train.micro_batch_size_per_device=2"] if name == "kto" else []
+    named_reward = {"rlhf": "reward_model", "rlaif": "judge"}.get(name)  # the reward these two are named after
+    overrides += [f"rl.rewards=[{{name: {named_reward}}}]"] if named_reward else []
     cfg = config(name, *overrides)
     save_config(cfg, tmp_path / "config.yaml")  # every key, at its default where unused
     assert load_config(tmp_path / "config.yaml") == cfg

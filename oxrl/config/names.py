@@ -18,7 +18,10 @@ PREFERENCE = ("dpo", "rdpo", "hinge", "ipo", "simpo", "orpo", "kto")
 REWARD_MODEL = ("rm",)
 DISTILLATION = ("kd_forward", "kd_reverse", "kd_jsd")
 # RL presets; their batches are sized by the `rl` section. `sgrpo` is GRPO with its paper's KL term.
-RL_ALGORITHMS = ("grpo", "sgrpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo", "ppo")
+# `rlhf` and `rlaif` are GRPO whose reward is a trained reward model / an LLM judge (oxrl/rewards).
+RL_ALGORITHMS = ("grpo", "sgrpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo", "ppo", "rlhf", "rlaif")
+# Sampled on the fly like RL, trained with an offline objective on the samples (oxrl/loops/online.py).
+ONLINE = ("online_dpo", "rft", "spin")
 
 ALGORITHM_GROUPS: dict[str, tuple[str, ...]] = {
     "supervised": SUPERVISED,
@@ -26,9 +29,11 @@ ALGORITHM_GROUPS: dict[str, tuple[str, ...]] = {
     "reward model": REWARD_MODEL,
     "distillation": DISTILLATION,
     "RL": RL_ALGORITHMS,
+    "online": ONLINE,
 }
 OFFLINE_ALGORITHMS = SUPERVISED + PREFERENCE + REWARD_MODEL + DISTILLATION
-ALL_ALGORITHMS = OFFLINE_ALGORITHMS + RL_ALGORITHMS
+SAMPLING_ALGORITHMS = RL_ALGORITHMS + ONLINE  # the ones that run the rollout loop (oxrl/loops/rl.py)
+ALL_ALGORITHMS = OFFLINE_ALGORITHMS + SAMPLING_ALGORITHMS
 
 
 def canonical_algorithm(name: str) -> str:
@@ -70,6 +75,8 @@ POLICY_LOSS_NAMES = ("ppo", "cispo", "gspo")  # rl.policy_loss (policy_loss.POLI
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")  # rl.kl_estimator (kl.KL_ESTIMATORS)
 ANSWER_FORMATS = ("boxed", "tags")  # rl.answer_format (oxrl.data.rl_tasks.ANSWER_INSTRUCTIONS)
+ONLINE_PAIR_LOSSES = ("dpo", "rdpo", "hinge", "ipo", "simpo", "orpo")  # online.loss (preference.PREFERENCE_LOSSES)
+RFT_KEEP_RULES = ("threshold", "best")  # online.keep (oxrl.algorithms.online.rejection_sample)
 STRATEGY_NAMES = ("auto", "single", "fsdp2", "deepspeed")  # strategy.name (oxrl.training.build)
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
 

@@ -11,6 +11,8 @@ algorithm does not read is an error, not silence.
     cispo         grpo (std)    cispo  token_mean            1.0, 4.0            arXiv:2506.13585
     gspo          grpo (std)    gspo   seq_mean_token_mean   3e-4, 4e-4          arXiv:2507.18071
     ppo           gae + critic  ppo    token_mean            0.2, 0.2            arXiv:1707.06347, 2203.02155
+    rlhf          grpo (std)    ppo    seq_mean_token_mean   0.2, 0.2            GRPO on a reward model (2203.02155)
+    rlaif         grpo (std)    ppo    seq_mean_token_mean   0.2, 0.2            GRPO on an LLM judge (2309.00267)
 
 `rl.eps_low`/`rl.eps_high` are the clip bounds of whichever policy loss is chosen: PPO's ratio clip,
 CISPO's clip of its importance-sampling weight, GSPO's clip of its sequence ratio. CISPO (MiniMax-M1)
@@ -27,6 +29,13 @@ is `rl.rollout.max_new_tokens`).
 `sgrpo` keeps DeepSeekMath's: beta = 0.04 on the k3 estimator (`rl.kl_estimator`'s default), which
 builds a frozen reference model. A `kl_coef` the user sets wins over either preset.
 
+`rlhf` and `rlaif` are GRPO named after their reward: the config requires a `reward_model` / `judge`
+reward in `rl.rewards` (oxrl/rewards/reward_model_reward.py, judge.py).
+
+The online algorithms (`online_dpo`, `rft`, `spin`) sample through the same `rl` section but train an
+offline objective on the samples (oxrl/loops/online.py): `resolve_online` refuses every policy-gradient
+setting (`POLICY_GRADIENT_ONLY`) set for them, and fills nothing.
+
 `resolve` runs when the config is validated (`oxrl.config.schema.Config`), so the `rl` section of an
 RL config is always resolved. Pure data: no torch here.
 """
@@ -37,7 +46,7 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
-from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, unknown_algorithm_message
+from oxrl.config.names import OFFLINE_ALGORITHMS, ONLINE, RL_ALGORITHMS, unknown_algorithm_message
 
 # The `rl` section, oxrl.config.schema.RLConfig (the schema imports this module, so not the other way round).
 RLConfig = TypeVar("RLConfig", bound=BaseModel)
@@ -56,6 +65,8 @@ PRESETS: dict[str, dict] = {
     "gspo": {"advantage": "grpo", "policy_loss": "gspo", "aggregation": "seq_mean_token_mean",
              "eps_low": 3e-4, "eps_high": 4e-4},
     "ppo": {"advantage": "gae", "policy_loss": "ppo", "aggregation": "token_mean"},
+    "rlhf": _GRPO,
+    "rlaif": _GRPO,
 }
 DEFAULTS = {"eps_low": 0.2, "eps_high": 0.2, "kl_coef": 0.0}
 assert tuple(PRESETS) == RL_ALGORITHMS, "keep oxrl.config.names.RL_ALGORITHMS in step with PRESETS"
@@ -96,8 +107,31 @@ READ_ONLY_WITH: dict[str, tuple[dict[str, tuple | Callable[[Any], bool]], str]] 
 }
 
 
+# The `rl` settings only a policy-gradient update reads (the rest, the rollout and the rewards, the online
+# algorithms read too). `env` too: an online algorithm trains on single-turn samples.
+POLICY_GRADIENT_ONLY = ("advantage", "gamma", "lam", "whiten_advantages", "critic_model", "critic_backbone", "critic_lr",
+                        "critic_max_grad_norm", "value_coef", "value_clip", "critic_warmup_steps", "std_normalise",
+                        "policy_loss", "eps_low", "eps_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator",
+                        "kl_in_reward", "entropy_coef", "strict_on_policy", "on_policy_tolerance", "tis_cap", "env")
+
+
+def resolve_online(name: str, rl: RLConfig) -> RLConfig:
+    """`rl` unchanged for an online algorithm, or a ValueError naming every policy-gradient setting it has set."""
+    assert name in ONLINE, name
+    defaults = type(rl).model_fields
+    unread = [f"rl.{field} = {getattr(rl, field)!r} is not read by `{name}`, which trains "
+              f"{'SFT' if name == 'rft' else 'a preference loss'} on its samples, not a policy gradient"
+              for field in POLICY_GRADIENT_ONLY
+              if getattr(rl, field) != defaults[field].get_default(call_default_factory=True)]
+    if unread:
+        raise ValueError("; ".join(unread))
+    return rl
+
+
 def is_rl(name: str) -> bool:
-    return name.strip().lower() in PRESETS
+    """Whether `name` samples its training data on the fly (the rollout loop): an RL preset or an online algorithm."""
+    key = name.strip().lower()
+    return key in PRESETS or key in ONLINE
 
 
 def resolve(name: str, rl: RLConfig) -> RLConfig:

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from oxrl.config.names import (
     ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
-    POLICY_LOSS_NAMES, REFERENCE_MODES, REWARD_ERROR_MODES, RL_ALGORITHMS, ROLLOUT_ENGINES,
-    STRATEGY_NAMES, TRACKERS, ZERO_STAGES, canonical_algorithm, check_trackers,
+    ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
+    RL_ALGORITHMS, ROLLOUT_ENGINES, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES, canonical_algorithm, check_trackers,
 )
-from oxrl.config.rl_presets import resolve
+from oxrl.config.rl_presets import resolve, resolve_online
 
 
 class Section(BaseModel):
@@ -210,8 +210,9 @@ class AlgorithmConfig(Section):
         description="Training objective (case-insensitive): offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, "
         "`hinge`, `ipo`, `simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, "
         "`kd_jsd` (hyper-parameters in the `preference` section); RL `grpo`, `sgrpo` (GRPO with its paper's KL "
-        "term: `rl.kl_coef` 0.04, k3), `dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `cispo`, `gspo`, `ppo` (presets "
-        "of the `rl` section).",
+        "term: `rl.kl_coef` 0.04, k3), `dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `cispo`, `gspo`, `ppo`, `rlhf` (GRPO on a "
+        "`reward_model` reward), `rlaif` (GRPO on a `judge` reward) (presets of the `rl` section); online, sampled by "
+        "the `rl` section and trained with an offline loss: `online_dpo`, `rft`, `spin` (the `online` section).",
     )
 
     @field_validator("name", mode="before")
@@ -491,6 +492,53 @@ class RLConfig(Section):
         return self
 
 
+class OnlineConfig(Section):
+    loss: Literal[ONLINE_PAIR_LOSSES] = Field(
+        "dpo",
+        description="`online_dpo`, `spin`: the pairwise loss trained on each step's pairs, with its hyper-parameters "
+        "from the `preference` section (`beta`, ...); `simpo` and `orpo` build no reference model. Each setting of "
+        "this section is read only by the algorithms it names, and refused under the others.",
+    )
+    keep: Literal[RFT_KEEP_RULES] = Field(
+        "threshold",
+        description="`rft`: keep every completion whose reward reaches `threshold` (`threshold`), or only the best "
+        "of each prompt's `rl.rollout.n` (`best`: best-of-n), if it reaches `threshold`.",
+    )
+    threshold: float | None = Field(
+        1.0,
+        description="`rft`: the lowest reward kept (1.0: a verifiable reward's full marks). null, with keep `best` "
+        "only: the best completion is kept whatever its reward.",
+    )
+    dedupe: bool = Field(
+        True,
+        description="`rft`: a kept completion identical to one kept before for the same prompt is dropped (RFT trains "
+        "on distinct reasoning paths); counted as `rft/duplicates`.",
+    )
+    gold_field: str = Field(
+        "response",
+        description="`spin`: the prompt rows' field holding the gold (SFT) answer, e.g. the `response` column of "
+        "prompt/response rows, or `solution` of GSM8K rows.",
+    )
+    iteration_steps: int | None = Field(
+        None, gt=0,
+        description="`spin`: steps per SPIN iteration. The opponent (the frozen model that answers the prompts and is "
+        "the DPO reference) is the policy as it was when the iteration began; at the iteration's end it becomes the "
+        "current policy. null: one pass over the training prompts. Checkpoints and validation fall on iteration ends.",
+    )
+
+
+# The online algorithms that read each `online` setting; under any other algorithm a setting must keep its default.
+ONLINE_READ_BY: dict[str, tuple[str, ...]] = {
+    "loss": ("online_dpo", "spin"),
+    "keep": ("rft",),
+    "threshold": ("rft",),
+    "dedupe": ("rft",),
+    "gold_field": ("spin",),
+    "iteration_steps": ("spin",),
+}
+assert set(ONLINE_READ_BY) == set(OnlineConfig.model_fields) and {r for rs in ONLINE_READ_BY.values() for r in rs} == set(ONLINE)
+
+
 class StrategyConfig(Section):
     name: Literal[STRATEGY_NAMES] = Field(
         "auto",
@@ -590,6 +638,10 @@ class Config(Section):
         default_factory=RLConfig, validate_default=True,
         description="RL with verifiable rewards (RL algorithms only); filled in from the algorithm's preset.",
     )
+    online: OnlineConfig = Field(
+        default_factory=OnlineConfig,
+        description="Online DPO, RFT and SPIN: how the step's samples become pairs or kept examples.",
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
     strategy: StrategyConfig = Field(
         default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
@@ -605,13 +657,15 @@ class Config(Section):
         validator, not a model validator: it sees `algorithm` (validated before `rl`) and also runs when `rl`
         is assigned, without re-validating the whole config."""
         algorithm = info.data.get("algorithm")  # absent when it failed its own validation
+        if algorithm is not None and algorithm.name in ONLINE:
+            return resolve_online(algorithm.name, rl)
         if algorithm is None or algorithm.name not in RL_ALGORITHMS:
             return rl
         return resolve(algorithm.name, rl)
 
     @model_validator(mode="after")
     def _batch_sizes_divide(self) -> "Config":
-        if self.algorithm.name in RL_ALGORITHMS:
+        if self.algorithm.name in SAMPLING_ALGORITHMS:
             return self  # RL batches are rl.prompts_per_step x rl.rollout.n completions
         if self.train.global_batch_size % self.train.micro_batch_size_per_device:
             raise ValueError(
@@ -620,10 +674,53 @@ class Config(Section):
             )
         return self
 
+    @property
+    def trained_objective(self) -> str:
+        """The offline objective trained on the samples of an online algorithm (`online_dpo`, `spin`: `online.loss`;
+        `rft`: `sft`), else the algorithm's own name."""
+        name = self.algorithm.name
+        if name in ("online_dpo", "spin"):
+            return self.online.loss
+        return "sft" if name == "rft" else name
+
+    @model_validator(mode="after")
+    def _online_settings_fit(self) -> "Config":
+        """`online` settings only under the algorithms that read them; each online algorithm's own needs; the
+        reward an `rlhf` / `rlaif` run is named after."""
+        name, online = self.algorithm.name, self.online
+        unread = [f"online.{field} = {getattr(online, field)!r} is not read by `{name}`: read only by "
+                  f"{', '.join(readers)}" for field, readers in ONLINE_READ_BY.items()
+                  if name not in readers and getattr(online, field) != OnlineConfig.model_fields[field].default]
+        if unread:
+            raise ValueError("; ".join(unread))
+        if name == "online_dpo" and self.rl.rollout.n < 2:
+            raise ValueError(f"`online_dpo` pairs the best and worst of each prompt's samples: set rl.rollout.n >= 2 "
+                             f"(it is {self.rl.rollout.n})")
+        if name == "rft" and online.keep == "threshold" and online.threshold is None:
+            raise ValueError("`rft` with online.keep `threshold` needs online.threshold (null is for keep `best`)")
+        if name in ONLINE and self.preference.reference == "precomputed":
+            raise ValueError(f"preference.reference `precomputed` cannot serve `{name}`: its pairs are sampled during "
+                             "training, so nothing can be scored before it; use frozen_copy or lora_disabled")
+        if name == "spin" and self.preference.reference != "frozen_copy":
+            raise ValueError("`spin`'s reference is the opponent, the policy of the iteration's start, which the base "
+                             "model under LoRA is not after the first iteration: keep preference.reference frozen_copy")
+        if name == "spin" and self.strategy.name in ("fsdp2", "deepspeed"):
+            raise ValueError("`spin` runs in one process for now (strategy.name single or auto): its opponent is "
+                             "refreshed from the policy's full weights at each iteration's end")
+        if name == "spin" and not self.rl.rewards and self.rl.task is None and self.rl.validation_every is not None:
+            raise ValueError("`spin` without rl.rewards scores nothing, so rl.validation_every has no accuracy to "
+                             "report: name a reward (e.g. `math`) or leave validation_every unset")
+        wanted = {"rlhf": ("reward_model", "a trained reward model"), "rlaif": ("judge", "an LLM judge")}.get(name)
+        if wanted and wanted[0] not in [reward.name for reward in self.rl.rewards]:
+            raise ValueError(f"`{name}` is GRPO rewarded by {wanted[1]}: add {{name: {wanted[0]}, kwargs: {{...}}}} to "
+                             "rl.rewards (docs/algorithms.md shows its settings)")
+        return self
+
     @model_validator(mode="after")
     def _preference_settings_fit(self) -> "Config":
-        name, pref = self.algorithm.name, self.preference
-        unread = [f"preference.{field} = {getattr(pref, field)!r} is not read by `{name}`: read only by "
+        name, pref = self.trained_objective, self.preference
+        called = f"`{name}`" if name == self.algorithm.name else f"{self.algorithm.name}'s loss `{name}`"
+        unread = [f"preference.{field} = {getattr(pref, field)!r} is not read by {called}: read only by "
                   f"{', '.join(readers)}" for field, readers in PREFERENCE_READ_BY.items()
                   if name not in readers and getattr(pref, field) != PreferenceConfig.model_fields[field].default]
         if unread:
@@ -648,7 +745,7 @@ class Config(Section):
     def _data_fits_the_algorithm(self) -> "Config":
         """Dataset formats of the algorithm's kind (offline rows or RL prompts); RL: room for the completion, one
         held-out split, and no setting it would ignore (`RL_UNUSED_SETTINGS`)."""
-        is_rl = self.algorithm.name in RL_ALGORITHMS
+        is_rl = self.algorithm.name in SAMPLING_ALGORITHMS
         for part in ("train", "validation"):
             for index, spec in enumerate(getattr(self.data, part)):
                 key = f"data.{part}[{index}].format `{spec.format}`"

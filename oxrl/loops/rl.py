@@ -8,6 +8,9 @@
         update       rl.epochs x rl.mini_batches policy (and critic) steps: oxrl/loops/rl_update.py
         sync         engine.sync_weights(policy)
 
+Online DPO, RFT and SPIN run this same loop with `select` + an offline objective in place of score,
+estimate and update (`online_step`, oxrl/loops/online.py).
+
 The stages live in rl_stages.py and rl_update.py; each reads the run's handles (`RLHandles`) and the
 step's `Rollout`. Resume: a checkpoint holds the weights, optimizers, schedules (the critic's in
 `critic/`) and every RNG; the prompts of a step are a function of the step, and the built-in `hf`
@@ -33,6 +36,7 @@ from oxrl.evaluation.metrics import summarise
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import check_on_policy
+from oxrl.loops.online import online_update
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
@@ -58,6 +62,7 @@ class RLHandles:
     critic: Critic | SharedValueHead | None = None  # PPO (advantage `gae`): its own model, or a head on the policy
     tokenizer: Any = None  # saved with checkpoints
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`
+    online: Any = None  # Online DPO / RFT / SPIN (oxrl/loops/online.py): the samples train an offline objective
 
 
 @dataclass
@@ -89,8 +94,13 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
         return 0
     state = h.strategy.load_checkpoint(resume_from)
     h.strategy.nonfinite.load_state_dict(state)
-    h.engine.sync_weights(h.model)
+    sync(h, None)
     return state["step"]
+
+
+def sync(h: RLHandles, step: int | None) -> dict[str, float]:
+    """The engine samples from the policy's weights from now on: after the update of `step`, or on resume (None)."""
+    return h.online.sync(h, step) if h.online is not None else h.engine.sync_weights(h.model)
 
 
 def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Path) -> RLResult:
@@ -139,6 +149,8 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
 def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
     """sample -> score -> estimate -> update -> sync, on this rank's prompts of step `step`."""
     rl = h.cfg.rl
+    if h.online is not None:
+        return online_step(h, batch, step)
     with naming_step(step):  # e.g. sampling from weights that diverged in the last update
         rollout, metrics = sample(h, batch)
         metrics.update(score(h, rollout))
@@ -149,12 +161,26 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     started = time.perf_counter()
     warming_up = h.critic is not None and step <= rl.critic_warmup_steps  # only the critic learns
     metrics.update(update(h, rollout, step, train_policy=not warming_up))
-    metrics.update(h.engine.sync_weights(h.model))  # e.g. vLLM: the sync's seconds and probe gap
+    metrics.update(sync(h, step))  # e.g. vLLM: the sync's seconds and probe gap
     metrics["time/train"] = time.perf_counter() - started
     metrics["train/nonfinite_steps"] = h.strategy.nonfinite.skipped
     if isinstance(h.critic, Critic):
         metrics["critic/nonfinite_steps"] = h.critic.strategy.nonfinite.skipped
     metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]
+    return metrics, rollout
+
+
+def online_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
+    """sample -> select -> update -> sync (oxrl/loops/online.py): the samples train the online method's objective."""
+    with naming_step(step):
+        rollout, metrics = sample(h, batch)
+        selection = h.online.select(batch, rollout)
+    metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
+    started = time.perf_counter()
+    metrics.update(online_update(h, selection, step))
+    metrics.update(sync(h, step))
+    metrics.update({"time/train": time.perf_counter() - started, "train/nonfinite_steps": h.strategy.nonfinite.skipped,
+                    "lr": h.strategy.scheduler.get_last_lr()[0]})
     return metrics, rollout
 
 

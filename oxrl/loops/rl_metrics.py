@@ -8,9 +8,8 @@ from oxrl.loops.mismatch import mismatch_metrics, mismatch_sums, sampled_logprob
 
 
 def rollout_metrics(rollout) -> dict[str, float]:
-    """Rewards, lengths, advantages, and (with old log-probs) the engine/trainer mismatch and KL to the reference."""
+    """Rewards, lengths, advantages (RL), and (with old log-probs) the engine/trainer mismatch and KL to the reference."""
     lengths = torch.tensor([c.num_sampled for c in rollout.completions], dtype=torch.float32)  # sampled tokens
-    advantages = torch.cat(rollout.advantages)
     rewards = rollout.rewards
     metrics = {
         "reward/mean": float(rewards.mean()),
@@ -18,10 +17,12 @@ def rollout_metrics(rollout) -> dict[str, float]:
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "truncated_fraction": sum(c.finish_reason == "length" for c in rollout.completions) / len(rollout.completions),
-        "advantage/mean": float(advantages.mean()),
-        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
-        "advantage/abs_max": float(advantages.abs().max()),
     }
+    if rollout.advantages is not None:  # (online algorithms train on examples, without advantages)
+        advantages = torch.cat(rollout.advantages)
+        metrics.update({"advantage/mean": float(advantages.mean()),
+                        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
+                        "advantage/abs_max": float(advantages.abs().max())})
     old, ref = rollout.old_logprobs, rollout.ref_logprobs
     if old is not None:  # else the update measures the engine/trainer mismatch (oxrl/loops/mismatch.py)
         metrics.update(mismatch_metrics(mismatch_sums(*sampled_logprobs(rollout.completions, old))))

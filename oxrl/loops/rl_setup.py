@@ -7,7 +7,7 @@ import logging
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_prompts import load_rl_prompts
 from oxrl.data.rl_tasks import RLPrompt, default_reward_specs
-from oxrl.rewards.combine import RewardSpec, build_reward_fn
+from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
 from oxrl.rollout.multiturn import Environment, load_environment
 
 logger = logging.getLogger(__name__)
@@ -20,6 +20,9 @@ def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLProm
 
 
 def reward_function(cfg: Config, rl: RLConfig):
+    if cfg.algorithm.name == "spin" and not rl.rewards and rl.task is None:
+        logger.info("rewards: none (spin pairs each own answer with the gold one; name rl.rewards to score them)")
+        return CombinedReward([])  # every sample scores 0
     if rl.rewards:
         specs = [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
                  for s in rl.rewards]

@@ -47,6 +47,10 @@ def needs_reference(cfg: Config) -> bool:
     from oxrl.config.rl_presets import is_rl
     from oxrl.loops.objectives import get_objective
 
+    if cfg.algorithm.name == "spin":
+        return True  # the opponent
+    if cfg.algorithm.name in ("online_dpo", "rft"):
+        return get_objective(cfg.trained_objective, cfg.preference).needs_reference
     if is_rl(cfg.algorithm.name):
         return cfg.rl.kl_coef > 0
     return get_objective(cfg.algorithm.name, cfg.preference).needs_reference
@@ -64,7 +68,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
     strategy = cfg.strategy.name if cfg.strategy.name != "auto" else ("fsdp2" if devices.count > 1 else "single")
     micro = cfg.train.micro_batch_size_per_device
     rl = is_rl(cfg.algorithm.name)
-    sequences = 2 if cfg.algorithm.name in PAIRED else 1
+    sequences = 2 if cfg.algorithm.name in PAIRED or cfg.trained_objective in PAIRED else 1
     vllm = rl and cfg.rl.rollout.engine == "vllm" and on_gpu
     return TrainingPlan(
         tokens_per_micro_batch=row_tokens or micro * sequences * cfg.data.max_length,
