@@ -164,3 +164,45 @@ def test_the_engine_keeps_the_opponent_mid_iteration(tmp_path):
     assert h.engine.model is h.online.reference.model
     moved = [not torch.equal(h.online.reference.model.state_dict()[n], w) for n, w in h.model.state_dict().items()]
     assert any(moved)
+
+
+# ----------------------------------------------------------------------------------------------- runs and resume
+
+
+def varied(prompt: str, completion: str) -> float:
+    """Rewards that differ inside a group (so pairs exist and some samples pass), and that a resume must repeat."""
+    return (len(completion) % 5) / 4
+
+
+@pytest.mark.parametrize("algorithm, online", [("online_dpo", {}), ("rft", {"threshold": 0.5}),
+                                               ("spin", {"iteration_steps": 2, "gold_field": "answer"})])
+def test_a_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_steps(tmp_path, smollm2_tokenizer, algorithm,
+                                                                           online):
+    from oxrl.runner import run as run_config
+    from tests.conftest import save_tiny_model
+    from tests.test_rl_resume import COMPARED, rows_by_step
+
+    save_tiny_model(tmp_path / "model", smollm2_tokenizer)
+    tree = {
+        "run": {"name": "full", "output_dir": str(tmp_path / "runs"), "seed": 3, "device": "cpu"},
+        "model": {"name_or_path": str(tmp_path / "model")},
+        "algorithm": {"name": algorithm}, "online": online,
+        "rl": {"task": "arithmetic", "task_size": 16, "validation_size": 0, "prompts_per_step": 2,
+               "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0},
+               "rewards": [{"name": "tests.test_online:varied"}]},
+        "train": {"max_steps": 4, "micro_batch_size_per_device": 4,
+                  "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
+        "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
+        "logging": {"progress_bar": False, "plot": False},
+    }
+    run_config(Config.model_validate(tree))
+    tree["run"].update(name="resumed", resume=str(tmp_path / "runs" / "full" / "checkpoints" / "step_000002"))
+    run_config(Config.model_validate(tree))
+    full, resumed = rows_by_step(tmp_path / "runs" / "full"), rows_by_step(tmp_path / "runs" / "resumed")
+    assert sorted(full) == [1, 2, 3, 4] and sorted(resumed) == [3, 4]
+    compared = [key for key in COMPARED if key in full[3]] + ["online/examples"]
+    assert "loss" in compared and "grad_norm" in compared
+    for step in (3, 4):
+        for key in compared:
+            assert resumed[step][key] == pytest.approx(full[step][key], rel=1e-6, abs=1e-6), (step, key)
+    assert len({full[step]["loss"] for step in full}) > 1
