@@ -206,3 +206,21 @@ def test_a_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_steps(tmp_p
         for key in compared:
             assert resumed[step][key] == pytest.approx(full[step][key], rel=1e-6, abs=1e-6), (step, key)
     assert len({full[step]["loss"] for step in full}) > 1
+
+
+def test_an_sft_chat_gives_spin_its_prompt_and_gold_answer(tmp_path):
+    from oxrl.data.errors import DataError
+    from oxrl.data.rl_prompts import read_rl_prompts
+
+    rows = [{"messages": [{"role": "user", "content": "What is 7*4?"}, {"role": "assistant", "content": "28."},
+                          {"role": "user", "content": "And plus 7?"}, {"role": "assistant", "content": "35."}]},
+            {"messages": [{"role": "user", "content": "Hi"}]}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    first, second = read_rl_prompts(str(path))
+    assert [m["content"] for m in first.messages] == ["What is 7*4?", "28.", "And plus 7?"]
+    assert first.fields == {"response": "35."} and second.fields == {}  # a chat that ends with the user: no gold
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}],
+                                "response": "b"}))
+    with pytest.raises(DataError, match="row 1.*response.*keep one"):
+        read_rl_prompts(str(path))

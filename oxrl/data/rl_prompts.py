@@ -7,7 +7,7 @@ its rows become `RLPrompt`s by the dataset's `format` (`auto` picks one from the
 |----------|----------------------------------------------|-------------------------------|------------------------------|
 | `gsm8k`  | question, answer ending in "#### 42"         | the question, in the template | answer "42", solution, rest  |
 | `openr1` | problem, solution with a final \\boxed{}      | the problem, in the template  | answer (last box), rest      |
-| `rl2`    | prompt (text or messages) or messages; extra_info | as given                      | other columns + extra_info   |
+| `rl2`    | prompt (text or messages) or messages; extra_info | as given (a chat's last assistant turn: the `response` field) | other columns + extra_info   |
 
 The template is `rl.prompt_template` / `answer_format` / `system_prompt` (`prompt_template`). With
 `chat_template: false` a chat prompt becomes plain text, its contents joined by newlines.
@@ -244,6 +244,15 @@ def _rl2_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate
         values["messages"] = values.pop("prompt")  # verl keeps the chat prompt in `prompt`
     prompt = where.prompt(values)  # a string, or checked messages
     fields = {key: value for key, value in values.items() if key not in ("prompt", "messages")} | extra_fields
+    if isinstance(prompt, list) and prompt[-1]["role"] == "assistant":
+        # An SFT chat: its last (assistant) turn is the gold answer, the `response` field (what `spin` trains
+        # towards), and the prompt is the turns before it.
+        if len(prompt) == 1:
+            raise where.fail("messages", "the only message is the assistant's: there is no prompt to answer")
+        if "response" in fields:
+            raise where.fail("response", "the chat ends with an assistant turn, which is the row's response, "
+                             "and the row has a `response` too: keep one")
+        prompt, fields = prompt[:-1], {**fields, "response": prompt[-1]["content"]}
     return prompt, "prompt" if isinstance(prompt, str) else "messages", fields
 
 
