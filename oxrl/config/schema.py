@@ -339,7 +339,8 @@ class RolloutConfig(Section):
 class RewardSpec(Section):
     name: str = Field(
         ...,
-        description="Built-in reward (`math`, `format`, `code`, `reasoning_gym`), a dotted path "
+        description="Built-in reward (`math`, `format`, `code`, `reasoning_gym`, `reward_model`: a trained reward "
+        "model, `judge`: an LLM judge; their kwargs in docs/rewards.md), a dotted path "
         "(`pkg.module:function`) or a file path (`rewards.py:function`).",
     )
     weight: float = Field(1.0, description="Weight in the total reward.")

@@ -1,4 +1,5 @@
-"""Rewards for RL with verifiable rewards: built-ins (`math`, `format`, `code`, `reasoning_gym`), user
+"""Rewards for RL and the online algorithms: verifiable built-ins (`math`, `format`, `code`, `reasoning_gym`),
+model-judged ones (`reward_model`: a trained reward model, RLHF; `judge`: an LLM judge, RLAIF), user
 functions loaded by path, weighted combinations. See `oxrl.rewards.base` for the reward signature."""
 
 from oxrl.rewards.base import RewardError, RewardFn, RewardLoadError, batched, is_batched, load_reward_fn

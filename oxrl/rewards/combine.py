@@ -39,7 +39,9 @@ from oxrl.rewards.base import (
 from oxrl.rewards.code_reward import code_reward
 from oxrl.rewards.format_reward import format_reward
 from oxrl.rewards.gym_reward import reasoning_gym_reward
+from oxrl.rewards.judge import judge_reward
 from oxrl.rewards.math_reward import math_reward
+from oxrl.rewards.reward_model_reward import reward_model_reward
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ REWARDS: dict[str, RewardFn] = {
     "format": format_reward,
     "code": code_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "judge": judge_reward,
+    "reward_model": reward_model_reward,
 }
 
 EXCERPT_CHARS = 300

@@ -1,0 +1,184 @@
+"""`judge`: an LLM judge as the reward, RL from AI feedback (RLAIF, Lee et al. 2023, arXiv:2309.00267).
+
+A judge model reads a rubric filled with the prompt and the completion and answers in text; the reward
+is parsed from the reply's last line. Two modes:
+
+- `score` (the default): the rubric asks for `Score: N`, N in 1..`scale`; reward = (N - 1) / (scale - 1),
+  in [0, 1]. A rubric may also use `{reference}` (the row's reference answer) for reference-guided grading.
+- `pairwise`: the judge compares the completion with the row's reference answer and answers `Verdict: A`,
+  `Verdict: B` or `Verdict: tie`. Judges favour one position (Zheng et al. 2023, MT-Bench,
+  arXiv:2306.05685), so each pair is judged twice, positions swapped: first A = completion,
+  B = reference, then A = reference, B = completion. Win 1, tie 0.5, loss 0 for the completion; the reward
+  is the mean of the two, so a judge that always says "A" gives 0.5 whatever it reads.
+
+The judge is a local model (`model`, see `oxrl.rewards.judge_backends`) or an OpenAI-compatible server
+(`url` + `model_name`); it decodes greedily, so a judgement can be cached: in memory, and in the JSONL file
+`cache_path` when set, read back at start so that a resumed run does not pay twice. Keys are the judge's
+identity and the rendered judge prompt; only replies that parse are cached.
+
+A reply that does not parse is never scored 0 silently: the whole batch is judged first (every reply
+that parses is cached), then `JudgeParseError` is raised with the reply and the sample. `oxrl.rewards.combine`
+then scores the batch one sample at a time, which costs a request only for the failures, and stops the run
+or counts them (`on_error`). Every setting is checked by `preflight`, when the reward is built, and the
+local model loads there, before the policy does; `judge_for` keeps one judge per settings for the process.
+
+The settings and default rubrics are in `oxrl.rewards.judge_settings`, the backends in
+`oxrl.rewards.judge_backends`, the cache of judgements in `oxrl.rewards.judge_cache`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+from oxrl.rewards.base import batched
+from oxrl.rewards.judge_backends import HTTPBackend, local_backend
+from oxrl.rewards.judge_cache import JudgementCache
+from oxrl.rewards.judge_settings import JudgeSettings
+
+logger = logging.getLogger(__name__)
+
+# The LAST match counts: the rubric asks for it on the last line, and a judge may quote the format earlier.
+SCORE_PATTERN = re.compile(r"\b(?i:score)\s*\**\s*[:=]\s*[*\[(\s]*(-?\d+(?:\.\d+)?)")
+VERDICT_PATTERN = re.compile(r"\b(?i:verdict)\s*\**\s*[:=]\s*[*\[(\s]*(A|B|(?i:tie))(?![A-Za-z])")
+# The completion's share of one verdict, by the position it was shown in.
+COMPLETION_AS_A = {"A": 1.0, "B": 0.0, "tie": 0.5}
+COMPLETION_AS_B = {"A": 0.0, "B": 1.0, "tie": 0.5}
+EXCERPT_CHARS = 300
+
+
+class JudgeParseError(ValueError):
+    """The judge's reply holds no valid `Score: N` (or `Verdict: X`); the message shows the reply and the sample."""
+
+
+def parse_score(reply: str, scale: int) -> float | None:
+    """The last `Score: N` in the reply, or None when there is none or it is outside 1..scale."""
+    found = SCORE_PATTERN.findall(reply)
+    if not found:
+        return None
+    score = float(found[-1])
+    return score if 1 <= score <= scale else None
+
+
+def parse_verdict(reply: str) -> str | None:
+    """"A", "B" or "tie" from the reply's last `Verdict: X`, or None."""
+    found = VERDICT_PATTERN.findall(reply)
+    if not found:
+        return None
+    return "tie" if found[-1].lower() == "tie" else found[-1]
+
+
+def score_reward(score: float, scale: int) -> float:
+    """A score on 1..scale mapped linearly onto [0, 1]."""
+    return (score - 1) / (scale - 1)
+
+
+def pairwise_reward(completion_first: str, completion_second: str) -> float:
+    """Mean of the completion's shares of the two verdicts: shown as A first, then as B (positions swapped)."""
+    return (COMPLETION_AS_A[completion_first] + COMPLETION_AS_B[completion_second]) / 2
+
+
+
+class Judge:
+    """Rewards for a batch from one judge: renders, asks what is not cached, parses."""
+
+    def __init__(self, settings: JudgeSettings, backend: Any):
+        self.settings = settings
+        self.backend = backend
+        self.cache = JudgementCache(settings.cache_path)
+        self.parse_failures = 0  # over the judge's life, for the logs
+
+    def rewards(self, prompts: list[str], completions: list[str], references: list[Any] | None) -> list[float]:
+        references = references if references is not None else [None] * len(prompts)
+        asked = [self._render(p, c, r) for p, c, r in zip(prompts, completions, references)]
+        replies = self._replies(list(dict.fromkeys(text for texts in asked for text in texts)))
+        rewards, failures = [], []
+        for prompt, completion, texts in zip(prompts, completions, asked):
+            try:
+                rewards.append(self._reward([replies[text] for text in texts], prompt, completion))
+            except JudgeParseError as error:
+                failures.append(error)
+        if failures:
+            self.parse_failures += len(failures)
+            logger.warning("judge: %d of %d replies did not parse (%d so far); the first: %s",
+                           len(failures), len(prompts), self.parse_failures, failures[0])
+            raise failures[0]
+        return rewards
+
+    def _render(self, prompt: str, completion: str, reference: Any) -> list[str]:
+        rubric = self.settings.rubric_text
+        if self.settings.mode == "score":
+            return [rubric.format(prompt=prompt, completion=completion, reference=reference, scale=self.settings.scale)]
+        return [rubric.format(prompt=prompt, answer_a=completion, answer_b=reference),
+                rubric.format(prompt=prompt, answer_a=reference, answer_b=completion)]
+
+    def _replies(self, texts: list[str]) -> dict[str, str]:
+        identity = self.backend.identity
+        found = {text: reply for text in texts if (reply := self.cache.get(identity, text)) is not None}
+        missing = [text for text in texts if text not in found]
+
+        def record(index: int, reply: str) -> None:
+            found[missing[index]] = reply
+            if self._parse(reply) is not None:  # an unparseable reply is asked again, never cached
+                self.cache.put(identity, missing[index], reply)
+
+        if missing:
+            self.backend.complete(missing, record)
+        return found
+
+    def _parse(self, reply: str) -> float | str | None:
+        return parse_score(reply, self.settings.scale) if self.settings.mode == "score" else parse_verdict(reply)
+
+    def _reward(self, replies: list[str], prompt: str, completion: str) -> float:
+        parsed = [self._parse(reply) for reply in replies]
+        for reply, value in zip(replies, parsed):
+            if value is None:
+                wanted = (f"`Score: N` with N in 1..{self.settings.scale}" if self.settings.mode == "score"
+                          else "`Verdict: A`, `Verdict: B` or `Verdict: tie`")
+                raise JudgeParseError(f"the judge's reply holds no {wanted}: {_excerpt(reply)!r} "
+                                      f"(prompt {_excerpt(prompt, 100)!r}, completion {_excerpt(completion, 100)!r})")
+        if self.settings.mode == "score":
+            return score_reward(parsed[0], self.settings.scale)
+        return pairwise_reward(*parsed)
+
+
+def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """Head and tail: a judge's verdict is at the end of its reply."""
+    return text if len(text) <= limit else f"{text[:limit // 3]} [...] {text[-(limit - limit // 3):]}"
+
+
+@functools.lru_cache(maxsize=8)
+def judge_for(settings: JudgeSettings) -> Judge:
+    """The process's judge for these settings: built (its model loaded) on first use."""
+    if settings.url is not None:
+        backend = HTTPBackend(settings.url, settings.model_name, api_key_env=settings.api_key_env,
+                              max_new_tokens=settings.max_new_tokens, timeout_s=settings.timeout_s,
+                              retries=settings.retries, backoff_s=settings.backoff_s, concurrency=settings.concurrency)
+    else:
+        backend = local_backend(settings.model, settings.device, settings.max_new_tokens)
+    return Judge(settings, backend)
+
+
+@batched
+def judge_reward(prompts: list[str], completions: list[str], *, reference: list[Any] | None = None,
+                 **kwargs: Any) -> list[float]:
+    """The judge's reward for each completion. `kwargs` holds the settings and any other row fields."""
+    settings = JudgeSettings.from_kwargs({k: v for k, v in kwargs.items() if k in JudgeSettings.__dataclass_fields__})
+    references = reference if settings.reference_field == "reference" else kwargs.get(settings.reference_field)
+    if settings.needs_reference:
+        absent = len(prompts) if references is None else sum(r is None for r in references)
+        if absent:
+            why = "pairwise mode" if settings.mode == "pairwise" else "its rubric uses {reference}"
+            raise ValueError(f"reward 'judge' ({why}) needs the row field {settings.reference_field!r} "
+                             f"(`reference_field`), which {absent} of {len(prompts)} samples lack")
+    return judge_for(settings).rewards(list(prompts), list(completions), references)
+
+
+def check_judge(**kwargs: Any) -> None:
+    """Check the kwargs and build the judge (a local model loads now), when the reward is built."""
+    judge_for(JudgeSettings.from_kwargs(kwargs))
+
+
+judge_reward.preflight = check_judge  # type: ignore[attr-defined]
