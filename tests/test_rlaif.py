@@ -5,13 +5,11 @@ a reference answer, on held-out prompts too; with GRPO (`rlaif`) and with Online
 from __future__ import annotations
 
 import json
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 
 from tests.conftest import save_tiny_model
-from tests.test_judge import PAIR_RUBRIC, FakeJudgeServer
+from tests.test_judge import PAIR_RUBRIC, server  # noqa: F401 - the fake judge (a fixture)
 from tests.test_reward_model_reward import chat_rows, run_config, word_tokenizer, write_jsonl
 
 PROMPTS = ["say a word", "tell me about the sun", "say it", "tell me a word about a cat", "please say one word",
@@ -19,27 +17,15 @@ PROMPTS = ["say a word", "tell me about the sun", "say it", "tell me a word abou
 HELD_OUT = ["say a word about the tree", "tell me two", "please say it", "tell me about a red dog"]
 
 
-@pytest.fixture
-def judge_server():
-    fake = FakeJudgeServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    fake.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    yield fake
-    httpd.shutdown()
-    httpd.server_close()
-
-
 @pytest.mark.parametrize("algorithm", ["rlaif", "online_dpo"])
-def test_the_judged_win_rate_against_the_reference_rises(tmp_path, judge_server, algorithm):
+def test_the_judged_win_rate_against_the_reference_rises(tmp_path, server, algorithm):
     from oxrl.runner import run
 
     policy = save_tiny_model(tmp_path / "policy", word_tokenizer())
     with_reference = lambda texts: [{**row, "reference": "a red cat"} for row in chat_rows(texts)]  # noqa: E731
     train = write_jsonl(tmp_path / "train.jsonl", with_reference(PROMPTS))
     val = write_jsonl(tmp_path / "val.jsonl", with_reference(HELD_OUT))
-    judge = {"name": "judge", "kwargs": {"url": judge_server.url, "model_name": "judge", "mode": "pairwise",
+    judge = {"name": "judge", "kwargs": {"url": server.url, "model_name": "judge", "mode": "pairwise",
                                          "rubric": PAIR_RUBRIC, "backoff_s": 0.01, "concurrency": 4}}
     result = run(run_config(
         tmp_path, algorithm, policy, {"train": [{"path": str(train)}], "validation": [{"path": str(val)}]},
@@ -54,4 +40,4 @@ def test_the_judged_win_rate_against_the_reference_rises(tmp_path, judge_server,
     assert sum(win_rate[-3:]) / 3 > sum(win_rate[:3]) / 3 + 0.15, win_rate
     assert rows[10]["val/reward"] > rows[0]["val/reward"] + 0.15, (rows[0]["val/reward"], rows[10]["val/reward"])
     assert all(rows[step]["reward/judge/failures"] == 0 for step in range(1, 11))
-    assert judge_server.requests > 0
+    assert server.requests > 0
