@@ -119,7 +119,7 @@ def add_model_parsers(sub) -> None:
                          "count and the first of full fine-tune, + activation checkpointing, LoRA, LoRA + checkpointing "
                          "(each with the task's micro-batch, then halves of it) that the memory estimate says fits.")
     rec.add_argument("model", help="a registry name (`oxrl models`), a local model folder or a hub id")
-    rec.add_argument("--task", required=True, help="a task preset: math, countdown or chat")
+    rec.add_argument("--task", required=True, help="a task preset: math, countdown, reasoning or chat")
     rec.add_argument("--gpus", metavar="SPEC", help="COUNTxSIZE such as 8x80GB or 1x24GB, or `cpu` (default: this machine)")
     rec.add_argument("--algorithm", help="replace the task's algorithm (e.g. grpo, ppo, dpo)")
     rec.add_argument("--out", metavar="FILE.yaml", help="write the config there instead of printing it")

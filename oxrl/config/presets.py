@@ -20,6 +20,18 @@ TASK_PRESETS: dict[str, dict] = {
                "rollout": {"n": 8, "max_new_tokens": 128}, "validation_every": 10},
         "train": {"max_steps": 50, "micro_batch_size_per_device": 16, "optim": {"lr": 2.0e-6, "schedule": "constant"}},
     },
+    # Open-R1's math recipe (DeepSeek-R1, arXiv:2501.12948), small: GRPO on problems in Open-R1's format
+    # (`problem`, a `solution` ending in \boxed{}), shipped with oxRL (oxrl/data/bundled/make_reasoning_openr1.py)
+    # or the user's via `data=`; reasoning in <think> tags, the answer in <answer> tags, which the math reward
+    # reads first; + 0.2 x the format reward. examples/grpo_smollm2_reasoning.yaml is the same recipe as a file.
+    "reasoning": {
+        "algorithm": {"name": "grpo"},
+        "data": {"train": [{"path": "bundled:reasoning_openr1.jsonl", "format": "openr1"}], "max_length": 1024},
+        "rl": {"answer_format": "tags",
+               "rewards": [{"name": "math", "kwargs": {"prefer": "tag"}}, {"name": "format", "weight": 0.2}],
+               "prompts_per_step": 4, "rollout": {"n": 8, "max_new_tokens": 256}, "validation_every": 10},
+        "train": {"max_steps": 50, "micro_batch_size_per_device": 16, "optim": {"lr": 2.0e-6, "schedule": "constant"}},
+    },
     # Supervised fine-tuning on the small chat set shipped with oxRL.
     "chat": {
         "algorithm": {"name": "sft"},
