@@ -50,7 +50,7 @@ def test_every_algorithm_has_an_example():
 
 # Data files written by a generator beside them, each with a `files()` -> {path: rows}.
 GENERATORS = [ROOT / "examples/data/make_arithmetic_text.py", ROOT / "examples/data/make_arithmetic_kto.py",
-              ROOT / "oxrl/data/bundled/make_reasoning_openr1.py"]
+              ROOT / "oxrl/data/bundled/make_reasoning_openr1.py", ROOT / "examples/data/make_calculator_traces.py"]
 
 
 @pytest.mark.parametrize("generator", GENERATORS, ids=[path.stem for path in GENERATORS])
