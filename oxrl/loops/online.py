@@ -136,7 +136,7 @@ def build_online(cfg: Config, model, tokenizer, strategy, train_prompts: int) ->
     name = cfg.algorithm.name
     objective = get_objective(cfg.trained_objective, cfg.preference)
     if name == "spin":
-        steps = cfg.online.iteration_steps or math.ceil(train_prompts / cfg.rl.prompts_per_step)
+        steps = spin_iteration_steps(cfg, train_prompts)
         opponent = FrozenModel(strategy.prepare_frozen(copy.deepcopy(model).eval().requires_grad_(False)))
         return SPIN(cfg, objective, opponent, tokenizer, steps), opponent.model
     reference = None
