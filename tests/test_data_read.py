@@ -122,7 +122,7 @@ def test_unknown_hub_name_offline_is_a_clear_chained_error(monkeypatch):
 def test_bundled_dataset():
     data = read_dataset(DatasetSpec(path="bundled:chat_sft.jsonl"))
     assert data.name == "chat_sft.jsonl" and len(data.rows) == 200 and data.columns == ["messages"]
-    with pytest.raises(DataError, match=r"no such bundled dataset; bundled datasets are \['chat_sft.jsonl'\]"):
+    with pytest.raises(DataError, match=r"no such bundled dataset; bundled datasets are \['chat_sft.jsonl', 'reasoning_openr1.jsonl'\]"):
         read_dataset(DatasetSpec(path="bundled:nope.jsonl"))
 
 

@@ -230,4 +230,4 @@ def test_shared_head_is_refused_where_it_is_not_supported_before_any_model_loads
     cfg = shared_config(tmp_path)
     with pytest.raises(ValueError, match="rl.critic_backbone `shared`.*Use rl.critic_backbone: separate"):
         # a strategy that is not one process' (the model "unused" would fail to load: it is never tried)
-        _rl_handles(cfg, SimpleNamespace(device=torch.device("cpu")), None, None, None)
+        _rl_handles(cfg, SimpleNamespace(device=torch.device("cpu")), None, None, None, 0)
