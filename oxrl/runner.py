@@ -96,18 +96,20 @@ def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | Non
         return publish_folder(partial, final) if written is not None else None
 
 
-def run_rl(cfg: Config) -> RunResult:
-    """RL with verifiable rewards: prompts and rewards are checked before the model loads."""
+def run_rl(cfg: Config, remote=None) -> RunResult:
+    """RL with verifiable rewards: prompts and rewards are checked before the model loads. `remote`: this process is
+    a trainer rank of a Ray run (oxrl/cluster), whose rollout and reward workers it samples and scores through."""
     from oxrl.rollout.build import check_engine
     from oxrl.training.build import build_strategy
 
     strategy = build_strategy(cfg)
-    check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
+    if remote is None:
+        check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        return _run_rl_in(run_dir, cfg, strategy)
+        return _run_rl_in(run_dir, cfg, strategy, remote)
 
 
-def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
+def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_setup import environment, load_prompts, reward_function
@@ -116,6 +118,8 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
     started = time.monotonic()
     rl = cfg.rl
     reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
+    if remote is not None:
+        reward_fn = remote.rewards(reward_fn, strategy)  # scored by the reward workers (or rank 0), shared by all
     tokenizer = load_tokenizer(cfg.model)
     env = environment(rl, tokenizer)
     if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
@@ -137,7 +141,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy) -> RunResult:
 
         spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
-    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids))
+    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote)
     answers: dict[str, list[dict]] = {}
     try:
         answers["before"] = answer_samples(cfg, handles.model, tokenizer)
@@ -181,9 +185,10 @@ def write_samples(run_dir: Path, samples: dict[str, list[dict]]) -> None:
         logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
 
 
-def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int):
+def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int, remote=None):
     """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
-    an online algorithm the policy, its method (with the loss's reference) and the engine."""
+    an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
+    the engine is the rollout workers, shared by every rank."""
     from oxrl.algorithms.advantages import NEEDS_VALUES
     from oxrl.config.names import ONLINE
     from oxrl.loops.critic import Critic, SharedValueHead
@@ -191,7 +196,6 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
     from oxrl.models.critic import load_critic
     from oxrl.models.load import load_model, resolve_source
     from oxrl.models.value_head import attach_value_head
-    from oxrl.rollout.build import build_engine
     from oxrl.training.strategy import SingleDevice
 
     rl, device = cfg.rl, strategy.device
@@ -204,8 +208,9 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
         from oxrl.loops.online import build_online
 
         online, sampled = build_online(cfg, model, tokenizer, strategy, train_prompts)
-        engine = build_engine(rl.rollout, sampled, tokenizer, strategy, cfg.run.seed)
-        return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online)
+        engine = _engine(cfg, sampled, tokenizer, strategy, remote)
+        return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online,
+                         shared_rollouts=remote is not None)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
         reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
@@ -216,8 +221,19 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
     elif rl.advantage in NEEDS_VALUES:
         source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
         critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
-    engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
-    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer)
+    engine = _engine(cfg, model, tokenizer, strategy, remote)
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer,
+                     shared_rollouts=remote is not None)
+
+
+def _engine(cfg: Config, model, tokenizer, strategy, remote):
+    """The rollout engine sampling from `model`: built here, or the Ray rollout workers (`remote`)."""
+    from oxrl.rollout.build import build_engine
+
+    if remote is None:
+        return build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return remote.engine(model, tokenizer, strategy, dtype, cfg.rl.rollout.vllm.sync_check_tolerance)
 
 
 def run(cfg: Config) -> RunResult:
@@ -227,6 +243,10 @@ def run(cfg: Config) -> RunResult:
     from oxrl.loops.objectives import get_objective
     from oxrl.config.rl_presets import is_rl
 
+    if cfg.run.launcher == "ray":
+        from oxrl.cluster.driver import run_on_ray
+
+        return run_on_ray(cfg, run_rl)
     if is_rl(cfg.algorithm.name):
         return run_rl(cfg)
     objective = get_objective(cfg.algorithm.name, cfg.preference)  # (names were checked when the config loaded)

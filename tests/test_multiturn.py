@@ -248,7 +248,7 @@ def test_collect_compares_and_trains_only_sampled_tokens(tmp_path):
     cfg = rl_config(tmp_path, "dr_grpo", epochs=2)  # several updates: the score stage takes the old log-probs
     model, engine = tiny_engine()
     h = rl_handles(cfg, model, engine, env=env)
-    rollouts, metrics = sample(h, prompts(2))
+    rollouts, metrics = sample(h, prompts(2), 1)
     score(h, rollouts)
     estimate(h, rollouts)
     metrics.update(rollout_metrics(rollouts))

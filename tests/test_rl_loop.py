@@ -122,7 +122,7 @@ def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass
     h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, critic_model=critic)
     assert single_on_policy_update(h.cfg.rl)
     h.policy = model
-    rollout, _ = sample(h, prompts(4))
+    rollout, _ = sample(h, prompts(4), 1)
     score(h, rollout)
     estimate(h, rollout)
     assert rollout.old_logprobs is None and "logprob_mismatch/mean_abs" not in rollout_metrics(rollout)

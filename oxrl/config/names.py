@@ -78,6 +78,8 @@ ANSWER_FORMATS = ("boxed", "tags")  # rl.answer_format (oxrl.data.rl_tasks.ANSWE
 ONLINE_PAIR_LOSSES = ("dpo", "rdpo", "hinge", "ipo", "simpo", "orpo")  # online.loss (preference.PREFERENCE_LOSSES)
 RFT_KEEP_RULES = ("threshold", "best")  # online.keep (oxrl.algorithms.online.rejection_sample)
 STRATEGY_NAMES = ("auto", "single", "fsdp2", "deepspeed")  # strategy.name (oxrl.training.build)
+LAUNCHERS = ("local", "ray")  # run.launcher: this process (or torchrun's), or Ray worker groups (oxrl/cluster)
+RAY_LAYOUTS = ("disaggregated", "colocated")  # ray.layout (oxrl/cluster/placement.py)
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
 
 

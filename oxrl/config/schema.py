@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from oxrl.config.names import (
     ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
-    DEVICES, DISTILLATION, DTYPES, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
-    ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
+    DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
+    ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROLLOUT_ENGINES, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES, canonical_algorithm, check_trackers,
 )
 from oxrl.config.rl_presets import resolve, resolve_online
@@ -49,6 +49,12 @@ class RunConfig(Section):
         description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
         "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and "
         "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay.",
+    )
+    launcher: Literal[LAUNCHERS] = Field(
+        "local",
+        description="`local`: this process, or the processes torchrun started. `ray` (RL and online algorithms): "
+        "`oxrl train` becomes a Ray driver that starts the `ray` section's worker groups (trainer ranks, rollout "
+        "engines, reward workers) on a Ray cluster; see docs/ray.md.",
     )
     accept_config_changes: bool = Field(
         False,
@@ -574,6 +580,62 @@ class StrategyConfig(Section):
     )
 
 
+class WorkerGroupConfig(Section):
+    count: int = Field(1, ge=0, description="Workers (Ray actors) in the group.")
+    cpus: float = Field(1.0, ge=0, description="CPUs reserved for each worker (its torch threads).")
+    gpus: float = Field(0.0, ge=0, description="GPUs reserved for each worker (e.g. 1 per trainer rank on a GPU node).")
+
+
+class RayConfig(Section):
+    address: str | None = Field(
+        None,
+        description="Ray cluster to attach to: `auto` (the one `ray start --head` runs on this machine) or "
+        "`host:port`; null starts a private Ray instance in this process for the run.",
+    )
+    layout: Literal[RAY_LAYOUTS] = Field(
+        "disaggregated",
+        description="`disaggregated`: trainers and rollout workers each get their own resources. `colocated`: rollout "
+        "worker i shares trainer i's placement bundle (and GPU: each takes half; vLLM sleeps while the trainer runs), "
+        "so `rollout.count` <= `trainers.count` and the rollout workers reserve nothing of their own.",
+    )
+    trainers: WorkerGroupConfig = Field(
+        default_factory=WorkerGroupConfig,
+        description="Trainer ranks: one torch.distributed group running `strategy` (fsdp2/deepspeed when count > 1).",
+    )
+    rollout: WorkerGroupConfig = Field(
+        default_factory=WorkerGroupConfig,
+        description="Rollout workers, each owning a `rl.rollout.engine` (hf or vllm) and a copy of the policy's weights.",
+    )
+    reward: WorkerGroupConfig = Field(
+        default_factory=lambda: WorkerGroupConfig(count=0),
+        description="Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on "
+        "trainer rank 0.",
+    )
+    max_restarts: int = Field(
+        1, ge=0,
+        description="Times Ray restarts a rollout or reward worker that died; the step is then retried (a restarted "
+        "rollout worker first gets the current weights). 0: a dead worker stops the run with an error. A dead "
+        "trainer always stops the run; `run.resume: true` continues it from the last checkpoint.",
+    )
+    placement_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Seconds to wait for the cluster to place a worker group before failing with the missing resources.",
+    )
+    call_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds one rollout or reward call (a step's share) may take before it is an error."
+    )
+    sync_timeout_s: float = Field(
+        300.0, gt=0,
+        description="Seconds a weight sync to the rollout workers may take; a worker that does not finish is named "
+        "in the error.",
+    )
+    sync_bucket_mb: float = Field(
+        64.0, gt=0,
+        description="Weights are broadcast to rollout workers in flat buckets of at most this many MB (one tensor "
+        "larger than that goes alone), so neither side holds a second copy of the whole model.",
+    )
+
+
 class CheckpointConfig(Section):
     every: int | None = Field(None, gt=0, description="Save every N optimizer steps (and always at the end).")
     keep_last: int = Field(2, gt=0, description="Keep the newest N step checkpoints.")
@@ -647,6 +709,9 @@ class Config(Section):
     strategy: StrategyConfig = Field(
         default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
     )
+    ray: RayConfig = Field(
+        default_factory=RayConfig, description="Worker groups of a `run.launcher: ray` run (RL and online algorithms)."
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
 
@@ -715,6 +780,34 @@ class Config(Section):
         if wanted and wanted[0] not in [reward.name for reward in self.rl.rewards]:
             raise ValueError(f"`{name}` is GRPO rewarded by {wanted[1]}: add {{name: {wanted[0]}, kwargs: {{...}}}} to "
                              "rl.rewards (docs/algorithms.md shows its settings)")
+        return self
+
+    @model_validator(mode="after")
+    def _ray_layout_fits(self) -> "Config":
+        """The `ray` section is read by `run.launcher: ray` only, which runs the sampling loop only."""
+        ray, name = self.ray, self.algorithm.name
+        if self.run.launcher == "local":
+            if ray != RayConfig():
+                raise ValueError("the `ray` section is read only with run.launcher: ray (it is `local`)")
+            return self
+        if name not in SAMPLING_ALGORITHMS:
+            raise ValueError(f"run.launcher `ray` runs the RL loop (RL and online algorithms); `{name}` trains offline: "
+                             "use run.launcher local (torchrun for several processes)")
+        if ray.trainers.count < 1 or ray.rollout.count < 1:
+            raise ValueError(f"run.launcher `ray` needs at least one trainer and one rollout worker (ray.trainers.count "
+                             f"= {ray.trainers.count}, ray.rollout.count = {ray.rollout.count})")
+        if ray.layout == "colocated" and ray.rollout.count > ray.trainers.count:
+            raise ValueError(f"ray.layout `colocated` puts rollout worker i beside trainer i: ray.rollout.count "
+                             f"({ray.rollout.count}) must be <= ray.trainers.count ({ray.trainers.count})")
+        if self.rl.env is not None:
+            raise ValueError("rl.env (multi-turn episodes) runs with run.launcher local for now: under `ray` every "
+                             "trainer rank would step the environment")
+        if name == "spin":
+            raise ValueError("`spin` runs in one local process for now: its opponent, not the policy, is what the "
+                             "rollout workers must sample from")
+        if self.rl.prompts_per_step % ray.trainers.count:
+            raise ValueError(f"rl.prompts_per_step ({self.rl.prompts_per_step}) must be a multiple of ray.trainers.count "
+                             f"({ray.trainers.count}): each trainer rank trains whole groups")
         return self
 
     @model_validator(mode="after")

@@ -63,6 +63,9 @@ class RLHandles:
     tokenizer: Any = None  # saved with checkpoints
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`
     online: Any = None  # Online DPO / RFT / SPIN (oxrl/loops/online.py): the samples train an offline objective
+    # True when the engine is shared by every rank (Ray rollout workers, oxrl/cluster): each rank passes the whole
+    # step's prompts and keeps its share of the sampled groups (`rank_share`).
+    shared_rollouts: bool = False
 
 
 @dataclass
@@ -123,7 +126,8 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
         for step in range(start_step, total_steps):
             done = step + 1
             started = time.perf_counter()
-            batch = train.subset(split_for_rank(sampler.step_indices(step), strategy.rank, strategy.world_size))
+            indices = sampler.step_indices(step)
+            batch = train.subset(indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size))
             metrics, rollout = one_step(h, batch, done)
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollout.completions)))
@@ -131,7 +135,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
                             "completions_per_s": len(rollout.completions) * strategy.world_size / elapsed})
             rewards.append(metrics["reward/mean"])
             if step == start_step or done == total_steps:  # this rank's, for the report (rank 0 writes it)
-                samples["first" if step == start_step else "last"] = example_completions(batch, rollout, done)
+                samples["first" if step == start_step else "last"] = example_completions(rollout, done)
             if validating and (done % rl.validation_every == 0 or done == total_steps):
                 with naming_step(done):
                     last_eval = evaluate(h, val)
@@ -152,7 +156,7 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     if h.online is not None:
         return online_step(h, batch, step)
     with naming_step(step):  # e.g. sampling from weights that diverged in the last update
-        rollout, metrics = sample(h, batch)
+        rollout, metrics = sample(h, batch, step)
         metrics.update(score(h, rollout))
     estimate(h, rollout)
     metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
@@ -173,8 +177,8 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
 def online_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
     """sample -> select -> update -> sync (oxrl/loops/online.py): the samples train the online method's objective."""
     with naming_step(step):
-        rollout, metrics = sample(h, batch)
-        selection = h.online.select(batch, rollout)
+        rollout, metrics = sample(h, batch, step)
+        selection = h.online.select(rollout.batch, rollout)
     metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
     started = time.perf_counter()
     metrics.update(online_update(h, selection, step))
@@ -194,8 +198,9 @@ def evaluate(h: RLHandles, batch: RLPromptBatch) -> dict[str, float]:
     return {"val/accuracy": summary["accuracy"], "val/reward": summary["reward/mean"]}
 
 
-def example_completions(batch: RLPromptBatch, rollout: Rollout, step: int, count: int = 3) -> list[dict]:
+def example_completions(rollout: Rollout, step: int, count: int = 3) -> list[dict]:
     """The first completion of each of the step's first `count` prompts, with its reward, for the run report."""
+    batch = rollout.batch
     first_of_prompt: dict[int, int] = {}
     for i, completion in enumerate(rollout.completions):
         first_of_prompt.setdefault(completion.prompt_index, i)

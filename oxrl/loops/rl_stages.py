@@ -11,12 +11,13 @@ The update (oxrl/loops/rl_update.py) and the weight sync follow. Every stage rea
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from oxrl.algorithms.advantages import NEEDS_VALUES, RolloutRewards, estimate_advantages, place_outcome_reward
 from oxrl.config.schema import RLConfig
+from oxrl.data.sampler import balanced_split
 from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import accuracy_of
 from oxrl.loops.critic import Critic, SharedValueHead
@@ -40,6 +41,7 @@ class Rollout:
     values: list[torch.Tensor] | None = None  # the critic's (gae)
     advantages: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None  # the critic's targets (gae)
+    batch: RLPromptBatch | None = None  # the prompts `group_ids` index (set by `sample`)
 
     @classmethod
     def of(cls, completions: list[Completion], rewards: torch.Tensor,
@@ -87,11 +89,39 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
     return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
 
 
-def sample(h, batch: RLPromptBatch) -> tuple[Rollout, dict[str, float]]:
-    """Stage 1: sample the step's completions and reward them."""
-    completions, scored, metrics = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg.rl))
+def sample(h, batch: RLPromptBatch, step: int) -> tuple[Rollout, dict[str, float]]:
+    """Stage 1: sample the step's completions and reward them. With shared rollouts (Ray rollout workers) every
+    rank holds the whole step's prompts: all are sampled once, seeded by the step, and each rank keeps its share."""
+    params = sampling_params(h.cfg.rl)
+    if h.shared_rollouts:
+        params.seed = sampling_seed(h.cfg.run.seed, step)
+    completions, scored, metrics = sample_and_reward(h.engine, h.reward_fn, h.env, batch, params)
+    metrics = {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
+    if h.shared_rollouts:
+        batch, completions, scored = rank_share(batch, completions, scored, h.strategy.rank, h.strategy.world_size)
     rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32), scored.token_rewards)
-    return rollout, {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
+    rollout.batch = batch
+    return rollout, metrics
+
+
+def sampling_seed(run_seed: int, step: int) -> int:
+    """The seed of step `step`'s sampling: a function of the run's seed and the step only, so a rerun and a resumed
+    run sample the step alike."""
+    return run_seed * 1_000_003 + step
+
+
+def rank_share(batch: RLPromptBatch, completions: list[Completion], scored: RewardOutput, rank: int,
+               world_size: int) -> tuple[RLPromptBatch, list[Completion], RewardOutput]:
+    """This rank's whole groups of a step sampled for every rank: the same number of prompts per rank, prompt +
+    completion tokens balanced (`balanced_split`), prompt indices renumbered within the share."""
+    tokens = [0] * len(batch.prompt_ids)
+    for c in completions:
+        tokens[c.prompt_index] += len(c.prompt_ids) + len(c.completion_ids)
+    mine = balanced_split(list(range(len(tokens))), tokens, rank, world_size)
+    position = {prompt: i for i, prompt in enumerate(mine)}
+    kept = [i for i, c in enumerate(completions) if c.prompt_index in position]
+    return (batch.subset(mine), [replace(completions[i], prompt_index=position[completions[i].prompt_index]) for i in kept],
+            scored.subset(kept))
 
 
 def single_on_policy_update(rl: RLConfig) -> bool:

@@ -93,6 +93,24 @@ class RewardOutput:
     # every reward scored the sample as a whole. Part of `totals` already.
     token_rewards: list[list[float] | None] = field(default_factory=list)
 
+    @classmethod
+    def concat(cls, parts: list[RewardOutput]) -> RewardOutput:
+        """The scores of consecutive slices of one batch (e.g. scored by parallel reward workers) as one output:
+        per-sample lists in order, failures summed, seconds the slowest part's (the parts ran at the same time)."""
+        labels = list(parts[0].components) if parts else []
+        return cls([t for p in parts for t in p.totals],
+                   {label: [s for p in parts for s in p.components[label]] for label in labels},
+                   {label: sum(p.failures[label] for p in parts) for label in labels},
+                   {label: max(p.seconds[label] for p in parts) for label in labels},
+                   [r for p in parts for r in (p.token_rewards or [None] * len(p.totals))])
+
+    def subset(self, indices: list[int]) -> RewardOutput:
+        """The samples at `indices`, in that order; failures and seconds stay the whole batch's."""
+        token_rewards = self.token_rewards or [None] * len(self.totals)
+        return RewardOutput([self.totals[i] for i in indices],
+                            {label: [scores[i] for i in indices] for label, scores in self.components.items()},
+                            dict(self.failures), dict(self.seconds), [token_rewards[i] for i in indices])
+
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
         out = {f"{prefix}/total": _mean(self.totals)}
         for label, scores in self.components.items():

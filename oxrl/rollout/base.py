@@ -20,6 +20,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
+    # Seeds this call's sampling where the engine takes a seed (Ray rollout workers, vLLM: prompt i of the call
+    # uses seed + i), so a layout samples the same run to run and on resume. None: the engine's own RNG.
+    seed: int | None = None
 
 
 @dataclass

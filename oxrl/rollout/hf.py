@@ -22,6 +22,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.probe import trainer_probe_logprobs
 
 
 class FiniteLogits(LogitsProcessor):
@@ -63,6 +64,10 @@ class HFEngine:
         if model is not self.model:
             raise ValueError("HFEngine samples from the training model itself; pass that same model object")
         return {}
+
+    def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """log p(ids[t] | ids[<t]) for t >= 1 under the model this engine samples from (oxrl/rollout/probe.py)."""
+        return trainer_probe_logprobs(self.model, ids)
 
     def offload(self) -> None:
         """Nothing to free: the engine is the training model."""

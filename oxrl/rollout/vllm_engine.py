@@ -33,25 +33,17 @@ from pathlib import Path
 
 import torch
 
-from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.config.schema import VLLMConfig
-from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.lora import is_peft, merged_state_dict
 from oxrl.models.value_head import without_value_head
 from oxrl.models.save import no_progress_bars
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import eos_token_ids
+from oxrl.rollout.probe import DEFAULT_TOLERANCE, WeightSyncError, probe_ids, trainer_probe_logprobs  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
-PROBE_LENGTH = 64  # tokens scored after every sync
-# float32: SmolLM2-135M on CPU agrees to ~1e-5 (a stale tied lm_head after a 1e-5 lr step gave 5e-4).
-DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
 CPU_KV_CACHE_GIB = 1.0
-
-
-class WeightSyncError(RuntimeError):
-    """After a weight sync, vLLM's log-probs of the probe disagree with the trainer's."""
 
 
 class VLLMEngine:
@@ -86,8 +78,7 @@ class VLLMEngine:
             enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs",
             hf_overrides={"tie_word_embeddings": False} if self.tied else None,
         )
-        vocab = min(len(tokenizer), _base(model).config.vocab_size)
-        self.probe_ids = torch.randint(vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(0)).tolist()
+        self.probe_ids = probe_ids(_base(model), tokenizer)
         gap = self.check_sync(model)  # vLLM's own loading of the first folder is checked like every reload
         logger.info("vLLM engine started in %.1f s (%s, %s); probe gap %.2e", time.perf_counter() - started, self.dtype,
                     "sleeps between phases" if self.can_sleep else "no sleep mode", gap)
@@ -103,6 +94,10 @@ class VLLMEngine:
             top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
         )
+        if params.seed is not None:  # prompt i samples from seed + i: the same draws however prompts are split up
+            sampling = [sampling.clone() for _ in prompts]
+            for index, each in enumerate(sampling):
+                each.seed = params.seed + index
         self._wake()  # stays awake for the rollout phase's later turns; the loop calls `offload` at its end
         outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], sampling, use_tqdm=False)
         return [self._completion(index, prompts[index], sample) for index, out in enumerate(outputs) for sample in out.outputs]
@@ -168,12 +163,17 @@ class VLLMEngine:
         return gap
 
     def _engine_probe_logprobs(self) -> torch.Tensor:
+        return self.probe_logprobs(self.probe_ids)
+
+    def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """log p(ids[t] | ids[<t]) for t >= 1 as vLLM computes it (what it samples from), at temperature 1."""
         from vllm import SamplingParams as VLLMSamplingParams
 
+        self._wake()
         probe = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([{"prompt_token_ids": self.probe_ids}], probe, use_tqdm=False)[0]
+        out = self.llm.generate([{"prompt_token_ids": list(ids)}], probe, use_tqdm=False)[0]
         # prompt_logprobs[0] is None (the first token has no prefix); raw log softmax (prompts skip temperature).
-        return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], self.probe_ids[1:])])
+        return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])])
 
     # ---- memory between phases --------------------------------------------------------------------
 
@@ -195,17 +195,6 @@ class VLLMEngine:
         self.llm = None
         gc.collect()
         self._cleanup()
-
-
-@torch.no_grad()
-def trainer_probe_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, in fp32 [len - 1]."""
-    was_training = model.training
-    model.eval()
-    batch = pack([Example([Sequence(ids, [False] + [True] * (len(ids) - 1))])]).to(next(model.parameters()).device)
-    values = token_logprobs(model, batch)[1:].float().cpu()
-    model.train(was_training)
-    return values
 
 
 def _finish_reason(sample) -> str:

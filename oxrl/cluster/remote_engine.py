@@ -1,0 +1,262 @@
+"""The trainer's side of the Ray worker groups: a RolloutEngine (oxrl/rollout/base.py) and a reward function
+whose work is done by rollout and reward workers (oxrl/cluster/workers.py).
+
+Every trainer rank calls them with the same arguments (each rank holds the whole step's prompts: the loop's
+`shared_rollouts`); rank 0 alone talks to the workers and the result reaches every rank over the trainers'
+group. A failure on rank 0 is sent to the others too, so no rank waits in a collective for one that left.
+
+    generate      the prompts split into whole-prompt slices, one per rollout worker, each seeded by its first
+                  prompt's position (SamplingParams.seed), so the same layout samples the same run to run
+    sync_weights  policy_state_dict() (gathered from every rank, LoRA merged) -> broadcast in buckets to every
+                  worker -> each worker's probe log-probs against the trainer's (WeightSyncError naming it)
+    rewards       the completions split into slices scored by the reward workers at once (else on rank 0)
+
+A rollout worker that dies is restarted by Ray (`ray.max_restarts`); the step's sampling is then retried after
+every worker has joined a new weight group and received the current weights. Once its restarts are spent, or
+with `ray.max_restarts: 0`, the run stops with an error naming the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from oxrl.cluster.weight_channel import WeightChannel, free_port, node_address, specs_of
+from oxrl.config.schema import RayConfig
+from oxrl.models.value_head import without_value_head
+from oxrl.rewards.combine import RewardOutput
+from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.probe import DEFAULT_TOLERANCE, WeightSyncError, probe_ids, trainer_probe_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """A rollout or reward worker failed, hung or died for good; the message names it."""
+
+
+class _Resync(Exception):
+    """A rollout worker was restarted: every worker needs a new weight group and the current weights."""
+
+
+def slices(count: int, parts: int) -> list[range]:
+    """`count` items in `parts` consecutive slices whose sizes differ by at most one (empty ones dropped)."""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for part in range(parts):
+        size = base + (part < extra)
+        if size:
+            out.append(range(start, start + size))
+        start += size
+    return out
+
+
+@dataclass
+class RemoteWorkers:
+    """What the driver hands every trainer rank: the worker groups' actor handles and their settings."""
+
+    rollout: list  # RolloutWorker actor handles
+    reward: list  # RewardWorker actor handles (may be empty)
+    settings: RayConfig
+
+    def engine(self, model, tokenizer, strategy, dtype_name: str, tolerance: float | None) -> RayRolloutEngine:
+        return RayRolloutEngine(self, model, tokenizer, strategy, dtype_name, tolerance)
+
+    def rewards(self, local_reward_fn, strategy) -> RemoteReward:
+        return RemoteReward(self, local_reward_fn, strategy)
+
+
+def _ray():
+    import ray
+
+    return ray
+
+
+def _from_rank0(strategy, work):
+    """`work()` run on rank 0, its result (or its failure) shared with every rank."""
+    value, error = None, None
+    if strategy.is_main:
+        try:
+            value = work()
+        except Exception as caught:  # shared below, then raised on rank 0 as it is
+            error = caught
+    if strategy.world_size > 1:
+        value, message = strategy.gather_objects((value, None if error is None else f"{type(error).__name__}: {error}"))[0]
+        if error is None and message is not None:
+            raise WorkerError(f"trainer rank 0 stopped: {message}")
+    if error is not None:
+        raise error
+    return value
+
+
+def _cause(error: Exception) -> Exception:
+    """The exception a Ray task raised inside the worker (RayTaskError wraps it)."""
+    return getattr(error, "cause", None) or error
+
+
+class RayRolloutEngine:
+    def __init__(self, workers: RemoteWorkers, model, tokenizer, strategy, dtype_name: str, tolerance: float | None):
+        self.workers, self.model, self.strategy = workers, model, strategy
+        self.settings = workers.settings
+        base = model.get_base_model() if hasattr(model, "peft_config") else model
+        self.probe = probe_ids(base, tokenizer)
+        self.tolerance = tolerance or DEFAULT_TOLERANCE[dtype_name]
+        self.channel: WeightChannel | None = None
+        self.generation = 0
+        self.restarts = [0] * len(workers.rollout)
+        self.synced = False
+
+    # ---- sampling ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not self.synced:  # the first call: workers get (and prove they hold) the trainer's weights
+            self.sync_weights(self.model)
+        while True:
+            outcome = _from_rank0(self.strategy, lambda: self._generate_on_workers(prompts, params))
+            if outcome is not None:
+                return outcome
+            self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
+
+    def _generate_on_workers(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion] | None:
+        ray = _ray()
+        parts = slices(len(prompts), len(self.workers.rollout))
+        refs = []
+        for worker, part in zip(self.workers.rollout, parts):
+            seeded = replace(params, seed=None if params.seed is None else params.seed + part.start)
+            refs.append(worker.generate.remote([prompts[i] for i in part], seeded))
+        try:
+            results = self._get(refs, self.settings.call_timeout_s, "sampling")
+        except _Resync:
+            return None
+        out = []
+        for part, completions in zip(parts, results):
+            out.extend(replace(c, prompt_index=c.prompt_index + part.start) for c in completions)
+        return out
+
+    def _get(self, refs: list, timeout_s: float, what: str) -> list:
+        """Every rollout worker's result; a dead worker restarted by Ray raises _Resync, one that cannot be,
+        hangs or fails raises WorkerError naming it."""
+        ray = _ray()
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            late = [i for i, ref in enumerate(refs) if ref in pending]
+            raise WorkerError(f"rollout worker(s) {late} did not finish {what} within ray.call_timeout_s = {timeout_s}s")
+        results, died, failed = [], [], []
+        for i, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayActorError as error:
+                died.append((i, error))
+            except ray.exceptions.RayTaskError as error:
+                failed.append((i, _cause(error)))
+        for i, error in died:  # (the others' failures then are the broken group's, not their own)
+            if self.restarts[i] >= self.settings.max_restarts:
+                raise WorkerError(f"rollout worker {i} died during {what} and its ray.max_restarts "
+                                  f"({self.settings.max_restarts}) restarts are spent: {error}") from error
+            self.restarts[i] += 1
+            logger.warning("rollout worker %d died during %s; Ray restarts it (restart %d of %d) and the step's %s is "
+                           "retried with the current weights", i, what, self.restarts[i], self.settings.max_restarts, what)
+        if died:
+            self.channel = None  # the dead member's group is gone: all join a new one
+            raise _Resync()
+        if failed:
+            i, error = failed[0]
+            raise WorkerError(f"rollout worker {i} failed during {what}: {type(error).__name__}: {error}") from error
+        return results
+
+    # ---- weights ----------------------------------------------------------------------------------
+
+    def sync_weights(self, model) -> dict[str, float]:
+        """Every rank: gather the policy's weights (rank 0 gets them), which rank 0 broadcasts and verifies."""
+        started = time.perf_counter()
+        state = self.strategy.policy_state_dict()
+        trainer_probe = trainer_probe_logprobs(model, self.probe)  # sharded weights: a forward on every rank
+        while True:
+            gap = _from_rank0(self.strategy, lambda: self._push(without_value_head(state), trainer_probe))
+            if gap is not None:
+                break
+        self.synced = True
+        return {"time/weight_sync": time.perf_counter() - started, "weight_sync/probe_gap": gap}
+
+    def _push(self, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
+        """Broadcast to every worker and compare probes; None when a restarted worker needs the push again."""
+        ray = _ray()
+        settings = self.settings
+        specs = specs_of(state)
+        bucket_bytes = int(settings.sync_bucket_mb * 2**20)
+        try:
+            self._connect()
+            refs = [worker.receive_weights.remote(specs, bucket_bytes, self.probe) for worker in self.workers.rollout]
+            try:
+                self.channel.send(state, specs, bucket_bytes)
+            except RuntimeError as error:  # a member left mid-broadcast: find out which below
+                logger.warning("weight broadcast failed (%s); checking the rollout workers", error)
+                self.channel = None
+            probes = self._get(refs, settings.sync_timeout_s, "the weight sync")
+        except _Resync:
+            return None
+        gaps = [float((trainer_probe - torch.tensor(p)).abs().mean()) for p in probes]
+        for i, gap in enumerate(gaps):
+            if not gap <= self.tolerance:
+                raise WeightSyncError(
+                    f"rollout worker {i}: its log-probs of the probe sequence differ from the trainer's by {gap:.3g} on "
+                    f"average (tolerance {self.tolerance}): it is not sampling from the weights being trained")
+        return max(gaps)
+
+    def _connect(self) -> None:
+        """A weight group of trainer rank 0 and every rollout worker (a new generation after a restart)."""
+        if self.channel is not None:
+            return
+        ray = _ray()
+        self.generation += 1
+        host, port = node_address(), free_port()
+        world = len(self.workers.rollout) + 1
+        timeout = self.settings.sync_timeout_s
+        joined = [w.join.remote(host, port, self.generation, world, timeout) for w in self.workers.rollout]
+        self.channel = WeightChannel(host, port, 0, world, self.generation, timeout)
+        self._get(joined, timeout, "joining the weight group")
+
+    def offload(self) -> None:
+        """The workers free their memory themselves after each call (vLLM sleeps on GPU)."""
+
+    def close(self) -> None:
+        """The driver ends the workers with the run."""
+        self.channel = None
+
+
+class RemoteReward:
+    """The run's reward function with the scoring done by the reward workers (rank 0 scores when there are none)."""
+
+    def __init__(self, workers: RemoteWorkers, local_reward_fn, strategy):
+        self.workers, self.local, self.strategy = workers, local_reward_fn, strategy
+
+    def __call__(self, prompts, completions, fields=None, origins=None, completion_ids=None) -> RewardOutput:
+        columns = (list(prompts), list(completions), list(fields) if fields is not None else [{} for _ in prompts],
+                   list(origins) if origins is not None else None,
+                   list(completion_ids) if completion_ids is not None else None)
+        return _from_rank0(self.strategy, lambda: self._score(*columns))
+
+    def _score(self, prompts, completions, fields, origins, completion_ids) -> RewardOutput:
+        if not self.workers.reward:
+            return self.local(prompts, completions, fields, origins, completion_ids)
+        ray = _ray()
+        parts = slices(len(prompts), len(self.workers.reward))
+        take = lambda column, part: None if column is None else [column[i] for i in part]  # noqa: E731
+        refs = [worker.score.remote(take(prompts, p), take(completions, p), take(fields, p), take(origins, p),
+                                    take(completion_ids, p)) for worker, p in zip(self.workers.reward, parts)]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.workers.settings.call_timeout_s)
+        if pending:
+            raise WorkerError(f"reward worker(s) {[i for i, r in enumerate(refs) if r in pending]} did not finish within "
+                              f"ray.call_timeout_s = {self.workers.settings.call_timeout_s}s")
+        outputs = []
+        for i, ref in enumerate(refs):
+            try:
+                outputs.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as error:
+                raise _cause(error) from error  # e.g. a reward's own error, with its row: as if scored here
+            except ray.exceptions.RayActorError as error:
+                raise WorkerError(f"reward worker {i} died and its ray.max_restarts retries are spent: {error}") from error
+        return RewardOutput.concat(outputs)

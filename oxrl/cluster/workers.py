@@ -1,0 +1,117 @@
+"""The Ray actors of a `run.launcher: ray` run, as plain classes (the driver wraps them with `ray.remote`).
+
+    TrainerWorker   one rank of the trainers' torch.distributed group: runs the RL loop (oxrl/loops/rl.py)
+                    with `strategy` exactly as a torchrun process does, its engine being the rollout workers
+    RolloutWorker   a rollout engine (hf or vllm) over its own copy of the policy's weights, refreshed from
+                    trainer rank 0 over the weight group (oxrl/cluster/weight_channel.py) after every update
+    RewardWorker    the run's reward functions, scoring a slice of each step's completions
+
+Only trainer rank 0 talks to the rollout and reward workers (oxrl/cluster/remote_engine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import numpy as np
+import torch
+
+from oxrl.cluster.weight_channel import TensorSpec, WeightChannel, free_port, node_address
+from oxrl.config.schema import Config
+from oxrl.rollout.base import Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _worker_logging() -> None:
+    from oxrl.logging.setup import setup_logging
+
+    setup_logging()
+
+
+def _device() -> torch.device:
+    """The GPU Ray gave this actor (it sees only its own), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else torch.device("cpu")
+
+
+class TrainerWorker:
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Where the trainers' process group meets (asked of rank 0)."""
+        return node_address(), free_port()
+
+    def run(self, entry, cfg: Config, remote, master: tuple[str, int]):
+        """`entry(cfg, remote)` (oxrl.runner.run_rl) as this rank of a torchrun-like group."""
+        os.environ.update({"RANK": str(self.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(self.world_size),
+                           "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
+        _worker_logging()
+        return entry(cfg, remote)
+
+
+class RolloutWorker:
+    def __init__(self, cfg: Config, index: int):
+        from oxrl.models.load import load_model, load_tokenizer
+
+        _worker_logging()
+        self.index = index
+        rollout = cfg.rl.rollout
+        device = _device() if rollout.engine == "hf" else torch.device("cpu")  # vLLM holds its own GPU copy
+        self.tokenizer = load_tokenizer(cfg.model)
+        # Plain weights: a LoRA policy's adapters arrive merged into them with every sync.
+        self.model = load_model(cfg.model, device, None).eval().requires_grad_(False)
+        if rollout.engine == "vllm":
+            from oxrl.rollout.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(self.model, self.tokenizer, rollout.vllm, cfg.run.seed + index)
+        else:
+            from oxrl.rollout.hf import HFEngine
+
+            self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size)
+        self.channel: WeightChannel | None = None
+
+    def ready(self) -> int:
+        """The worker's process id, once its engine is up."""
+        return os.getpid()
+
+    def join(self, host: str, port: int, generation: int, world_size: int, timeout_s: float) -> None:
+        self.channel = WeightChannel(host, port, self.index + 1, world_size, generation, timeout_s)
+
+    @torch.no_grad()
+    def receive_weights(self, specs: list[TensorSpec], bucket_bytes: int, probe: list[int]) -> list[float]:
+        """Copy the broadcast weights into this worker's model, sync the engine to it, and return the probe's
+        log-probs under what the engine now samples from."""
+        own = self.model.state_dict()
+        unknown = sorted({s.name for s in specs} - set(own))
+        if unknown:
+            raise KeyError(f"rollout worker {self.index}: the trainer sent weights this model does not have: {unknown[:5]}")
+        for name, tensor in self.channel.receive(specs, bucket_bytes):
+            own[name].copy_(tensor)
+        self.engine.sync_weights(self.model)  # vLLM: reload and check against this model; hf: nothing to copy
+        return self.engine.probe_logprobs(probe).tolist()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if params.seed is not None:  # the hf engine samples from torch's RNG: seed it for the call
+            random.seed(params.seed)
+            np.random.seed(params.seed % 2**32)
+            torch.manual_seed(params.seed)
+        completions = self.engine.generate(prompts, params)
+        self.engine.offload()
+        return completions
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+
+class RewardWorker:
+    def __init__(self, cfg: Config):
+        from oxrl.loops.rl_setup import reward_function
+
+        _worker_logging()
+        self.reward_fn = reward_function(cfg, cfg.rl)
+
+    def score(self, prompts, completions, fields, origins, completion_ids):
+        return self.reward_fn(prompts, completions, fields, origins, completion_ids)
