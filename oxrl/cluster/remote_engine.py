@@ -215,9 +215,28 @@ class RayRolloutEngine:
         host, port = node_address(), free_port()
         world = len(self.workers.rollout) + 1
         timeout = self.settings.sync_timeout_s
+        for i, worker in enumerate(self.workers.rollout):  # a restarted worker first: the group waits for every member
+            self._wait_alive(i, worker, timeout)
         joined = [w.join.remote(host, port, self.generation, world, timeout) for w in self.workers.rollout]
         self.channel = WeightChannel(host, port, 0, world, self.generation, timeout)
         self._get(joined, timeout, "joining the weight group")
+
+    def _wait_alive(self, index: int, worker, timeout_s: float) -> None:
+        """Until the worker answers (Ray may still be restarting it: its model loads again), within `timeout_s`."""
+        ray = _ray()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(worker.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"rollout worker {index} was not back within {timeout_s:g}s of its restart") from None
+                time.sleep(0.5)
+            except ray.exceptions.GetTimeoutError as error:
+                raise WorkerError(f"rollout worker {index} was not back within {timeout_s:g}s of its restart") from error
+            except ray.exceptions.RayActorError as error:
+                raise WorkerError(f"rollout worker {index} died and Ray could not restart it: {error}") from error
 
     def offload(self) -> None:
         """The workers free their memory themselves after each call (vLLM sleeps on GPU)."""

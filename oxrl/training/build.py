@@ -27,8 +27,6 @@ def build_strategy(cfg) -> Strategy:
     if name == "single" and launched > 1:
         raise ValueError(f"strategy.name `single` trains in one process, but {launched} were launched: "
                          "use `fsdp2` or `deepspeed` (or `auto`)")
-    if name != "single" and cfg.lora.enabled:
-        raise ValueError(f"LoRA under strategy `{name}` is not supported yet: train LoRA in one process, or set lora.enabled: false")
     env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
                                        timeout_s=cfg.strategy.collective_timeout_s)
     if name == "single":

@@ -17,6 +17,10 @@ and reads its shards with torch.save/torch.load (pickles): resume only from chec
 
 A companion (`Strategy.companion`, e.g. PPO's critic) is a second engine with the same config but
 its own `gradient_clipping`, and its own engine checkpoint in `<name>/training_state/deepspeed/`.
+
+LoRA: the engine wraps the peft model; the optimizer holds only the adapters, so ZeRO shards only
+their gradients and state (ZeRO-3 partitions the frozen base weights too). The HF folder follows
+`lora.save` from the gathered weights (`MultiProcessStrategy.write_hf_folder`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
 from oxrl.training.strategy import MultiProcessStrategy
-from oxrl.models.save import no_progress_bars
+from oxrl.models.lora import is_peft
 
 logger = logging.getLogger(__name__)
 TAG = "state"  # one DeepSpeed checkpoint per oxRL step folder, so a fixed tag
@@ -111,6 +115,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
         if self.ds_engine.managed_gradient_accumulation():
             raise RuntimeError("this DeepSpeed ignores `managed_gradient_accumulation: false` (needs deepspeed >= 0.19); "
                                "gradient accumulation would be wrong")
+        self.model_class_name = type(model.get_base_model() if is_peft(model) else model).__name__
         self.scheduler = scheduler  # stepped here, after the engine's step (DeepSpeed is not given it)
         return self.ds_engine
 
@@ -160,19 +165,14 @@ class DeepSpeedStrategy(MultiProcessStrategy):
 
         return deepspeed.zero.GatheredParameters(list(self.ds_engine.module.parameters()), modifier_rank=None)
 
-    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
-        module = self.ds_engine.module
+    def trained_module(self) -> torch.nn.Module:
+        return self.ds_engine.module
+
+    def gathered_state(self) -> dict[str, torch.Tensor] | None:
         with self._gathered():
             if not self.is_main:
                 return None
-            out_dir = Path(out_dir)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            state = {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
-        with no_progress_bars():
-            module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
-        return out_dir
+            return {name: tensor.detach().cpu().clone() for name, tensor in self.ds_engine.module.state_dict().items()}
 
     def save_shards(self, path: Path) -> None:
         self.ds_engine.save_checkpoint(str(path), tag=TAG, save_latest=False)

@@ -14,11 +14,15 @@ of model + optimizer in `training_state/sharded/`, written and read by every ran
 folder must be on a file system every node sees), plus the scheduler and every rank's RNG. A
 companion (`Strategy.companion`, e.g. PPO's critic) is sharded with the same policies and keeps
 its own HF folder and DCP shards in `<name>/`.
+
+LoRA: the peft model is sharded like any other, its frozen base weights in the same units as the
+adapters; FSDP2 reduce-scatters only the gradients that exist, so only the adapters train. The
+gathered full state dict carries peft's names; `MultiProcessStrategy` merges it (or writes the
+adapter folder) for `lora.save`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 
@@ -37,7 +41,7 @@ from oxrl.config.schema import StrategyConfig
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
 from oxrl.training.strategy import MultiProcessStrategy
-from oxrl.models.save import no_progress_bars
+from oxrl.models.lora import is_peft
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +77,6 @@ class FSDP2Strategy(MultiProcessStrategy):
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
-        self.model_class_name = ""
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank0(model)
@@ -89,7 +92,7 @@ class FSDP2Strategy(MultiProcessStrategy):
         return model
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
-        self.model_class_name = type(model).__name__
+        self.model_class_name = type(model.get_base_model() if is_peft(model) else model).__name__
         names = {id(p): name for name, p in model.named_parameters()}
         self._shard(model)
         if optimizer is not None:
@@ -124,21 +127,12 @@ class FSDP2Strategy(MultiProcessStrategy):
         return ((name, p.to_local() if hasattr(p, "to_local") else p)
                 for name, p in self.model.named_parameters() if p.requires_grad)
 
-    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+    def trained_module(self) -> torch.nn.Module:
+        return self.model
+
+    def gathered_state(self) -> dict[str, torch.Tensor] | None:
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if not self.is_main:
-            return None
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with no_progress_bars():
-            self.model.save_pretrained(out_dir, state_dict=full, safe_serialization=True)
-        # save_pretrained records the class it was called on, FSDP's wrapper subclass: name the model's own.
-        config = copy.deepcopy(self.model.config)
-        config.architectures = [self.model_class_name]
-        config.save_pretrained(out_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
-        return out_dir
+        return full if self.is_main else None  # the other ranks get an empty dict
 
     def save_shards(self, path: Path) -> None:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.save import no_progress_bars
 from oxrl.training import distributed
 from oxrl.training.checkpoint import (
     ConfiguredSchedule,
@@ -245,6 +247,13 @@ class Strategy:
         """`save_hf_folder` without the check (every rank must call it)."""
         raise NotImplementedError
 
+    def policy_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full weights the prepared policy computes with, as CPU tensors under the base Hugging Face model's
+        names (LoRA adapters merged on the fly, as oxrl.models.lora.merged_state_dict does; a shared value head, if any,
+        is kept as it is — callers drop it). Every rank must call it (sharded weights are gathered: a collective);
+        rank 0 gets the dict, the other ranks None."""
+        raise NotImplementedError
+
     def close(self) -> None:
         if self.owns_process_group:
             distributed.shutdown()
@@ -295,6 +304,12 @@ class SingleDevice(Strategy):
 
         return save_hf_folder(self.model, tokenizer, out_dir, lora_save=lora_save)
 
+    def policy_state_dict(self) -> dict[str, torch.Tensor] | None:
+        state = merged_state_dict(self.model) if is_peft(self.model) else self.model.state_dict()
+        # A copy even on CPU (.cpu() would return the live tensor), like the sharded strategies' gathered one:
+        # the next optimizer step never changes what a caller holds.
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+
     def close(self) -> None:
         pass
 
@@ -302,12 +317,54 @@ class SingleDevice(Strategy):
 class MultiProcessStrategy(Strategy):
     """One model's checkpoint state in the sharded strategies; subclasses write and read their shards.
 
-    Every rank: the HF folder is gathered and written by rank 0; every rank writes its shards into
+    Every rank: the HF folder is gathered (`gathered_state`) and written by rank 0, under LoRA merged
+    or as an adapter folder per `lora_save`; every rank writes its shards into
     `training_state/<shard_dir>`; rank 0 writes the schedule. (`Strategy.save_checkpoint` adds the
     RNG and the trainer state, and publishes the folder once every rank is done.)
     """
 
     shard_dir = ""
+    model_class_name = ""  # the Hugging Face class the HF folders name in config.json (set by `prepare`)
+
+    def trained_module(self) -> torch.nn.Module:
+        """The model as the loop built it (a peft model under LoRA), inside whatever wraps it."""
+        raise NotImplementedError
+
+    def gathered_state(self) -> dict[str, torch.Tensor] | None:
+        """The trained module's full state dict under its own names, as CPU tensors, on rank 0; None on the
+        other ranks. Every rank must call it (the shards are gathered)."""
+        raise NotImplementedError
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor] | None:
+        full = self.gathered_state()
+        if full is None:
+            return None
+        module = self.trained_module()
+        return merged_state_dict(module, full) if is_peft(module) else full
+
+    def write_hf_folder(self, tokenizer, out_dir: Path, lora_save: str = "merged") -> Path | None:
+        """Rank 0 writes the gathered weights: a plain HF folder (`policy_state_dict`), or under LoRA with
+        `lora_save: adapter` the peft adapter folder (as `oxrl.models.save.save_hf_folder` does on one device)."""
+        module = self.trained_module()
+        adapter_only = is_peft(module) and lora_save == "adapter"
+        state = self.gathered_state() if adapter_only else self.policy_state_dict()
+        if state is None:
+            return None
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with no_progress_bars():
+            if adapter_only:
+                module.save_pretrained(out_dir, state_dict=state)  # peft keeps the adapter's keys of it
+            else:
+                base = module.get_base_model() if is_peft(module) else module
+                base.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+                # save_pretrained records the class it was called on (FSDP2's wrapper subclass, say): name the model's own.
+                config = copy.deepcopy(base.config)
+                config.architectures = [self.model_class_name]
+                config.save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+        return out_dir
 
     def save_shards(self, path: Path) -> None:
         raise NotImplementedError

@@ -1,0 +1,34 @@
+"""Stand-ins for tests/test_ray.py, imported inside Ray actors (so in a module of their own)."""
+
+from __future__ import annotations
+
+import os
+
+from oxrl.cluster.workers import RolloutWorker
+
+LOWER_HALF_REWARD = '''
+def lower_half(prompt, completion, completion_ids):
+    """The share of sampled token ids in the lower half of the vocabulary: learnable by a bias on the logits."""
+    return sum(i < 24576 for i in completion_ids) / max(1, len(completion_ids))
+'''
+
+
+class StaleRolloutWorker(RolloutWorker):
+    """Takes part in every broadcast but keeps its old weights: the probe must catch it."""
+
+    def receive_weights(self, specs, bucket_bytes, probe):
+        for _ in self.channel.receive(specs, bucket_bytes):
+            pass
+        return self.engine.probe_logprobs(probe).tolist()
+
+
+def grpo_update_on_a_ray_rank(cfg, remote):
+    """tests/distributed_worker.py's update on fixed rollouts, as one rank of a Ray trainer group."""
+    from oxrl.training.build import build_strategy
+    from tests.distributed_worker import grpo_update
+
+    strategy = build_strategy(cfg)
+    try:
+        return {"rank": strategy.rank, "world": strategy.world_size, "pid": os.getpid(), **grpo_update(cfg, strategy)}
+    finally:
+        strategy.close()
