@@ -69,15 +69,11 @@ def free_port() -> int:
 
 
 def node_address() -> str:
-    """This machine's address as other nodes reach it (Ray's view of the node when Ray runs here)."""
-    try:
-        import ray
+    """This machine's address as other nodes reach it: the one Ray gives the node (the interface of the default
+    route), not what the host name resolves to, which is often the loopback."""
+    from ray.util import get_node_ip_address
 
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return socket.gethostbyname(socket.gethostname())
+    return get_node_ip_address()
 
 
 class WeightChannel:
