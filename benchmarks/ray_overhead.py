@@ -8,7 +8,7 @@
 Both runs sample the same prompts with the same settings; their samples differ (the Ray worker seeds each
 step), so completion lengths and step times differ a little. What is reported per layout, over the timed
 steps (mean and min..max): the step, its generation (under Ray: dispatch to the worker, sampling there, the
-completions back), its update, and under Ray the weight sync (gather on the trainer, the bucketed broadcast,
+completions back), its update (the weight sync included), and under Ray the weight sync alone (gather on the trainer, the bucketed broadcast,
 the worker's copy and the probe on both sides). The overhead is Ray's step minus the single process's, and
 the sync's share of Ray's step. Ray's private cluster here is given 4 logical CPUs so that each actor runs
 torch with 2 threads, as the single process does: the trainer and the worker take turns, they do not overlap.
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,11 +45,20 @@ def config(out: Path, steps: int, launcher: str) -> dict:
 
 
 def run(out: Path, steps: int, launcher: str) -> list[dict]:
-    from oxrl.config.schema import Config
-    from oxrl.runner import run as run_config
+    """The layout's metrics rows. The single process runs as a child (its memory is gone before Ray's run starts);
+    the Ray driver runs here, on the cluster this process started."""
+    cfg = config(out, steps, launcher)
+    if launcher == "local":
+        path = out / "local.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        subprocess.run([sys.executable, "-m", "oxrl", "train", str(path)], check=True)
+        run_dir = out / "local"
+    else:
+        from oxrl.config.schema import Config
+        from oxrl.runner import run as run_config
 
-    result = run_config(Config.model_validate(config(out, steps, launcher)))
-    return [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        run_dir = run_config(Config.model_validate(cfg)).run_dir
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def summary(rows: list[dict], key: str) -> str:

