@@ -283,6 +283,27 @@ def test_without_restarts_a_dead_rollout_worker_stops_the_step(ray_cluster, mode
         ray.kill(actors[0])
 
 
+def test_a_killed_reward_worker_is_restarted_and_its_slice_scored_again(ray_cluster, model_cfg, tmp_path):
+    from oxrl.cluster.workers import RewardWorker
+    from oxrl.training.strategy import SingleDevice
+
+    (tmp_path / "reward.py").write_text(LOWER_HALF_REWARD)
+    cfg = _config(tmp_path, rl={"rewards": [{"name": f"{tmp_path / 'reward.py'}:lower_half"}]})
+    workers = [ray.remote(RewardWorker).options(num_cpus=0.25, max_restarts=1, max_task_retries=1).remote(cfg)
+               for _ in range(2)]
+    try:
+        reward = RemoteWorkers([], workers, cfg.ray).rewards(None, SingleDevice(torch.device("cpu")))
+        ids = [[1, 30000], [5, 6], [40000], [7, 30001, 2]]
+        expected = [0.5, 1.0, 0.0, 2 / 3]
+        assert reward(["p"] * 4, ["c"] * 4, None, None, ids).totals == pytest.approx(expected)
+        pid = ray.get(workers[1].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        assert reward(["p"] * 4, ["c"] * 4, None, None, ids).totals == pytest.approx(expected)  # retried by Ray
+    finally:
+        for worker in workers:
+            ray.kill(worker)
+
+
 def test_a_group_the_cluster_cannot_place_fails_within_the_timeout(ray_cluster):
     started = time.monotonic()
     with pytest.raises(PlacementError, match=r"worker group `reward` .* could not be placed within ray.placement_timeout_s = 2s"):
