@@ -121,7 +121,6 @@ class RayRolloutEngine:
             self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
 
     def _generate_on_workers(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion] | None:
-        ray = _ray()
         parts = slices(len(prompts), len(self.workers.rollout))
         refs = []
         for worker, part in zip(self.workers.rollout, parts):
@@ -183,7 +182,6 @@ class RayRolloutEngine:
 
     def _push(self, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
         """Broadcast to every worker and compare probes; None when a restarted worker needs the push again."""
-        ray = _ray()
         settings = self.settings
         specs = specs_of(state)
         bucket_bytes = int(settings.sync_bucket_mb * 2**20)
@@ -210,7 +208,6 @@ class RayRolloutEngine:
         """A weight group of trainer rank 0 and every rollout worker (a new generation after a restart)."""
         if self.channel is not None:
             return
-        ray = _ray()
         self.generation += 1
         host, port = node_address(), free_port()
         world = len(self.workers.rollout) + 1
