@@ -14,24 +14,23 @@ import io
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'oxrl[ray]')")
 
 from oxrl.cluster.placement import PlacementError, Placement, check_fits, placements, reserve  # noqa: E402
 from oxrl.cluster.remote_engine import RemoteWorkers, WorkerError, slices  # noqa: E402
-from oxrl.cluster.weight_channel import TensorSpec, WeightChannel, free_port, plan_buckets, specs_of  # noqa: E402
+from oxrl.cluster.weight_channel import (  # noqa: E402
+    GroupAddress, TensorSpec, WeightChannel, free_port, plan_buckets, specs_of,
+)
 from oxrl.config.schema import Config, RayConfig  # noqa: E402
 from oxrl.rollout.base import SamplingParams  # noqa: E402
 from oxrl.rollout.probe import WeightSyncError  # noqa: E402
-from tests.conftest import make_tiny_llama, save_tiny_model  # noqa: E402
+from tests.conftest import save_tiny_model  # noqa: E402
 from tests.ray_workers import LOWER_HALF_REWARD  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,8 +120,12 @@ def test_a_step_sampled_for_every_rank_is_split_into_whole_groups_balanced_by_to
 
 # ---- the weight group between processes ----------------------------------------------------------------------
 
+def _address(port: int, world_size: int, timeout_s: float = 20) -> GroupAddress:
+    return GroupAddress("127.0.0.1", port, world_size, generation=1, timeout_s=timeout_s, backend="gloo")
+
+
 def _receive(port: int, rank: int, specs, queue) -> None:
-    channel = WeightChannel("127.0.0.1", port, rank, 3, generation=1, timeout_s=20)
+    channel = WeightChannel(_address(port, 3), rank)
     buffer = io.BytesIO()  # bytes, not tensors: a tensor put on a queue is shared through a file this process removes
     torch.save({name: tensor.clone() for name, tensor in channel.receive(specs, bucket_bytes=64)}, buffer)
     queue.put((rank, buffer.getvalue()))
@@ -137,7 +140,7 @@ def test_weights_broadcast_in_buckets_reach_every_member_exactly():
     members = [context.Process(target=_receive, args=(port, rank, specs, queue)) for rank in (1, 2)]
     for member in members:
         member.start()
-    WeightChannel("127.0.0.1", port, 0, 3, generation=1, timeout_s=20).send(state, specs, bucket_bytes=64)
+    WeightChannel(_address(port, 3), 0).send(state, specs, bucket_bytes=64)
     received = {rank: torch.load(io.BytesIO(data)) for rank, data in (queue.get(timeout=60) for _ in members)}
     for member in members:
         member.join(timeout=30)
@@ -150,7 +153,7 @@ def test_weights_broadcast_in_buckets_reach_every_member_exactly():
 def test_a_missing_member_ends_the_group_with_an_error_not_a_hang():
     started = time.monotonic()
     with pytest.raises(RuntimeError):  # gloo's rendezvous gives up after the timeout
-        WeightChannel("127.0.0.1", free_port(), 0, 2, generation=1, timeout_s=3)
+        WeightChannel(_address(free_port(), 2, timeout_s=3), 0)
     assert time.monotonic() - started < 30
 
 

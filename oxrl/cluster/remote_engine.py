@@ -24,7 +24,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from oxrl.cluster.weight_channel import WeightChannel, free_port, node_address, specs_of
+from oxrl.cluster.weight_channel import (
+    ROOT, GroupAddress, WeightChannel, channel_backend, free_port, node_address, specs_of,
+)
 from oxrl.config.schema import RayConfig
 from oxrl.models.value_head import without_value_head
 from oxrl.rewards.combine import RewardOutput
@@ -209,13 +211,14 @@ class RayRolloutEngine:
         if self.channel is not None:
             return
         self.generation += 1
-        host, port = node_address(), free_port()
-        world = len(self.workers.rollout) + 1
         timeout = self.settings.sync_timeout_s
         for i, worker in enumerate(self.workers.rollout):  # a restarted worker first: the group waits for every member
             self._wait_alive(i, worker, timeout)
-        joined = [w.join.remote(host, port, self.generation, world, timeout) for w in self.workers.rollout]
-        self.channel = WeightChannel(host, port, 0, world, self.generation, timeout)
+        members = self._get([w.members.remote() for w in self.workers.rollout], timeout, "joining the weight group")
+        address = GroupAddress(node_address(), free_port(), 1 + sum(members), self.generation, timeout, channel_backend())
+        offsets = [1 + sum(members[:i]) for i in range(len(members))]  # rank 0 is ROOT, this trainer rank
+        joined = [w.join.remote(address, offset) for w, offset in zip(self.workers.rollout, offsets)]
+        self.channel = WeightChannel(address, ROOT)
         self._get(joined, timeout, "joining the weight group")
 
     def _wait_alive(self, index: int, worker, timeout_s: float) -> None:

@@ -1,7 +1,9 @@
 """Weights from trainer rank 0 to every rollout worker: a broadcast over a dedicated process group, in buckets.
 
-The group is its own (a TCP store on rank 0's node and gloo, created without touching the trainers' default
-group), so trainer ranks keep their FSDP2/DeepSpeed group and rollout workers never join it. Tensors travel
+The group is its own (a TCP store on rank 0's node and gloo, or NCCL where the trainer holds a GPU, created without
+touching the trainers' default group), so trainer ranks keep their FSDP2/DeepSpeed group and rollout workers never
+join it. A vLLM rollout worker's members are its engine's own processes, one per tensor-parallel rank
+(oxrl/rollout/vllm_transfer.py): the weights go straight into vLLM. Tensors travel
 as flat buckets of one dtype, at most `bucket_bytes` each (a larger tensor alone), so neither side ever holds
 a second whole copy of the model. Every operation is bounded by the group's timeout: a worker that died or
 hangs makes the broadcast fail instead of waiting forever. A restarted worker joins a new generation of the
@@ -76,27 +78,50 @@ def node_address() -> str:
     return get_node_ip_address()
 
 
+def channel_backend() -> str:
+    """The weight group's backend, chosen by trainer rank 0 for every member: NCCL when it holds a GPU."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where and how a weight group meets: what every member needs to join it (it pickles plainly)."""
+
+    host: str
+    port: int
+    world_size: int
+    generation: int
+    timeout_s: float
+    backend: str  # "gloo" or "nccl"
+
+
 class WeightChannel:
     """One member of the weight group: rank ROOT sends, the others receive. All members construct it together
-    (the constructor waits for every member, within the timeout)."""
+    (the constructor waits for every member, within the timeout). Under NCCL the buffers live on `device`."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, generation: int, timeout_s: float):
-        timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == ROOT, timeout=timeout,
-                                   wait_for_workers=False)
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(f"weights-{generation}", self.store), rank, world_size,
-                                           timeout)
-        self.rank, self.world_size, self.generation = rank, world_size, generation
+    def __init__(self, address: GroupAddress, rank: int, device: torch.device | None = None):
+        timeout = timedelta(seconds=address.timeout_s)
+        self.store = dist.TCPStore(address.host, address.port, address.world_size, is_master=rank == ROOT,
+                                   timeout=timeout, wait_for_workers=False)
+        store = dist.PrefixStore(f"weights-{address.generation}", self.store)
+        if address.backend == "nccl":
+            # NCCL has no per-group timeout here: the callers' Ray waits (ray.sync_timeout_s) bound a hang instead.
+            self.group = dist.ProcessGroupNCCL(store, rank, address.world_size)
+            self.device = device or torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, address.world_size, timeout)
+            self.device = torch.device("cpu")
+        self.rank, self.address = rank, address
 
     def send(self, state: dict[str, torch.Tensor], specs: list[TensorSpec], bucket_bytes: int) -> None:
         for bucket in plan_buckets(specs, bucket_bytes):
-            flat = torch.cat([state[specs[i].name].detach().reshape(-1).cpu() for i in bucket])
+            flat = torch.cat([state[specs[i].name].detach().reshape(-1).to(self.device) for i in bucket])
             self.group.broadcast(flat, ROOT).wait()
 
     def receive(self, specs: list[TensorSpec], bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) for every spec, in order; each bucket's tensors are views of one received buffer."""
         for bucket in plan_buckets(specs, bucket_bytes):
-            flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype)
+            flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype, device=self.device)
             self.group.broadcast(flat, ROOT).wait()
             offset = 0
             for i in bucket:

@@ -2,8 +2,9 @@
 
     TrainerWorker   one rank of the trainers' torch.distributed group: runs the RL loop (oxrl/loops/rl.py)
                     with `strategy` exactly as a torchrun process does, its engine being the rollout workers
-    RolloutWorker   a rollout engine (hf or vllm) over its own copy of the policy's weights, refreshed from
-                    trainer rank 0 over the weight group (oxrl/cluster/weight_channel.py) after every update
+    RolloutWorker   a rollout engine refreshed from trainer rank 0 over the weight group
+                    (oxrl/cluster/weight_channel.py) after every update: vLLM's processes receive the weights
+                    themselves (oxrl/rollout/vllm_transfer.py); the hf engine samples from the worker's own copy
     RewardWorker    the run's reward functions, scoring a slice of each step's completions
 
 Only trainer rank 0 talks to the rollout and reward workers (oxrl/cluster/remote_engine.py).
@@ -18,7 +19,7 @@ import random
 import numpy as np
 import torch
 
-from oxrl.cluster.weight_channel import TensorSpec, WeightChannel, free_port, node_address
+from oxrl.cluster.weight_channel import GroupAddress, TensorSpec, WeightChannel, free_port, node_address
 from oxrl.config.schema import Config
 from oxrl.rollout.base import Completion, SamplingParams
 
@@ -63,10 +64,14 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(cfg.model)
         # Plain weights: a LoRA policy's adapters arrive merged into them with every sync.
         self.model = load_model(cfg.model, device, None).eval().requires_grad_(False)
-        if rollout.engine == "vllm":
+        self.device = device
+        self.into_vllm = rollout.engine == "vllm"  # the weights go straight into vLLM's processes
+        if self.into_vllm:
             from oxrl.rollout.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(self.model, self.tokenizer, rollout.vllm, cfg.run.seed + index)
+            self.engine = VLLMEngine(self.model, self.tokenizer, rollout.vllm, cfg.run.seed + index,
+                                     receives_broadcast=True)
+            self.model = None  # vLLM holds the weights from here on, and receives every update itself
         else:
             from oxrl.rollout.hf import HFEngine
 
@@ -77,20 +82,30 @@ class RolloutWorker:
         """The worker's process id, once its engine is up."""
         return os.getpid()
 
-    def join(self, host: str, port: int, generation: int, world_size: int, timeout_s: float) -> None:
-        self.channel = WeightChannel(host, port, self.index + 1, world_size, generation, timeout_s)
+    def members(self) -> int:
+        """How many members of the weight group this worker brings: one per vLLM process, else itself."""
+        return self.engine.members if self.into_vllm else 1
+
+    def join(self, address: GroupAddress, rank_offset: int) -> None:
+        """Join the weight group as members `rank_offset` onwards (blocks until the whole group has met)."""
+        if self.into_vllm:
+            self.engine.join_weight_group(address, rank_offset)
+        else:
+            self.channel = WeightChannel(address, rank_offset, self.device)
 
     @torch.no_grad()
     def receive_weights(self, specs: list[TensorSpec], bucket_bytes: int, probe: list[int]) -> list[float]:
-        """Copy the broadcast weights into this worker's model, sync the engine to it, and return the probe's
-        log-probs under what the engine now samples from."""
+        """Take the broadcast weights (into vLLM, or into this worker's model) and return the probe's log-probs
+        under what the engine now samples from."""
+        if self.into_vllm:
+            self.engine.receive_broadcast(specs, bucket_bytes)
+            return self.engine.probe_logprobs(probe).tolist()
         own = self.model.state_dict()
         unknown = sorted({s.name for s in specs} - set(own))
         if unknown:
             raise KeyError(f"rollout worker {self.index}: the trainer sent weights this model does not have: {unknown[:5]}")
         for name, tensor in self.channel.receive(specs, bucket_bytes):
             own[name].copy_(tensor)
-        self.engine.sync_weights(self.model)  # vLLM: reload and check against this model; hf: nothing to copy
         return self.engine.probe_logprobs(probe).tolist()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

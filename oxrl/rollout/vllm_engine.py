@@ -7,10 +7,13 @@ log-prob it returns is of the distribution it sampled from (after temperature), 
 logits. With `top_p < 1` or `top_k > 0` that distribution is also truncated and renormalised: the
 honest behaviour log-prob, which then differs from HFEngine's untruncated one.
 
-Weights reach vLLM through public vLLM APIs only, one path on every platform:
+Weights reach vLLM through public vLLM APIs only. In the trainer's process (one path on every platform):
 
     trainer weights (LoRA merged on the fly) --save_pretrained--> <sync_dir>/weights-<k>/   (/dev/shm)
     llm.collective_rpc("reload_weights", kwargs={"weights_path": ...}); llm.reset_prefix_cache()
+
+In a Ray rollout worker (`receives_broadcast`), straight from trainer rank 0's broadcast into vLLM's processes
+through vLLM's weight-transfer API (`join_weight_group`, `receive_broadcast`; oxrl/rollout/vllm_transfer.py).
 
 and every sync is VERIFIED: a fixed probe sequence is scored by the trainer (its own forward) and by
 vLLM (`prompt_logprobs`); a mean gap above the tolerance raises WeightSyncError instead of letting a
@@ -29,6 +32,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -47,9 +51,11 @@ CPU_KV_CACHE_GIB = 1.0
 
 
 class VLLMEngine:
-    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0):
+    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0, receives_broadcast: bool = False):
         from vllm import LLM
         from vllm.platforms import current_platform
+
+        from oxrl.rollout.vllm_transfer import BACKEND
 
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -59,6 +65,11 @@ class VLLMEngine:
         # vLLM 0.32's reload_weights leaves a tied lm_head at its old values (measured; the probe catches it),
         # so vLLM keeps an untied copy and every sync writes the output embedding explicitly.
         self.tied = bool(getattr(_base(model).config, "tie_word_embeddings", False))
+        base = _base(model)
+        self.tied_names = ((_weight_key(base, base.get_input_embeddings()), _weight_key(base, base.get_output_embeddings()))
+                           if self.tied else None)
+        self.members = options.tensor_parallel_size  # its processes, each a member of a weight group
+        self._in_group = False
         on_cpu = current_platform.is_cpu()
         self.root = _sync_root(options.sync_dir)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
@@ -77,6 +88,7 @@ class VLLMEngine:
             enforce_eager=on_cpu if options.enforce_eager is None else options.enforce_eager,
             enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs",
             hf_overrides={"tie_word_embeddings": False} if self.tied else None,
+            weight_transfer_config={"backend": BACKEND} if receives_broadcast else None,
         )
         self.probe_ids = probe_ids(_base(model), tokenizer)
         gap = self.check_sync(model)  # vLLM's own loading of the first folder is checked like every reload
@@ -132,6 +144,30 @@ class VLLMEngine:
                      seconds, written - started, reloaded - written, time.perf_counter() - reloaded, gap)
         return {"time/weight_sync": seconds, "weight_sync/probe_gap": gap}
 
+    def join_weight_group(self, address, rank_offset: int) -> None:
+        """Every vLLM process joins the weight group `address` (a GroupAddress) as members `rank_offset` onwards
+        (blocks until the whole group has met). A new generation after a restart replaces the old group."""
+        if self._in_group:
+            self.llm.shutdown_weight_transfer_engine()
+        self.llm.init_weight_transfer_engine({"init_info": {**asdict(address), "rank_offset": rank_offset}})
+        self._in_group = True
+
+    def receive_broadcast(self, specs, bucket_bytes: int) -> None:
+        """Load the weights trainer rank 0 broadcasts over the group (TensorSpecs, in order) into vLLM."""
+        self._wake()
+        names = [spec.name for spec in specs]
+        aliases = {}
+        if self.tied and self.tied_names[1] not in names:  # vLLM's untied copy of the output embedding
+            embed, output = self.tied_names
+            aliases = {embed: output}
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": {"names": names, "shapes": [list(spec.shape) for spec in specs],
+                                                 "dtypes": [spec.dtype for spec in specs], "bucket_bytes": bucket_bytes,
+                                                 "aliases": aliases}})
+        self.llm.finish_weight_update()
+        if not self.llm.reset_prefix_cache():
+            raise WeightSyncError("vLLM could not reset its prefix cache after new weights: cached KV of the old weights would be reused")
+
     def _write_weights(self, model) -> Path:
         """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""
         folder = self.root / f"weights-{self._version}"
@@ -139,7 +175,8 @@ class VLLMEngine:
         # Only the architecture's own weights: a shared PPO value head (oxrl/models/value_head.py) is not vLLM's.
         state = without_value_head(merged_state_dict(model) if is_peft(model) else dict(model.state_dict()))
         if self.tied:  # a separate tensor, so save_pretrained keeps it
-            state[_weight_key(base, base.get_output_embeddings())] = state[_weight_key(base, base.get_input_embeddings())].clone()
+            embed, output = self.tied_names
+            state[output] = state[embed].clone()
         with no_progress_bars():
             base.save_pretrained(folder, state_dict=state, safe_serialization=True)
         return folder
