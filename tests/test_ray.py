@@ -99,6 +99,25 @@ def test_layouts_the_config_refuses(tmp_path, overrides, message):
         _config(tmp_path, **overrides)
 
 
+def test_a_run_directory_in_use_or_holding_a_run_fails_before_ray_starts(tmp_path):
+    from oxrl.cluster.driver import run_on_ray
+    from oxrl.training.run_dir import RunDirError, RunLock
+
+    cfg = _config(tmp_path)
+    run_dir = tmp_path / "ray"
+    run_dir.mkdir()
+    lock = RunLock(run_dir).acquire()  # another run is using it
+    try:
+        with pytest.raises(RunDirError, match=f"in use by process {os.getpid()}"):
+            run_on_ray(cfg, entry=None)
+    finally:
+        lock.release()
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # a finished run's output: kept unless resumed or overwritten
+    with pytest.raises(RunDirError, match="already holds a run"):
+        run_on_ray(cfg, entry=None)
+    assert not ray.is_initialized() and (run_dir / "metrics.jsonl").read_text() == "{}\n"
+
+
 def test_a_step_sampled_for_every_rank_is_split_into_whole_groups_balanced_by_tokens():
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl_stages import rank_share

@@ -1,6 +1,7 @@
 """The Ray driver of a `run.launcher: ray` run: `oxrl train cfg.yaml` with the `ray` section's worker groups.
 
-    check     the config's prompts and rewards are read before any worker starts (bad input fails here)
+    check     the config's prompts and rewards are read, and a named run's directory is checked (in use by
+              another run, or holding one), before any worker starts: bad input fails here
     attach    to `ray.address` (a cluster `ray start --head` runs) or start a private Ray instance
     place     every group's placement group fits the cluster, or PlacementError naming the group
     start     rollout workers and reward workers, then the trainer ranks, which run the RL loop
@@ -101,10 +102,15 @@ def run_on_ray(cfg: Config, entry):
 
 
 def _check_inputs(cfg: Config) -> None:
-    """Prompts and rewards read (and the vLLM engine importable) before any worker loads a model."""
+    """Prompts and rewards read, the vLLM engine importable and the run directory free, before any worker loads a
+    model. (Trainer rank 0 claims the directory for the run itself; claiming it here first gives the same error,
+    e.g. another run holding it, before minutes of worker start-up.)"""
     from oxrl.loops.rl_setup import load_prompts, reward_function
     from oxrl.rollout.build import require_vllm
+    from oxrl.training.run_dir import claim_run_dir, run_dir_for
 
+    if cfg.run.name:  # (an unnamed run gets a fresh default name on rank 0: nothing to clash with)
+        claim_run_dir(run_dir_for(cfg.run.output_dir, cfg.run.name), cfg).release()
     if cfg.rl.rollout.engine == "vllm":
         require_vllm()
     reward_function(cfg, cfg.rl)
