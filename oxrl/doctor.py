@@ -19,13 +19,15 @@ def report() -> str:
     import torch
     import torch.distributed as dist
 
+    from oxrl.training import precision
+
     lines = [f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPU cores"]
     lines.append(f"torch {torch.__version__}")
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         lines.append(f"cuda: yes ({torch.cuda.device_count()} device(s): {names}); bf16: {torch.cuda.is_bf16_supported()}")
     else:
-        lines.append("cuda: no (training runs on CPU in fp32)")
+        lines.append(f"cuda: no; CPU: {precision.describe('auto', 'cpu')}")
     lines.append(f"distributed: gloo {'yes' if dist.is_gloo_available() else 'no'}, nccl {'yes' if dist.is_nccl_available() and torch.cuda.is_available() else 'no'}")
     lines.extend(_strategy_lines(torch, dist))
     checks = [

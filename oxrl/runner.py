@@ -232,7 +232,11 @@ def _engine(cfg: Config, model, tokenizer, strategy, remote):
 
     if remote is None:
         return build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    from oxrl.training.precision import uses_bf16
+
+    # The probe's tolerance is that of the precision the trainers compute in (bf16 rounds the probe too).
+    dtype = ("bfloat16" if uses_bf16(cfg.train.mixed_precision, strategy.device.type)
+             else str(next(model.parameters()).dtype).removeprefix("torch."))
     return remote.engine(model, tokenizer, strategy, dtype, cfg.rl.rollout.vllm.sync_check_tolerance)
 
 

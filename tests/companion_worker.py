@@ -39,7 +39,7 @@ def config(out: Path, strategy: dict) -> Config:
         "model": {"name_or_path": "unused"},
         "data": {"train": [{"path": "unused"}]},
         "algorithm": {"name": "sft"},
-        "train": {"micro_batch_size_per_device": 1, "optim": {"max_grad_norm": 1.0}},
+        "train": {"micro_batch_size_per_device": 1, "mixed_precision": "no", "optim": {"max_grad_norm": 1.0}},
         "strategy": strategy,
     })
 

@@ -48,7 +48,8 @@ def config(out: Path, algorithm: str = "sft", strategy: dict | None = None, **tr
         "algorithm": {"name": algorithm},
         **({"preference": {"beta": 0.5}} if algorithm == "dpo" else {}),  # a setting sft does not read is an error
         # Warmup + cosine + weight decay: a resume that loses any state changes the losses.
-        "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 4,
+        # fp32: layouts agree to 1e-5 in fp32 arithmetic (bf16 rounds differently in each).
+        "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 4, "mixed_precision": "no",
                   "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}, **train},
         "strategy": strategy or {"name": "single"},
         "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
@@ -160,7 +161,8 @@ def rl_config(out: Path, strategy: dict | None = None, algorithm: str = "grpo", 
         "model": {"name_or_path": "unused"},
         "algorithm": {"name": algorithm},
         "rl": {"prompts_per_step": 4, "epochs": 2, "rollout": {"n": 2, "max_new_tokens": 4, "temperature": 1.0}, **rl},
-        "train": {"max_steps": 2, "micro_batch_size_per_device": 2, "optim": {"lr": 1e-2, "schedule": "constant"}},
+        "train": {"max_steps": 2, "micro_batch_size_per_device": 2, "mixed_precision": "no",  # fp32: as in `config`
+                  "optim": {"lr": 1e-2, "schedule": "constant"}},
         "strategy": strategy or {"name": "single"},
         "checkpoint": {"every": 2, "save_final": False},
         "logging": {"progress_bar": False, "plot": False},

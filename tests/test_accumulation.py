@@ -12,7 +12,7 @@ from tests.conftest import make_tiny_llama
 def _grads(micro_size: int, objective_name: str):
     model = make_tiny_llama()
     examples = _examples(1) + _examples(2)  # 8 examples of unequal lengths and masks
-    strategy = SingleDevice(torch.device("cpu"))
+    strategy = SingleDevice(torch.device("cpu"), "no")
     sums, _ = run_micro_batches(get_objective(objective_name), model, examples, micro_size, strategy)
     return sums["loss"], {n: p.grad.clone() for n, p in model.named_parameters()}
 

@@ -94,7 +94,7 @@ def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
 
     def train(reference, run_dir):
         h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward,
-                       SingleDevice(torch.device("cpu"), max_grad_norm=1.0), reference=reference)
+                       SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0), reference=reference)
         return train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / run_dir)
 
     with pytest.raises(ValueError, match="kl_coef is set but PolicyLossInput.ref_logprobs is None"):

@@ -124,7 +124,7 @@ def test_one_sft_step_moves_the_weights(name, tmp_path):
     model = load(save_tiny(name, tmp_path / name))
     before = snapshot(model)
     result = train_offline(tiny_config(tmp_path, max_steps=1), get_objective("sft"), model, None, copy_task(4), [],
-                           SingleDevice(torch.device("cpu"), max_grad_norm=1.0), tmp_path / "run")
+                           SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0), tmp_path / "run")
     assert math.isfinite(result.losses[0]) and moved(model, before)
 
 
@@ -135,7 +135,7 @@ def test_one_dpo_step_moves_the_weights(name, tmp_path):
     before = snapshot(model)
     cfg = preference_config(tmp_path, max_steps=1)
     result = train_offline(cfg, get_objective("dpo", cfg.preference), model, None, preference_pairs(4), [],
-                           SingleDevice(torch.device("cpu")), tmp_path / "run", reference)
+                           SingleDevice(torch.device("cpu"), "no"), tmp_path / "run", reference)
     assert result.losses[0] == pytest.approx(math.log(2), abs=1e-5)  # policy == reference
     assert moved(model, before)
 

@@ -29,7 +29,7 @@ CPU = torch.device("cpu")
 
 
 def single_pair(seed: int = 0):
-    strategy = SingleDevice(CPU, max_grad_norm=1.0, max_nonfinite_steps=2)
+    strategy = SingleDevice(CPU, "no", max_grad_norm=1.0, max_nonfinite_steps=2)
     return strategy, *worker.prepare_pair(strategy, seed)
 
 
@@ -127,7 +127,7 @@ def test_a_checkpoint_holds_the_companion_and_a_resume_continues_bit_exactly(tmp
 
 
 def test_a_checkpoint_without_the_companion_folder_is_refused_naming_it(tmp_path):
-    alone = SingleDevice(CPU, max_grad_norm=1.0)  # a run without a critic
+    alone = SingleDevice(CPU, "no", max_grad_norm=1.0)  # a run without a critic
     model = make_tiny_llama()
     optimizer = build_optimizer(model, worker.POLICY_OPTIM)
     alone.prepare(model, optimizer, build_scheduler(optimizer, worker.TOTAL_STEPS, worker.POLICY_OPTIM))
@@ -152,7 +152,7 @@ def test_non_finite_companion_weights_are_never_saved(tmp_path):
 def test_attach_takes_only_a_companion_under_a_free_folder_name():
     strategy, *_ = single_pair()
     with pytest.raises(ValueError, match="companion"):
-        strategy.attach("other", SingleDevice(CPU))
+        strategy.attach("other", SingleDevice(CPU, "no"))
     for name in ("critic", "training_state", "a/b", ""):
         with pytest.raises(ValueError, match="sub-folder"):
             strategy.attach(name, strategy.companion("x", None))

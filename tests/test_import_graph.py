@@ -96,7 +96,7 @@ def test_every_module_imports_on_its_own():
         done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=300)
         return name, done.stderr.strip().splitlines()[-1] if done.returncode else ""
 
-    optional = {"oxrl.rollout.vllm_engine": "vllm"}  # needs an extra
+    optional = {"oxrl.rollout.vllm_engine": "vllm", "oxrl.rollout.vllm_transfer": "vllm"}  # need an extra
     modules = [name for name in module_names() if name != "oxrl.__main__"]  # runs the CLI when imported
     with ThreadPoolExecutor(max_workers=2) as pool:
         failures = {name: error for name, error in pool.map(import_alone, modules)

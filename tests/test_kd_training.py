@@ -48,7 +48,7 @@ def test_kd_accumulation_is_exact():
 
     def grads(micro_size):
         model = make_tiny_llama()
-        run_micro_batches(get_objective("kd_jsd"), model, examples, micro_size, SingleDevice(torch.device("cpu")), teacher)
+        run_micro_batches(get_objective("kd_jsd"), model, examples, micro_size, SingleDevice(torch.device("cpu"), "no"), teacher)
         return {n: p.grad for n, p in model.named_parameters()}
 
     whole, split = grads(4), grads(1)
@@ -61,7 +61,7 @@ def test_student_moves_toward_the_teacher(tmp_path, name):
     cfg = preference_config(tmp_path, name, {"teacher": "unused"}, max_steps=6, optim={"lr": 3e-3, "schedule": "constant"})
     teacher = _teacher()
     result = train_offline(cfg, get_objective(name, cfg.preference), make_tiny_llama(), None, copy_task(8), [],
-                           SingleDevice(torch.device("cpu")), tmp_path / "run", teacher)
+                           SingleDevice(torch.device("cpu"), "no"), tmp_path / "run", teacher)
     assert result.losses[-1] < 0.8 * result.losses[0]
     assert result.final_metrics["distill/divergence"] == pytest.approx(result.losses[-1], rel=1e-6)
 

@@ -23,7 +23,7 @@ def test_lora_trains_only_adapters_and_merges_exactly(tmp_path):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     cfg = tiny_config(tmp_path, max_steps=5)
-    strategy = SingleDevice(torch.device("cpu"))
+    strategy = SingleDevice(torch.device("cpu"), "no")
     train_offline(cfg, get_objective("sft"), model, None, copy_task(8), [], strategy, tmp_path / "run")
     for name, param in model.named_parameters():
         moved = not torch.equal(param.detach(), before[name])
@@ -63,9 +63,9 @@ def test_lora_resume_restores_adapters(tmp_path):
     cfg.checkpoint.every = 2
     cfg.checkpoint.keep_last = 3
     full_model = _lora_model()
-    strategy = SingleDevice(torch.device("cpu"))
+    strategy = SingleDevice(torch.device("cpu"), "no")
     full = train_offline(cfg, get_objective("sft"), full_model, None, copy_task(8), [], strategy, tmp_path / "a")
     cfg.run.resume = str(tmp_path / "a" / "checkpoints" / "step_000002")
-    resumed = train_offline(cfg, get_objective("sft"), _lora_model(), None, copy_task(8), [], SingleDevice(torch.device("cpu")), tmp_path / "b")
+    resumed = train_offline(cfg, get_objective("sft"), _lora_model(), None, copy_task(8), [], SingleDevice(torch.device("cpu"), "no"), tmp_path / "b")
     for a, b in zip(full.losses[2:], resumed.losses):
         assert abs(a - b) < 1e-6

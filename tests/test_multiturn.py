@@ -268,7 +268,7 @@ def test_strict_on_policy_holds_for_multi_turn_episodes(tmp_path, algorithm):
     cfg.train.max_steps = 2
     model = make_tiny_llama()
     critic = make_tiny_critic() if algorithm == "ppo" else None
-    h = rl_handles(cfg, model, HFEngine(model, WordTokenizer()), strategy=SingleDevice(torch.device("cpu")),
+    h = rl_handles(cfg, model, HFEngine(model, WordTokenizer()), strategy=SingleDevice(torch.device("cpu"), "no"),
                    critic_model=critic, env=env)
     result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / algorithm)
     assert result.final_metrics["turns/mean"] == 2.0

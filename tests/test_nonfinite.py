@@ -32,7 +32,7 @@ NAN = float("nan")
 
 def prepared(max_nonfinite_steps: int = 3):
     model = make_tiny_llama()
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0, max_nonfinite_steps=max_nonfinite_steps)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0, max_nonfinite_steps=max_nonfinite_steps)
     optim = OptimConfig(lr=1e-2, schedule="linear", weight_decay=0.1)
     optimizer = build_optimizer(model, optim)
     strategy.prepare(model, optimizer, build_scheduler(optimizer, 10, optim))
@@ -108,7 +108,7 @@ def test_training_skips_one_nan_step_logs_it_and_goes_on(tmp_path):
     cfg.checkpoint.every, cfg.checkpoint.keep_last = 1, 5
     run = tmp_path / "run"
     result = train_offline(cfg, nan_on_step(get_objective("sft"), 2, 2), make_tiny_llama(), None, copy_task(), [],
-                           SingleDevice(torch.device("cpu"), max_grad_norm=1.0), run)
+                           SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0), run)
     assert result.steps == 4 and math.isnan(result.losses[1]) and all(map(math.isfinite, result.losses[2:]))
 
     def weights(step: int) -> dict[str, torch.Tensor]:
@@ -156,7 +156,7 @@ def test_the_critic_skips_a_nonfinite_update():
 
     model = make_tiny_critic()
     before = snapshot(model)
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0).companion("critic", max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0).companion("critic", max_grad_norm=1.0)
     strategy.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     critic = Critic(model, strategy, micro_batch_size=1, value_clip=0.2)
     completions = [Completion(0, [1, 3], [5, 6, 2], [-1.0, -1.0, -1.0], "eos", "5 6")]

@@ -108,7 +108,7 @@ def run(tmp_path, algorithm: str, reward: str, batch: RLPromptBatch | None = Non
     cfg = config(algorithm, tmp_path, **sections)
     torch.manual_seed(0)
     model = make_tiny_llama()
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
     batch = batch or prompts()
     online, sampled = build_online(cfg, model, WordTokenizer(), strategy, len(batch.prompt_ids))
     h = RLHandles(cfg, model, strategy, HFEngine(sampled, WordTokenizer()), build_reward_fn([{"name": reward}]),

@@ -90,7 +90,7 @@ def test_accumulation_is_exact(name):
 
     def run(micro_size):
         model = make_tiny_llama()
-        sums, _ = run_micro_batches(get_objective(name), model, examples, micro_size, SingleDevice(torch.device("cpu")), reference)
+        sums, _ = run_micro_batches(get_objective(name), model, examples, micro_size, SingleDevice(torch.device("cpu"), "no"), reference)
         return sums, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     (sums_4x1, grads_4x1), (sums_1x4, grads_1x4) = run(4), run(1)
@@ -108,7 +108,7 @@ def test_dpo_raises_the_margin_of_a_tiny_model(tmp_path):
     reference = FrozenModel(make_tiny_llama().eval().requires_grad_(False))  # same init as the policy
     cfg = preference_config(tmp_path, eval_every=8)
     result = train_offline(cfg, get_objective("dpo", cfg.preference), model, None, train_set, preference_pairs(4, seed=5),
-                           SingleDevice(torch.device("cpu")), tmp_path / "run", reference)
+                           SingleDevice(torch.device("cpu"), "no"), tmp_path / "run", reference)
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
     assert steps[-1]["rewards/margins"] > 1.0 and steps[-1]["rewards/accuracy"] == 1.0
@@ -133,7 +133,7 @@ def test_kto_trains(tmp_path):
     reference = FrozenModel(make_tiny_llama().eval().requires_grad_(False))
     cfg = preference_config(tmp_path, "kto")
     result = train_offline(cfg, get_objective("kto", cfg.preference), model, None, kto_examples(8), [],
-                           SingleDevice(torch.device("cpu")), tmp_path / "run", reference)
+                           SingleDevice(torch.device("cpu"), "no"), tmp_path / "run", reference)
     last = result.final_metrics
     assert result.losses[-1] < result.losses[0]
     assert last["rewards/desirable"] / last["count/desirable"] > last["rewards/undesirable"] / last["count/undesirable"]

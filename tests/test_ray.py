@@ -189,7 +189,8 @@ def ray_cluster():
 def model_cfg(tmp_path_factory, smollm2_tokenizer) -> Config:
     folder = save_tiny_model(tmp_path_factory.mktemp("ray") / "model", smollm2_tokenizer)
     cfg = _config(folder.parent, model={"name_or_path": str(folder)}, rl={"rollout": {"n": 2, "max_new_tokens": 6}},
-                  ray={"rollout": {"count": 2}, "sync_bucket_mb": 0.05})  # 50 KB buckets: the sync takes many
+                  ray={"rollout": {"count": 2}, "sync_bucket_mb": 0.05},  # 50 KB buckets: the sync takes many
+                  train={"mixed_precision": "no"})  # fp32: workers' log-probs are the trainer's to 1e-4
     return cfg
 
 
@@ -203,7 +204,7 @@ def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False):
     actors = [ray.remote(cls).options(num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i)
               for i, cls in enumerate(classes)]
     model = load_model(cfg.model, torch.device("cpu"), LoraConfig(enabled=True, rank=4) if lora else None)
-    strategy = SingleDevice(torch.device("cpu"))
+    strategy = SingleDevice(torch.device("cpu"), "no")
     strategy.prepare(model, None)
     engine = RemoteWorkers(actors, [], settings).engine(model, load_tokenizer(cfg.model), strategy, "float32", None)
     return engine, model, actors
@@ -314,7 +315,7 @@ def test_a_killed_reward_worker_is_restarted_and_its_slice_scored_again(ray_clus
     workers = [ray.remote(RewardWorker).options(num_cpus=0.25, max_restarts=1, max_task_retries=1).remote(cfg)
                for _ in range(2)]
     try:
-        reward = RemoteWorkers([], workers, cfg.ray).rewards(None, SingleDevice(torch.device("cpu")))
+        reward = RemoteWorkers([], workers, cfg.ray).rewards(None, SingleDevice(torch.device("cpu"), "no"))
         ids = [[1, 30000], [5, 6], [40000], [7, 30001, 2]]
         expected = [0.5, 1.0, 0.0, 2 / 3]
         assert reward(["p"] * 4, ["c"] * 4, None, None, ids).totals == pytest.approx(expected)

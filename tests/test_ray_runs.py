@@ -58,7 +58,8 @@ def config(tmp_path_factory, smollm2_tokenizer, head) -> Path:
         "rl": {"task": "arithmetic", "task_size": 64, "validation_size": 0, "prompts_per_step": 4,
                "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0},
                "rewards": [{"name": f"{tmp / 'reward.py'}:lower_half"}]},
-        "train": {"max_steps": STEPS, "micro_batch_size_per_device": 8,
+        # fp32: the trainers' and workers' probes then agree to 1e-4 (bf16 compute rounds them differently).
+        "train": {"max_steps": STEPS, "micro_batch_size_per_device": 8, "mixed_precision": "no",
                   "optim": {"lr": 1e-1, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
         "ray": {"address": head, "trainers": {"count": 2, "cpus": 1}, "rollout": {"count": 2, "cpus": 0.5},
                 "reward": {"count": 1, "cpus": 0.5}},

@@ -17,7 +17,7 @@ from oxrl.models.reference import AdapterDisabledReference, FrozenModel, build_r
 from tests.conftest import make_tiny_llama
 from tests.test_preference_training import preference_config, preference_pairs
 
-CPU = SingleDevice(torch.device("cpu"))
+CPU = SingleDevice(torch.device("cpu"), "no")
 
 
 def test_lora_disabled_reference_is_the_base_model():

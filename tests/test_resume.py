@@ -13,7 +13,7 @@ from tests.test_tiny_training import copy_task, tiny_config
 
 
 def _train(cfg, model, run_dir):
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=cfg.train.optim.max_grad_norm)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=cfg.train.optim.max_grad_norm)
     return train_offline(cfg, get_objective("sft"), model, None, copy_task(12), [], strategy, run_dir)
 
 
@@ -72,7 +72,7 @@ def test_a_resume_trains_with_the_configured_lr_and_weight_decay(tmp_path):
     changed = tiny_config(tmp_path, max_steps=4, optim={"lr": 2e-4, "schedule": "linear", "warmup_steps": 1,
                                                         "weight_decay": 0.05})
     changed.run.resume = str(tmp_path / "first" / "checkpoints" / "step_000002")
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=changed.train.optim.max_grad_norm)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=changed.train.optim.max_grad_norm)
     train_offline(changed, get_objective("sft"), make_tiny_llama(), None, copy_task(12), [], strategy, tmp_path / "second")
     logged = {json.loads(line)["step"]: json.loads(line)["lr"] for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()}
     assert logged == {step: 2e-4 * lr_factor(step - 1, 4, changed.train.optim) for step in (3, 4)}

@@ -43,7 +43,7 @@ def test_rm_trains_and_the_saved_folder_scores_the_same(tmp_path):
     model = tiny_reward_model()
     cfg = preference_config(tmp_path, "rm", eval_every=8)
     result = train_offline(cfg, get_objective("rm", cfg.preference), model, None, preference_pairs(8), preference_pairs(4, seed=5),
-                           SingleDevice(torch.device("cpu")), tmp_path / "run")
+                           SingleDevice(torch.device("cpu"), "no"), tmp_path / "run")
     assert result.losses[-1] < 0.5 * result.losses[0]
     assert result.final_metrics["val/rewards/accuracy"] == 1.0 and result.final_metrics["rewards/margins"] > 1.0
 

@@ -131,7 +131,7 @@ def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass
     for mode in ("own", "separate"):
         policy = copy.deepcopy(model)
         rollout.old_logprobs = None if mode == "own" else score_logprobs(policy, rollout.completions, 3, 1.0)
-        strategy = SingleDevice(torch.device("cpu"), max_grad_norm=None)
+        strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=None)
         strategy.prepare(policy, torch.optim.SGD(policy.parameters(), lr=0.0))
         results[mode] = update(dataclasses.replace(h, policy=policy, strategy=strategy, critic=None), rollout, step=1)
     own, separate = results["own"], results["separate"]
@@ -148,6 +148,6 @@ def test_single_update_strict_check_catches_a_stale_engine_before_stepping(tmp_p
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
     with pytest.raises(OffPolicyError, match="stale or different weights"):
-        train_rl(rl_handles(cfg, model, HFEngine(stale, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"))),
+        train_rl(rl_handles(cfg, model, HFEngine(stale, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), "no")),
                  prompts(), NO_VALIDATION, tmp_path / "stale")
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # refused before the optimizer step

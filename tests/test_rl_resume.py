@@ -73,7 +73,7 @@ def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False, a
     model = make_tiny_llama(seed=7 if resume else 0)  # a resumed run must take every weight from the checkpoint
     reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
     critic = make_tiny_critic(seed=9 if resume else 3) if algorithm == "ppo" else None  # resumed: from the checkpoint
-    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), max_grad_norm=1.0),
+    h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0),
                    critic_model=critic)
     result = train_rl(h, prompts(), RLPromptBatch([], [], [], []), tmp_path / run_name)
     return result, rows_by_step(tmp_path / run_name)

@@ -96,7 +96,7 @@ def test_an_existing_run_is_refused_intact_and_overwrite_replaces_it(tmp_path, t
 def test_unnamed_runs_get_their_own_directories(tmp_path):
     cfg = Config.model_validate({"run": {"output_dir": str(tmp_path)}, "model": {"name_or_path": "m"},
                                  "algorithm": {"name": "sft"}})
-    strategy = SingleDevice(torch.device("cpu"))
+    strategy = SingleDevice(torch.device("cpu"), "no")
     with claimed_run(cfg, strategy) as (first, first_dir), claimed_run(cfg, strategy) as (second, second_dir):
         assert NAME_PATTERN.fullmatch(first.run.name) and NAME_PATTERN.fullmatch(second.run.name)
         assert first_dir != second_dir and first_dir == tmp_path / first.run.name

@@ -38,7 +38,7 @@ def test_tiny_model_learns_and_every_parameter_moves(tmp_path):
     cfg = tiny_config(tmp_path)
     model = make_tiny_llama()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
     result = train_offline(cfg, get_objective("sft"), model, None, copy_task(), [], strategy, tmp_path / "run")
     assert result.losses[-1] < 0.7 * result.losses[0]
     unmoved = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]

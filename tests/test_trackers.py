@@ -186,7 +186,7 @@ def test_a_tiny_model_run_reaches_every_tracker(tmp_path, wandb_offline):
     cfg = tiny_config(tmp_path, max_steps=4)
     cfg.logging.report_to = ["mlflow", "tensorboard", "wandb"]
     run_dir = tmp_path / "tiny"
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
     train_offline(cfg, get_objective("sft"), make_tiny_llama(), None, copy_task(), [], strategy, run_dir)
     losses = [(row["step"], row["loss"]) for row in read_metrics(run_dir)]
     assert [step for step, _ in losses] == [1, 2, 3, 4]

@@ -75,7 +75,11 @@ class RolloutWorker:
         else:
             from oxrl.rollout.hf import HFEngine
 
-            self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size)
+            from oxrl.training.precision import autocast_for
+
+            # The trainers' precision, so the log-probs it reports are of the numbers they recompute.
+            self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size,
+                                   autocast=autocast_for(cfg.train.mixed_precision, device.type))
         self.channel: WeightChannel | None = None
 
     def ready(self) -> int:

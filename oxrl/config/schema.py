@@ -199,7 +199,8 @@ class TrainConfig(Section):
     eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
     mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
-        "auto", description="`auto`: bf16 autocast on GPU, none on CPU."
+        "auto", description="`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: "
+        "bf16 on a GPU and on a CPU with native bf16 (AVX512-BF16/AMX, Arm BF16), fp32 elsewhere."
     )
     max_nonfinite_steps: int = Field(
         3, gt=0,

@@ -15,6 +15,7 @@ from oxrl.config.schema import Config, ModelConfig
 from oxrl.models.hardware import Devices, available_memory
 from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib
 from oxrl.models.shape import ModelShape
+from oxrl.training.precision import uses_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         tokens_per_micro_batch=row_tokens or micro * sequences * cfg.data.max_length,
         logit_tokens=micro * cfg.rl.rollout.max_new_tokens if rl else None,
         dtype=str(resolve_dtype(cfg.model.dtype, torch.device("cuda" if on_gpu else "cpu"))).removeprefix("torch."),
-        bf16_autocast=cfg.train.mixed_precision == "bf16" or (cfg.train.mixed_precision == "auto" and on_gpu),
+        bf16_autocast=uses_bf16(cfg.train.mixed_precision, devices.kind),
         strategy=strategy, zero_stage=cfg.strategy.zero_stage, devices=devices.count,
         cpu_offload=cfg.strategy.cpu_offload, gradient_checkpointing=cfg.model.gradient_checkpointing,
         lora=cfg.lora.enabled if lora is None else lora, lora_rank=cfg.lora.rank,

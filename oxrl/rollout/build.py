@@ -44,7 +44,8 @@ def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
     from oxrl.rollout.hf import HFEngine
 
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
-    return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1)
+    return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1,
+                    autocast=strategy.autocast)
 
 
 def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):

@@ -9,6 +9,11 @@ The `n` samples of a prompt share its prefix: each prompt is run through the mod
 KV cache), the cache is repeated n times, and `generate` continues from it, so prefill costs one
 forward per prompt instead of n (27% of a GRPO step's generation for SmolLM2 at n = 8).
 
+It computes in the trainer's precision (`autocast`, the strategy's: bf16 autocast where
+`train.mixed_precision` says so), so the log-probs it reports are of the numbers the trainer recomputes, and
+decoding, bound by reading the weights at every token, reads them once cast to bf16 for the whole call
+(autocast caches the cast of each trainable weight until the call ends) rather than in fp32 at every step.
+
 Weights that diverged (e.g. one update with far too high a learning rate) give inf/NaN logits;
 sampling from them would fail deep inside `generate` ("probability tensor contains either inf,
 nan or element < 0", a device-side assert on GPU) and greedy decoding would silently pick junk.
@@ -16,6 +21,8 @@ nan or element < 0", a device-side assert on GPU) and greedy decoding would sile
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -52,9 +59,10 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False, autocast=nullcontext):
         self.model = model
         self.synced = synced
+        self.autocast = autocast  # a context factory: the trainer's `Strategy.autocast`
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -79,8 +87,9 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         per_call = max(1, self.max_batch_size // params.n)  # whole prompts (all n samples) per `generate` call
         out: list[Completion] = []
-        for start in range(0, len(prompts), per_call):
-            out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params))
+        with self.autocast():
+            for start in range(0, len(prompts), per_call):
+                out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params))
         return out
 
     def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams) -> list[Completion]:

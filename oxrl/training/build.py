@@ -6,9 +6,13 @@ import the base class without the base module importing them back.
 
 from __future__ import annotations
 
+import logging
+
 from oxrl.config.names import STRATEGY_NAMES
-from oxrl.training import distributed
+from oxrl.training import distributed, precision
 from oxrl.training.strategy import SingleDevice, Strategy
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_strategy_name(name: str, world_size: int) -> str:
@@ -29,6 +33,8 @@ def build_strategy(cfg) -> Strategy:
                          "use `fsdp2` or `deepspeed` (or `auto`)")
     env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
                                        timeout_s=cfg.strategy.collective_timeout_s)
+    if env.rank == 0:
+        logger.info("%s", precision.describe(cfg.train.mixed_precision, env.device.type))
     if name == "single":
         return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
                             cfg.train.max_nonfinite_steps)

@@ -38,6 +38,7 @@ import torch
 from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
+from oxrl.training.precision import uses_bf16
 from oxrl.training.strategy import MultiProcessStrategy
 from oxrl.models.lora import is_peft
 
@@ -91,7 +92,7 @@ class DeepSpeedStrategy(MultiProcessStrategy):
     def __init__(self, env: DistEnv, cfg: StrategyConfig, train: TrainConfig):
         self.device = env.device
         self.rank, self.world_size = env.rank, env.world_size
-        self.bf16 = train.mixed_precision == "bf16" or (train.mixed_precision == "auto" and env.device.type == "cuda")
+        self.bf16 = uses_bf16(train.mixed_precision, env.device.type)
         self.config = deepspeed_config(cfg, train, self.bf16)
         self.shards_parameters = self.config["zero_optimization"]["stage"] == 3
         self.max_grad_norm = self.config["gradient_clipping"] or None  # the user's JSON may have changed it

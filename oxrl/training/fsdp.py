@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from oxrl.config.schema import StrategyConfig
+from oxrl.training.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
 from oxrl.training.strategy import MultiProcessStrategy
@@ -67,7 +68,7 @@ class FSDP2Strategy(MultiProcessStrategy):
                  max_nonfinite_steps: int = 3):
         self.device = env.device
         self.rank, self.world_size = env.rank, env.world_size
-        bf16 = mixed_precision == "bf16" or (mixed_precision == "auto" and env.device.type == "cuda")
+        bf16 = uses_bf16(mixed_precision, env.device.type)
         # The policy casts parameters for compute; autocast on top would be redundant.
         self.mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
         self.offload_policy = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()

@@ -51,6 +51,7 @@ from oxrl.training.checkpoint import (
     write_model_state,
 )
 from oxrl.training.folders import writing_folder
+from oxrl.training.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class SingleDevice(Strategy):
     def __init__(self, device: torch.device, mixed_precision: str = "auto", max_grad_norm: float | None = None,
                  max_nonfinite_steps: int = 3):
         self.device = device
-        self.use_bf16_autocast = mixed_precision == "bf16" or (mixed_precision == "auto" and device.type == "cuda")
+        self.use_bf16_autocast = uses_bf16(mixed_precision, device.type)
         self.max_grad_norm = max_grad_norm
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.model: torch.nn.Module | None = None

@@ -27,7 +27,7 @@ def online_run(engine, tokenizer, tmp_path, algorithm: str, steps: int, **sectio
         "logging": {"progress_bar": False, "plot": False}, **sections,
     })
     model = make_model(5)
-    strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
     ids = [[1, 4 + i, 5 + i] for i in range(8)]
     train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{"response": "7 9 7"} for _ in ids],
                           [f"row {i}" for i in range(8)])

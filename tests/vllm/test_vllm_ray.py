@@ -41,7 +41,7 @@ def test_two_vllm_rollout_workers_get_every_update_and_the_reward_rises(tokenize
     try:
         actors = [ray.remote(RolloutWorker).options(num_cpus=1).remote(cfg, i) for i in range(2)]
         model = make_model(5)
-        strategy = SingleDevice(torch.device("cpu"), max_grad_norm=1.0)
+        strategy = SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
         engine = RemoteWorkers(actors, [], cfg.ray).engine(model, tokenizer, strategy, "float32", None)
         ids = [[1, 4 + i, 5 + i] for i in range(8)]
         train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])

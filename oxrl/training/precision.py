@@ -1,0 +1,59 @@
+"""Which compute precision `train.mixed_precision` means on this machine: the one home of the rule.
+
+    no    fp32 compute
+    bf16  bf16 autocast over fp32 master weights and optimizer state (FSDP2: a bf16 parameter policy)
+    auto  bf16 on a GPU, and on a CPU that multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm's BF16
+          extension), where a bf16 matmul runs about twice as fast as fp32; fp32 on other CPUs, where bf16 is
+          emulated and slower than fp32
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # /proc/cpuinfo: x86 `flags`, Arm `Features`
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bf16 instructions, from the kernel's CPU flags (False where they cannot be read)."""
+    path = Path(cpuinfo)
+    if not path.is_file():
+        return False
+    for line in path.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return bool(NATIVE_BF16_FLAGS & set(value.split()))
+    return False
+
+
+def uses_bf16(mixed_precision: str, device_type: str) -> bool:
+    """Whether `train.mixed_precision` computes in bf16 on a device of `device_type` ("cuda", "cpu", ...)."""
+    if mixed_precision != "auto":
+        return mixed_precision == "bf16"
+    return device_type == "cuda" or (device_type == "cpu" and cpu_has_native_bf16())
+
+
+def describe(mixed_precision: str, device_type: str) -> str:
+    """One line for the run's log and `oxrl doctor`."""
+    bf16 = uses_bf16(mixed_precision, device_type)
+    why = {"bf16": "set", "no": "set"}.get(mixed_precision)
+    if why is None:
+        why = ("a GPU" if device_type == "cuda" else
+               "this CPU has native bf16" if device_type == "cpu" and cpu_has_native_bf16() else
+               f"no native bf16 on this {device_type}")
+    return f"train.mixed_precision={mixed_precision}: {'bf16 autocast, fp32 master weights' if bf16 else 'fp32'} ({why})"
+
+
+def autocast_for(mixed_precision: str, device_type: str):
+    """A context factory: bf16 autocast where `uses_bf16`, else nothing."""
+    if uses_bf16(mixed_precision, device_type):
+        return functools.partial(torch.autocast, device_type=device_type, dtype=torch.bfloat16)
+    return nullcontext
