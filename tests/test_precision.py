@@ -97,3 +97,15 @@ def test_the_hf_engine_samples_in_the_trainers_precision():
 
     same, other = gap("bf16"), gap("no")
     assert same < 0.5 * other, (same, other)
+
+
+def test_a_bare_no_in_yaml_or_an_override_means_fp32(tmp_path):
+    """YAML reads `no` as false; `mixed_precision: no` must still mean `no`, not a type error."""
+    from oxrl.config.load import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("model: {name_or_path: m}\nalgorithm: {name: sft}\ndata: {train: [{path: x.jsonl}]}\n"
+                    "train: {mixed_precision: no}\n")
+    assert load_config(path).train.mixed_precision == "no"
+    assert load_config(path, ["train.mixed_precision=bf16"]).train.mixed_precision == "bf16"
+    assert load_config(path, ["train.mixed_precision=no"]).train.mixed_precision == "no"

@@ -210,6 +210,12 @@ class TrainConfig(Section):
         "`rl.epochs` x `rl.mini_batches` updates.",
     )
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _bare_no(cls, value):
+        """YAML reads a bare `no` (`mixed_precision: no`, `train.mixed_precision=no`) as false: it means `no`."""
+        return "no" if value is False else value
+
 
 class AlgorithmConfig(Section):
     name: str = Field(

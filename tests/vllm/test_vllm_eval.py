@@ -22,7 +22,8 @@ def test_vllm_and_hf_evaluations_agree(tmp_path):
         out = tmp_path / f"{engine}.jsonl"
         result = evaluate_models(EvalRequest(str(model_dir), data=[str(data)], rewards=["tests.test_rl_loop:share_of_sevens"],
                                              n=4, max_new_tokens=6, engine=engine, out=str(out),
-                                             overrides=["rl.rollout.vllm.max_model_len=256", "rl.rollout.vllm.kv_cache_gib=0.25"]))
+                                             overrides=["rl.rollout.vllm.max_model_len=256", "rl.rollout.vllm.kv_cache_gib=0.25",
+                                                        "train.mixed_precision=no"]))  # both engines in fp32
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         results[engine] = (result.reports[0].metrics, [r["completion"] for r in rows if r["pass"] == "greedy"])
         assert len(rows) == 6 + 6 * 4 and f"engine {engine}" in result.description
