@@ -74,7 +74,6 @@ class RolloutWorker:
             self.model = None  # vLLM holds the weights from here on, and receives every update itself
         else:
             from oxrl.rollout.hf import HFEngine
-
             from oxrl.training.precision import autocast_for
 
             # The trainers' precision, so the log-probs it reports are of the numbers they recompute.
