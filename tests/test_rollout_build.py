@@ -1,6 +1,7 @@
 """Choosing the rollout engine: config errors come before any model loads; LoRA weights merge for an engine."""
 
 import importlib.util
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -75,10 +76,11 @@ def test_vllm_refuses_several_processes_or_sharded_weights(world_size, shards):
 
 def test_hf_is_the_default_engine():
     model = make_tiny_llama()
-    strategy = SimpleNamespace(world_size=1, shards_parameters=False)
+    strategy = SimpleNamespace(world_size=1, shards_parameters=False, autocast=nullcontext)
     check_engine(RolloutConfig(), strategy)
     engine = build_engine(RolloutConfig(max_batch_size=3), model, TinyTokenizer(), strategy)
     assert isinstance(engine, HFEngine) and engine.max_batch_size == 3 and not engine.synced
+    assert engine.autocast is strategy.autocast  # it samples in the trainer's precision
 
 
 def test_lora_merged_state_dict_is_the_policy_without_touching_the_model():
