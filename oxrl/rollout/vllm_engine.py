@@ -64,8 +64,8 @@ class VLLMEngine:
         self.can_sleep = options.sleep_between_phases and current_platform.is_sleep_mode_available()
         # vLLM 0.32's reload_weights leaves a tied lm_head at its old values (measured; the probe catches it),
         # so vLLM keeps an untied copy and every sync writes the output embedding explicitly.
-        self.tied = bool(getattr(_base(model).config, "tie_word_embeddings", False))
         base = _base(model)
+        self.tied = bool(getattr(base.config, "tie_word_embeddings", False))
         self.tied_names = ((_weight_key(base, base.get_input_embeddings()), _weight_key(base, base.get_output_embeddings()))
                            if self.tied else None)
         self.members = options.tensor_parallel_size  # its processes, each a member of a weight group

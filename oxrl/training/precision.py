@@ -13,13 +13,10 @@ run's log and `oxrl doctor` say so; `auto` does not choose it there yet, because
 from __future__ import annotations
 
 import functools
-import logging
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # /proc/cpuinfo: x86 `flags`, Arm `Features`
 
