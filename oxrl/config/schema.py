@@ -92,6 +92,9 @@ class ModelConfig(Section):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
     chat_template: str | None = Field(None, description="Jinja chat template that overrides the tokenizer's.")
+    freeze_vision: bool = Field(
+        False, description="Vision-language models: freeze the vision tower and the projector, so that only the "
+        "language model trains (with LoRA, adapters go on the language model either way).")
 
 
 class LoraConfig(Section):
@@ -175,6 +178,11 @@ class DataConfig(Section):
         False, description="Skip malformed rows (and report how many) instead of stopping before training."
     )
     shuffle: bool = Field(True, description="Shuffle the training examples each epoch (deterministic by seed).")
+    max_image_pixels: int = Field(
+        1024 * 1024, gt=0,
+        description="Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most "
+        "this many when it is decoded, before the model's processor sees it.",
+    )
 
 
 class OptimConfig(Section):

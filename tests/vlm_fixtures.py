@@ -1,0 +1,136 @@
+"""Tiny random vision-language models built from configs, saved as Hugging Face folders with their processor,
+and images drawn with PIL: what the VLM tests train on (no download).
+
+Two families, because they differ where VLM code goes wrong:
+* Qwen2-VL: a variable number of image tokens per image (its grid), multimodal RoPE (3-D position ids computed
+  from the grid), flat `pixel_values` [patches, features] with `image_grid_thw` [images, 3].
+* Idefics3 (SmolVLM's architecture): a fixed block of image tokens between marker tokens, 1-D positions,
+  `pixel_values` [batch, images, channels, height, width] with a `pixel_attention_mask`.
+
+Both use SmolLM2's tokenizer with the families' image tokens added, and a ChatML template whose content parts
+may be `{"type": "image"}`.
+
+Qwen2-VL's processor takes a video processor too, which needs torchvision (not installed on a CPU-only machine);
+`ImageOnlyQwen2VLProcessor` is the same processor without the video half, registered with `AutoProcessor` so that
+the saved folder loads back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+from transformers import (AutoProcessor, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
+                          Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor)
+from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.processing_utils import ProcessorMixin
+
+
+def chatml_template(image_text: str) -> str:
+    """ChatML where a content part `{"type": "image"}` renders as `image_text`."""
+    return ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+            "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+            "{% for part in message['content'] %}{% if part['type'] == 'image' %}" + image_text +
+            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2-VL's processor without its video processor (which needs torchvision)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+
+AutoProcessor.register(Qwen2VLConfig, ImageOnlyQwen2VLProcessor, exist_ok=True)
+
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=2048)
+
+
+def _token_ids(tokenizer, tokens: list[str]) -> dict[str, int]:
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    return {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
+
+
+def _special_ids(tokenizer) -> dict:
+    return dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.bos_token_id)
+
+
+def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A 2-layer Qwen2-VL (2-layer vision tower, 14-pixel patches merged 2x2) with its processor, saved in `folder`.
+    A 56x56 image becomes 16 patches and 4 image tokens."""
+    tokenizer = _copy(tokenizer)
+    ids = _token_ids(tokenizer, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                                               temporal_patch_size=2)
+    processor = ImageOnlyQwen2VLProcessor(image_processor, tokenizer,
+                                          chat_template=chatml_template("<|vision_start|><|image_pad|><|vision_end|>"))
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+                         **TEXT, **_special_ids(tokenizer)),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        **_special_ids(tokenizer))
+    torch.manual_seed(seed)
+    return _save(Qwen2VLForConditionalGeneration(config), processor, folder)
+
+
+def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A 2-layer Idefics3 (SmolVLM's architecture; 2-layer SigLIP tower, 56-pixel images, 4 image tokens each)
+    with its processor, saved in `folder`."""
+    tokenizer = _copy(tokenizer)
+    ids = _token_ids(tokenizer, ["<fake_token_around_image>", "<image>", "<global-img>"])
+    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
+                                                max_image_size={"longest_edge": 56})
+    processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=chatml_template("<image>"))
+    config = Idefics3Config(
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), **TEXT, **_special_ids(tokenizer)),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=56, patch_size=14),
+        scale_factor=2, image_token_id=ids["<image>"], **_special_ids(tokenizer))
+    torch.manual_seed(seed)
+    return _save(Idefics3ForConditionalGeneration(config), processor, folder)
+
+
+SAVERS = {"qwen2_vl": save_tiny_qwen2_vl, "idefics3": save_tiny_idefics3}
+
+
+def _copy(tokenizer):
+    import copy
+
+    return copy.deepcopy(tokenizer)
+
+
+def _save(model, processor, folder: Path) -> Path:
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 60, 220), "yellow": (230, 210, 20)}
+SHAPES = ("circle", "square")
+
+
+def shape_image(colour: str, shape: str = "circle", size: tuple[int, int] = (56, 56), seed: int = 0) -> Image.Image:
+    """A `colour` `shape` on a grey background, placed and sized by `seed` (so held-out images differ)."""
+    import random
+
+    rng = random.Random(seed)
+    width, height = size
+    image = Image.new("RGB", size, (128, 128, 128))
+    side = rng.randint(min(size) // 2, min(size) - 4)
+    left, top = rng.randint(0, width - side), rng.randint(0, height - side)
+    box = (left, top, left + side, top + side)
+    draw = ImageDraw.Draw(image)
+    (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=COLOURS[colour])
+    return image
