@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
+from oxrl.models.vision import forward_inputs
 
 
 def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -18,7 +19,7 @@ def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch
 
     RL divides by the sampling temperature so that the trainer's log-probs describe the same
     distribution the rollout engine sampled from."""
-    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+    out = model(**forward_inputs(model, batch), use_cache=False)
     logits = out.logits[0]
     return logits / temperature if temperature != 1.0 else logits
 
@@ -61,8 +62,7 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
     # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
     keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
     with_hidden = {"output_hidden_states": True} if value_head is not None else {}
-    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep,
-                **with_hidden)
+    out = model(**forward_inputs(model, batch), use_cache=False, logits_to_keep=keep, **with_hidden)
     logits = out.logits[0]  # [N, V], row i predicts token positions[i]
     if temperature != 1.0:
         logits = logits / temperature

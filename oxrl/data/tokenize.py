@@ -21,15 +21,24 @@ What is trained (loss_mask True), exactly:
 * Preference: chosen and rejected must tokenize their shared prompt identically (checked).
 
 The tokenizer must be a "fast" one (offsets mapping) and, for chats, have a chat template.
+
+Rows with images (vision-language models) are rendered with the model processor's chat template, where each
+image is a placeholder (e.g. Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`), and the loss mask is
+placed as above on that text. The processor then expands each placeholder into the image's tokens (as many as its
+grid needs) and computes the image tensors; the mask is carried over to the expanded ids by aligning the two
+token lists (difflib): placeholders only ever stand in prompt turns, so every trained token is in an unchanged
+stretch, which is checked. Such a sequence is never cut: an image's tokens must all stay with its features, so a
+too-long row with images is skipped (`drop`, `right`, `left`) or stops the run (`error`).
 """
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any
 
 from oxrl.data.errors import DataError
 from oxrl.data.formats import Chat, ParsedRow, Plain
-from oxrl.data.types import Example, Sequence
+from oxrl.data.types import Example, Sequence, VisionInputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,10 +61,15 @@ PROMPT_TOKENS_DIFFER = (
 )
 
 
-class ExampleTokenizer:
-    """Turns parsed rows into `Example`s with one tokenizer; built once per run."""
+# Processor outputs that are per token (recomputed from the ids where a model needs them), not image tensors.
+_TOKEN_OUTPUTS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+
+class ExampleTokenizer:
+    """Turns parsed rows into `Example`s with one tokenizer (and a vision-language model's processor); built once per run."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, processor=None):
+        self.processor = processor  # renders chats (its chat template) and expands images; None for text models
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(
                 f"{type(tokenizer).__name__} is a slow tokenizer; oxRL needs a fast one (offsets mapping) to place loss masks"
@@ -70,15 +84,16 @@ class ExampleTokenizer:
         self.special_tokens = sorted((s for s in specials if s), key=len, reverse=True)
 
     def example(self, parsed: ParsedRow, *, source: str, location: str, row: int) -> Example:
-        sequences = [self.sequence(segment, location=location, row=row) for segment in parsed.sequences]
+        sequences = [self.sequence(segment, location=location, row=row, images=parsed.images)
+                     for segment in parsed.sequences]
         if len(sequences) > 1:
             self._check_shared_prompt(sequences, location, row)
         return Example(sequences, dict(parsed.fields), source=source, row=row)
 
-    def sequence(self, segment: Chat | Plain, *, location: str, row: int) -> Sequence:
+    def sequence(self, segment: Chat | Plain, *, location: str, row: int, images: list = ()) -> Sequence:
         if isinstance(segment, Plain):
             return self._plain_sequence(segment)
-        return self._chat_sequence(segment, location, row)
+        return self._chat_sequence(segment, location, row, list(images))
 
     def _plain_sequence(self, plain: Plain) -> Sequence:
         text = plain.prompt + plain.completion
@@ -90,7 +105,7 @@ class ExampleTokenizer:
         mask[0] = False
         return Sequence(ids, mask)
 
-    def _chat_sequence(self, chat: Chat, location: str, row: int) -> Sequence:
+    def _chat_sequence(self, chat: Chat, location: str, row: int, images: list) -> Sequence:
         if not self.tokenizer.chat_template:
             raise ValueError(
                 "the tokenizer has no chat template: set `model.chat_template`, or `chat_template: false` on "
@@ -109,10 +124,32 @@ class ExampleTokenizer:
         ids, mask = self._tokenize(full, spans, add_special_tokens=False)
         if ids:
             mask[0] = False
+        if images:
+            return self._with_images(Sequence(ids, mask), full, images, location, row)
         return Sequence(ids, mask)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        renderer = self.processor if self.processor is not None else self.tokenizer
+        return renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _with_images(self, sequence: Sequence, text: str, images: list, location: str, row: int) -> Sequence:
+        """`sequence`, the tokens of `text` (image placeholders unexpanded), with each placeholder expanded into its
+        image's tokens by the processor, the loss mask carried over, and the image tensors attached."""
+        if self.processor is None:
+            raise DataError(location, row, "images", "the row has images but the model is not a vision-language model "
+                            "(its folder has no processor)")
+        encoded = self.processor(text=[text], images=[images], add_special_tokens=False, return_tensors="pt")
+        expanded = encoded["input_ids"][0].tolist()
+        mask = [False] * len(expanded)
+        matcher = SequenceMatcher(None, sequence.input_ids, expanded, autojunk=False)
+        for tag, a0, a1, b0, _ in matcher.get_opcodes():
+            if tag == "equal":
+                mask[b0 : b0 + a1 - a0] = sequence.loss_mask[a0:a1]
+        if sum(mask) != sum(sequence.loss_mask):
+            raise DataError(location, row, "images", "the processor changed trained (assistant) tokens while inserting "
+                            "the image tokens; images may only stand in user and system turns")
+        tensors = {key: value for key, value in encoded.items() if key not in _TOKEN_OUTPUTS}
+        return Sequence(expanded, mask, VisionInputs(images, tensors))
 
     def _turn_span(self, through: str, start: int, content: str) -> Span:
         """Characters trained for the turn that `through` ends with, generation starting at `start`."""
@@ -160,7 +197,7 @@ def truncate(example: Example, max_length: int, policy: str, *, location: str) -
     if policy == "error":
         raise DataError(location, example.row, None, f"{longest} tokens, more than data.max_length={max_length} "
                         "(set data.truncation to right, left or drop to accept long rows)")
-    if policy == "drop":
+    if policy == "drop" or any(s.vision is not None for s in example.sequences):  # image tokens are never cut
         return None, TOO_LONG
     if policy == "right":
         kept = [Sequence(s.input_ids[:max_length], s.loss_mask[:max_length]) for s in example.sequences]

@@ -6,6 +6,10 @@ together (SFT/CPT: one; a preference pair: chosen then rejected). Micro-batches 
 position ids restarting at 0 for each sequence so that attention stays within a sequence
 (transformers derives the block-diagonal mask from the position ids when no attention mask is
 given).
+
+A sequence of a vision-language row also carries its images (`VisionInputs`): the decoded images and the
+model processor's tensors for them. Packing concatenates those of every sequence in the row, in order, the
+way the model's processor would for several images of one prompt (`concat_vision`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,39 @@ import torch
 
 
 @dataclass
+class VisionInputs:
+    """A prompt's images: decoded (what vLLM takes) and as the model's processor made them (what the model takes:
+    `pixel_values` and, by family, `image_grid_thw` or `pixel_attention_mask`). The sequence's `input_ids` already
+    hold the image tokens the processor expanded each placeholder into."""
+
+    images: list  # PIL images, in placeholder order
+    tensors: dict[str, torch.Tensor]
+
+
+# Processor outputs laid out [batch, images, ...] (Idefics3 / SmolVLM); every other image tensor is laid out
+# [images or patches, ...] (Qwen2-VL's flat patches and `image_grid_thw`, LLaVA's and Gemma 3's `pixel_values`).
+_BATCH_FIRST_NDIM = {"pixel_values": 5, "pixel_attention_mask": 4}
+
+
+def concat_vision(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The image tensors of several sequences as the processor lays out one prompt with all their images."""
+    if not parts:
+        return {}
+    out = {}
+    for key in parts[0]:
+        tensors = [part[key] for part in parts]
+        dim = 1 if tensors[0].ndim == _BATCH_FIRST_NDIM.get(key) else 0
+        out[key] = torch.cat(tensors, dim=dim)
+    return out
+
+
+@dataclass
 class Sequence:
     input_ids: list[int]
     # loss_mask[t] is True when token t is trained, i.e. predicted from tokens < t. The first
     # token of a sequence has no prediction and is always False.
     loss_mask: list[bool]
+    vision: VisionInputs | None = None  # a vision-language sequence's images
 
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
@@ -60,6 +92,7 @@ class PackedBatch:
     seq_role: torch.Tensor  # [S] long: position of the sequence inside its example (0 = chosen, 1 = rejected)
     fields: dict[str, torch.Tensor]  # per-example tensors [E]
     num_examples: int
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)  # image tensors of the row's sequences, in order
 
     @property
     def num_sequences(self) -> int:
@@ -79,6 +112,7 @@ class PackedBatch:
             seq_role=self.seq_role.to(device),
             fields={k: v.to(device) for k, v in self.fields.items()},
             num_examples=self.num_examples,
+            vision={k: v.to(device) for k, v in self.vision.items()},
         )
 
 
@@ -90,9 +124,12 @@ def pack(examples: list[Example]) -> PackedBatch:
     seq_index: list[int] = []
     seq_example: list[int] = []
     seq_role: list[int] = []
+    vision: list[dict[str, torch.Tensor]] = []
     for e_idx, example in enumerate(examples):
         for role, seq in enumerate(example.sequences):
             s_idx = len(seq_example)
+            if seq.vision is not None:
+                vision.append(seq.vision.tensors)
             ids.extend(seq.input_ids)
             pos.extend(range(len(seq)))
             mask.extend(seq.loss_mask)
@@ -110,6 +147,7 @@ def pack(examples: list[Example]) -> PackedBatch:
         seq_role=torch.tensor(seq_role, dtype=torch.long),
         fields=fields,
         num_examples=len(examples),
+        vision=concat_vision(vision),
     )
 
 
@@ -122,7 +160,9 @@ class RLPromptBatch:
     prompt_texts: list[str]
     fields: list[dict]
     origins: list[str]
+    vision: list[VisionInputs | None] | None = None  # each prompt's images (vision-language prompts), else None
 
     def subset(self, indices: list[int]) -> RLPromptBatch:
         return RLPromptBatch([self.prompt_ids[i] for i in indices], [self.prompt_texts[i] for i in indices],
-                             [self.fields[i] for i in indices], [self.origins[i] for i in indices])
+                             [self.fields[i] for i in indices], [self.origins[i] for i in indices],
+                             None if self.vision is None else [self.vision[i] for i in indices])
