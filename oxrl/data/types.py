@@ -46,6 +46,27 @@ def concat_vision(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     return out
 
 
+def batch_vision(parts: list[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """The image tensors of a padded batch, one row per part (None: a row without images), as the processor lays
+    out a batch: flat tensors concatenated; [batch, images, ...] tensors padded with all-zero images (which the
+    model drops) to the row with the most."""
+    present = [part for part in parts if part is not None]
+    if not present:
+        return {}
+    out = {}
+    for key, first in present[0].items():
+        if first.ndim != _BATCH_FIRST_NDIM.get(key):
+            out[key] = torch.cat([part[key] for part in present])
+            continue
+        most = max(part[key].shape[1] for part in present)
+        rows = first.new_zeros(len(parts), most, *first.shape[2:])
+        for row, part in enumerate(parts):
+            if part is not None:
+                rows[row, : part[key].shape[1]] = part[key][0]
+        out[key] = rows
+    return out
+
+
 @dataclass
 class Sequence:
     input_ids: list[int]

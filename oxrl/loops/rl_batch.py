@@ -26,7 +26,7 @@ def completion_example(completion: Completion) -> Example:
     sampled = completion.loss_mask if completion.loss_mask is not None else [True] * len(completion.completion_ids)
     mask = [False] * len(completion.prompt_ids) + list(sampled)
     cuts = [0, *(len(completion.prompt_ids) + start for start in completion.context_starts), len(ids)]
-    return Example([Sequence(ids[a:b], mask[a:b]) for a, b in zip(cuts, cuts[1:])])
+    return Example([Sequence(ids[a:b], mask[a:b], completion.vision if a == 0 else None) for a, b in zip(cuts, cuts[1:])])
 
 
 def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,7 +79,7 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
         engine.offload()  # every turn is sampled: the trainer gets the memory back
         return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
                                                                 **episodes.metrics()}
-    completions = engine.generate(batch.prompt_ids, params)
+    completions = engine.generate(batch.prompt_ids, params, batch.vision)
     engine.offload()
     generated = time.perf_counter()
     of_prompt = [c.prompt_index for c in completions]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from oxrl.data.types import VisionInputs
+
 
 @dataclass
 class SamplingParams:
@@ -40,6 +42,9 @@ class Completion:
     # Positions in completion_ids where the model's context restarted from scratch (an environment
     # state that did not extend the conversation): tokens from there on never saw the earlier ones.
     context_starts: list[int] = field(default_factory=list)
+    # A vision-language prompt's images (its `prompt_ids` hold their expanded image tokens): the trainer's
+    # forward takes them with the prompt.
+    vision: VisionInputs | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
@@ -64,8 +69,10 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """`params.n` completions per prompt, grouped by prompt in order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 vision: list[VisionInputs | None] | None = None) -> list[Completion]:
+        """`params.n` completions per prompt, grouped by prompt in order. `vision`: each prompt's images (None for a
+        text prompt), which every completion of the prompt carries."""
         ...
 
     def sync_weights(self, model) -> dict[str, float]:

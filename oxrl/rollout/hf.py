@@ -14,6 +14,12 @@ It computes in the trainer's precision (`autocast`, the strategy's: bf16 autocas
 decoding, bound by reading the weights at every token, reads them once cast to bf16 for the whole call
 (autocast caches the cast of each trainable weight until the call ends) rather than in fp32 at every step.
 
+Prompts with images (vision-language models) are generated with their image tensors, laid out as the
+processor lays out a batch, and, for multimodal-RoPE models (Qwen-VL), the token types `generate` computes
+their 3-D positions from. Such a batch does not share the prefill: each of the n rows of a prompt runs it
+(image features included), since a cached prefix would leave the model's 3-D position offsets to state kept
+from the prefill call.
+
 Weights that diverged (e.g. one update with far too high a learning rate) give inf/NaN logits;
 sampling from them would fail deep inside `generate` ("probability tensor contains either inf,
 nan or element < 0", a device-side assert on GPU) and greedy decoding would silently pick junk.
@@ -27,6 +33,8 @@ from contextlib import nullcontext
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from oxrl.data.types import VisionInputs, batch_vision
+from oxrl.models.vision import rope_index_owner
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.probe import trainer_probe_logprobs
@@ -84,15 +92,29 @@ class HFEngine:
         """Nothing to release: the engine is the training model."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 vision: list[VisionInputs | None] | None = None) -> list[Completion]:
         per_call = max(1, self.max_batch_size // params.n)  # whole prompts (all n samples) per `generate` call
+        vision = vision if vision is not None else [None] * len(prompts)
         out: list[Completion] = []
         with self.autocast():
             for start in range(0, len(prompts), per_call):
-                out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params))
+                out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params, vision))
         return out
 
-    def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams) -> list[Completion]:
+    def _vision_inputs(self, input_ids: torch.Tensor, visions: list[VisionInputs | None]) -> dict[str, torch.Tensor]:
+        """`generate`'s image inputs for the rows of `input_ids` (one vision entry per row)."""
+        if all(v is None for v in visions):
+            return {}
+        device = input_ids.device
+        inputs = {k: v.to(device) for k, v in batch_vision([None if v is None else v.tensors for v in visions]).items()}
+        owner = rope_index_owner(self.model)
+        if owner is not None:  # multimodal RoPE: `generate` places image tokens by their type
+            inputs["mm_token_type_ids"] = (input_ids == owner.config.image_token_id).int()
+        return inputs
+
+    def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams,
+                        vision: list[VisionInputs | None]) -> list[Completion]:
         model = self.model
         was_training = model.training
         model.eval()
@@ -104,8 +126,10 @@ class HFEngine:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        prefix = self._shared_prefix(input_ids, attention, params.n)
         requests = [request for request in prompts for _ in range(params.n)]  # grouped by prompt
+        row_vision = [vision[index] for index, _ in requests]
+        with_images = any(v is not None for v in row_vision)
+        prefix = None if with_images else self._shared_prefix(input_ids, attention, params.n)
         input_ids, attention = input_ids.repeat_interleave(params.n, 0), attention.repeat_interleave(params.n, 0)
         sampling = params.temperature > 0
         generated = model.generate(
@@ -125,6 +149,7 @@ class HFEngine:
             return_dict_in_generate=True,
             synced_gpus=self.synced,
             logits_processor=LogitsProcessorList([FiniteLogits()]),
+            **self._vision_inputs(input_ids, row_vision),
         )
         model.train(was_training)
         new_tokens = generated.sequences[:, width:]  # [B, L]
@@ -134,7 +159,7 @@ class HFEngine:
         token_logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, new_tokens[:, t, None])[:, 0]
                                       for t, step in enumerate(generated.logits)], dim=1).cpu()
         new_tokens = new_tokens.cpu()
-        return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params)
+        return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, row_vision[row])
                 for row, (index, ids) in enumerate(requests)]
 
     def _shared_prefix(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int):
@@ -150,7 +175,7 @@ class HFEngine:
         return prefix
 
     def _completion(self, index: int, prompt_ids: list[int], tokens: torch.Tensor, logprobs: torch.Tensor,
-                    params: SamplingParams) -> Completion:
+                    params: SamplingParams, vision: VisionInputs | None) -> Completion:
         ids = tokens.tolist()
         length, reason = len(ids), "length"
         for position, token in enumerate(ids):
@@ -164,4 +189,4 @@ class HFEngine:
             if params.stop and any(stop in self.tokenizer.decode(ids) for stop in params.stop):
                 reason = "stop"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Completion(index, list(prompt_ids), ids, logprobs[: len(ids)].tolist(), reason, text)
+        return Completion(index, list(prompt_ids), ids, logprobs[: len(ids)].tolist(), reason, text, vision=vision)
