@@ -113,7 +113,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_setup import environment, load_prompts, reward_function
-    from oxrl.models.load import load_tokenizer
+    from oxrl.models.load import load_processor, load_tokenizer
 
     started = time.monotonic()
     rl = cfg.rl
@@ -121,6 +121,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
     if remote is not None:
         reward_fn = remote.rewards(reward_fn, strategy)  # scored by the reward workers (or rank 0), shared by all
     tokenizer = load_tokenizer(cfg.model)
+    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
     env = environment(rl, tokenizer)
     if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
         # Ranks finish their episodes after different numbers of turns, hence different numbers of
@@ -129,8 +130,11 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
                          "strategy.name `deepspeed` with zero_stage 2, or one process")
     train_prompts, val_prompts = load_prompts(cfg, rl)
     # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
-    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation}
+    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
+              "processor": processor}
     train, val = encode_prompts(train_prompts, tokenizer, **budget), encode_prompts(val_prompts, tokenizer, **budget)
+    if env is not None and (train.vision or val.vision):
+        raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
     longest = max((len(ids) for ids in train.prompt_ids + val.prompt_ids), default=0)
@@ -142,11 +146,12 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
         spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
     handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote)
+    handles.tokenizer = processor or tokenizer  # what checkpoints are saved with: a VLM's whole processor
     answers: dict[str, list[dict]] = {}
     try:
         answers["before"] = answer_samples(cfg, handles.model, tokenizer)
         result = train_rl(handles, train, val, run_dir)
-        final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, handles.tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
         answers["after"] = answer_samples(cfg, handles.model, tokenizer)
     finally:
         handles.engine.close()
@@ -265,12 +270,14 @@ def run(cfg: Config) -> RunResult:
 
 def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResult:
     from oxrl.data.build import load_examples
-    from oxrl.models.load import load_tokenizer
+    from oxrl.models.load import load_processor, load_tokenizer
 
     started = time.monotonic()
     device = strategy.device
     tokenizer = load_tokenizer(cfg.model)
-    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed)
+    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
+    saved_with = processor or tokenizer  # what checkpoints and the final folder are saved with
+    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor)
     logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
     longest_rows = sorted(example.num_tokens for example in data.train)[-cfg.train.micro_batch_size_per_device:]
     log_memory_estimate(cfg, strategy.device, strategy.world_size, sum(longest_rows) or None)
@@ -286,9 +293,9 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     samples: dict[str, list[dict]] = {}
     try:
         samples["before"] = answer_samples(cfg, model, tokenizer)
-        result = train_offline(cfg, objective, model, tokenizer, data.train, data.validation, strategy, run_dir, reference)
+        result = train_offline(cfg, objective, model, saved_with, data.train, data.validation, strategy, run_dir, reference)
         del reference  # free a frozen copy or teacher before saving
-        final_dir = save_final(strategy, tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
         samples["after"] = answer_samples(cfg, model, tokenizer)
     finally:
         strategy.close()

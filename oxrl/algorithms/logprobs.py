@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.vision import forward_inputs
+from oxrl.algorithms.model_inputs import forward_inputs
 
 
 def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:

@@ -28,6 +28,7 @@ from oxrl.cluster.weight_channel import (
     ROOT, GroupAddress, WeightChannel, channel_backend, free_port, node_address, specs_of,
 )
 from oxrl.config.schema import RayConfig
+from oxrl.data.types import VisionInputs
 from oxrl.models.value_head import without_value_head
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
@@ -113,28 +114,33 @@ class RayRolloutEngine:
 
     # ---- sampling ---------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 vision: list[VisionInputs | None] | None = None) -> list[Completion]:
         if not self.synced:  # the first call: workers get (and prove they hold) the trainer's weights
             self.sync_weights(self.model)
+        vision = vision if vision is not None else [None] * len(prompts)
         while True:
-            outcome = _from_rank0(self.strategy, lambda: self._generate_on_workers(prompts, params))
+            outcome = _from_rank0(self.strategy, lambda: self._generate_on_workers(prompts, params, vision))
             if outcome is not None:
                 return outcome
             self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
 
-    def _generate_on_workers(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion] | None:
+    def _generate_on_workers(self, prompts: list[list[int]], params: SamplingParams,
+                             vision: list[VisionInputs | None]) -> list[Completion] | None:
         parts = slices(len(prompts), len(self.workers.rollout))
         refs = []
         for worker, part in zip(self.workers.rollout, parts):
             seeded = replace(params, seed=None if params.seed is None else params.seed + part.start)
-            refs.append(worker.generate.remote([prompts[i] for i in part], seeded))
+            refs.append(worker.generate.remote([prompts[i] for i in part], seeded, [vision[i] for i in part]))
         try:
             results = self._get(refs, self.settings.call_timeout_s, "sampling")
         except _Resync:
             return None
         out = []
         for part, completions in zip(parts, results):
-            out.extend(replace(c, prompt_index=c.prompt_index + part.start) for c in completions)
+            # A completion's images are the prompt's, here already: workers send them back empty.
+            out.extend(replace(c, prompt_index=c.prompt_index + part.start, vision=vision[c.prompt_index + part.start])
+                       for c in completions)
         return out
 
     def _get(self, refs: list, timeout_s: float, what: str) -> list:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -111,14 +112,14 @@ class RolloutWorker:
             own[name].copy_(tensor)
         return self.engine.probe_logprobs(probe).tolist()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, vision=None) -> list[Completion]:
         if params.seed is not None:  # the hf engine samples from torch's RNG: seed it for the call
             random.seed(params.seed)
             np.random.seed(params.seed % 2**32)
             torch.manual_seed(params.seed)
-        completions = self.engine.generate(prompts, params)
+        completions = self.engine.generate(prompts, params, vision)
         self.engine.offload()
-        return completions
+        return [replace(c, vision=None) for c in completions]  # the driver holds each prompt's images
 
     def offload(self) -> None:
         self.engine.offload()

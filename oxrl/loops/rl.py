@@ -60,7 +60,7 @@ class RLHandles:
     env: Environment | None = None  # multi-turn episodes, which reward themselves
     reference: torch.nn.Module | None = None  # frozen, for the KL term (None when kl_coef is 0)
     critic: Critic | SharedValueHead | None = None  # PPO (advantage `gae`): its own model, or a head on the policy
-    tokenizer: Any = None  # saved with checkpoints
+    tokenizer: Any = None  # saved with checkpoints: the tokenizer, or a vision-language model's processor
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`
     online: Any = None  # Online DPO / RFT / SPIN (oxrl/loops/online.py): the samples train an offline objective
     # True when the engine is shared by every rank (Ray rollout workers, oxrl/cluster): each rank passes the whole

@@ -34,7 +34,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.models.vision import rope_index_owner
+from oxrl.algorithms.model_inputs import rope_index_owner
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.probe import trainer_probe_logprobs
