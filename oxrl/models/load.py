@@ -1,4 +1,8 @@
-"""Load a model and its tokenizer from a hub id, a local HF folder, a .gguf file or a bundled alias."""
+"""Load a model and its tokenizer from a hub id, a local HF folder, a .gguf file or a bundled alias.
+
+A vision-language model (VLM: a vision tower and a projector feeding a causal language model) loads with
+`AutoModelForImageTextToText`, and its processor (image processor + tokenizer) with `load_processor`; every other
+model is a causal LM (`AutoModelForCausalLM`)."""
 
 from __future__ import annotations
 
@@ -62,7 +66,27 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
         ) from error
 
 
+def load_config(cfg: ModelConfig):
+    """The model's transformers config, read before (and without) its weights."""
+    from transformers import AutoConfig
+
+    return from_pretrained_or_explain(AutoConfig, resolve_source(cfg.name_or_path), "model",
+                                      trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+
+
+def is_vision_language(config) -> bool:
+    """Whether `config` is a vision-language model's: one `AutoModelForImageTextToText` loads (a built-in class, or
+    remote code that names that auto class) and that has a vision tower (`vision_config`)."""
+    from transformers import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    image_text_to_text = (type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+                          or "AutoModelForImageTextToText" in (getattr(config, "auto_map", None) or {}))
+    return image_text_to_text and getattr(config, "vision_config", None) is not None
+
+
 def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer (for a VLM too: the one its processor wraps, see `load_processor`), its pad token the EOS
+    token when it has none."""
     from transformers import AutoTokenizer
 
     source = resolve_source(cfg.tokenizer or cfg.name_or_path)
@@ -74,6 +98,28 @@ def load_tokenizer(cfg: ModelConfig):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def load_processor(cfg: ModelConfig, tokenizer=None):
+    """A vision-language model's processor (image processor + tokenizer), None for a text model.
+
+    It wraps `tokenizer` (by default `load_tokenizer(cfg)`'s, so the pad-token rule, `cfg.tokenizer` and
+    `cfg.chat_template` apply), so that `processor.tokenizer is tokenizer`: nothing is loaded twice and the
+    processor and the rest of oxRL tokenize alike. The image processor comes from the model's own location."""
+    from transformers import AutoProcessor, ProcessorMixin
+
+    if not is_vision_language(load_config(cfg)):
+        return None
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    processor = from_pretrained_or_explain(AutoProcessor, resolve_source(cfg.name_or_path), "processor",
+                                           tokenizer=tokenizer, trust_remote_code=cfg.trust_remote_code,
+                                           revision=cfg.revision)
+    if not isinstance(processor, ProcessorMixin):  # AutoProcessor falls back to a tokenizer or an image processor
+        raise ValueError(f"{cfg.name_or_path} is a vision-language model but holds no processor "
+                         f"(processor_config.json / preprocessor_config.json); AutoProcessor gave {type(processor).__name__}")
+    if cfg.chat_template is not None:
+        processor.chat_template = cfg.chat_template
+    return processor
 
 
 PACKED_CHOICES = ("auto", "packed_sdpa")
@@ -118,14 +164,35 @@ def refuse_sequence_mixing_layers(config) -> None:
             "oxRL trains on packed rows; models with such layers are not supported yet (attention-only models are)")
 
 
+def freeze_vision_tower(model) -> int:
+    """Freeze every parameter of a vision-language model outside its language model and output head (the vision
+    tower and the projector); the number of parameters it froze."""
+    from oxrl.models.lora import language_model_name
+
+    language_model = model.get_submodule(language_model_name(model))
+    keep = {id(p) for p in language_model.parameters()} | {id(p) for p in model.get_output_embeddings().parameters()}
+    frozen = 0
+    for parameter in model.parameters():
+        if id(parameter) not in keep and parameter.requires_grad:
+            parameter.requires_grad_(False)
+            frozen += parameter.numel()
+    return frozen
+
+
 def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None = None):
-    """A causal LM on `device` in the configured dtype, with LoRA adapters when enabled."""
-    from transformers import AutoModelForCausalLM
+    """A causal LM (or a vision-language model: `is_vision_language`) on `device` in the configured dtype, its
+    vision tower and projector frozen when `cfg.freeze_vision`, with LoRA adapters when enabled."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     source = resolve_source(cfg.name_or_path)
+    config = load_config(cfg)
+    vision_language = is_vision_language(config)
+    refuse_sequence_mixing_layers(config.get_text_config(decoder=True))  # before the weights load
+    if cfg.freeze_vision and not vision_language:
+        raise ValueError(f"model.freeze_vision is set but {cfg.name_or_path} is not a vision-language model")
     dtype = resolve_dtype(cfg.dtype, device)
     model = from_pretrained_or_explain(
-        AutoModelForCausalLM,
+        AutoModelForImageTextToText if vision_language else AutoModelForCausalLM,
         source,
         "model",
         dtype=dtype,
@@ -134,15 +201,18 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         revision=cfg.revision,
         use_safetensors=None if source.gguf_file else True,
     )
-    refuse_sequence_mixing_layers(model.config)
     model.to(device)
     if cfg.attn_implementation in PACKED_CHOICES:
-        use_packed_attention(model)  # after .to(device): it declines on CUDA
+        use_packed_attention(model)  # after .to(device): it declines on CUDA, and for composite (VLM) configs
+    if cfg.freeze_vision:
+        logger.info("froze the vision tower and projector of %s (%.1fM parameters)", cfg.name_or_path,
+                    freeze_vision_tower(model) / 1e6)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if lora is not None and lora.enabled:
         from oxrl.models.lora import add_lora
 
         model = add_lora(model, lora, cfg.gradient_checkpointing)
-    logger.info("loaded %s (%s, %.1fM parameters)", cfg.name_or_path, dtype, sum(p.numel() for p in model.parameters()) / 1e6)
+    logger.info("loaded %s (%s%s, %.1fM parameters)", cfg.name_or_path, dtype,
+                ", vision-language" if vision_language else "", sum(p.numel() for p in model.parameters()) / 1e6)
     return model

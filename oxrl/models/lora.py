@@ -9,6 +9,30 @@ import torch
 from oxrl.config.schema import LoraConfig
 
 
+def language_model_name(model) -> str | None:
+    """The qualified module name of a vision-language model's language model (`model.language_model` in Qwen2-VL,
+    `model.text_model` in Idefics3), found through transformers' public `get_decoder()`; None for a model without a
+    vision tower (`vision_config`)."""
+    if getattr(model.config, "vision_config", None) is None:
+        return None
+    decoder = model.get_decoder()
+    if decoder is model or decoder is model.base_model:
+        raise ValueError(f"{type(model).__name__}: cannot tell its language model from its vision tower "
+                         "(transformers' get_decoder() gives the whole model)")
+    return next(name for name, module in model.named_modules() if module is decoder)
+
+
+def lora_target_modules(model, target_modules: list[str] | str) -> list[str] | str:
+    """peft's `target_modules` for a model: an explicit list as given; `all-linear` too for a causal LM (peft then
+    adapts every linear layer but the output head). A vision-language model's `all-linear` is the linear layers of its
+    language model only: peft's own would adapt the vision tower and the projector as well."""
+    prefix = language_model_name(model) if target_modules == "all-linear" else None
+    if prefix is None:
+        return target_modules
+    return sorted(name for name, module in model.named_modules()
+                  if name.startswith(prefix + ".") and isinstance(module, torch.nn.Linear))
+
+
 def add_lora(model, cfg: LoraConfig, gradient_checkpointing: bool = False):
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -17,7 +41,7 @@ def add_lora(model, cfg: LoraConfig, gradient_checkpointing: bool = False):
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=cfg.target_modules,
+        target_modules=lora_target_modules(model, cfg.target_modules),
         task_type="CAUSAL_LM",
     )
     if gradient_checkpointing:

@@ -1,13 +1,17 @@
-"""Save a model as a Hugging Face folder (safetensors + config + tokenizer)."""
+"""Save a model as a Hugging Face folder (safetensors + config + tokenizer, or a vision-language model's processor)."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 
+from oxrl.models.load import is_vision_language
 from oxrl.models.lora import is_peft
 from oxrl.models.value_head import value_head_of, without_value_head, write_value_head
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -40,7 +44,12 @@ def no_progress_bars():
 
 
 def save_hf_folder(model, tokenizer, out_dir: str | Path, lora_save: str = "merged") -> Path:
-    """Write a folder that `AutoModelForCausalLM.from_pretrained` loads.
+    """Write a folder that `AutoModelForCausalLM.from_pretrained` loads (a vision-language model:
+    `AutoModelForImageTextToText`).
+
+    `tokenizer` is what writes the tokenizer files: the tokenizer, or for a vision-language model its processor
+    (`load_processor`), which writes its tokenizer, image processor and chat template, so that the folder loads
+    back with `AutoProcessor` too; None writes none.
 
     With LoRA, `merged` folds the adapters into a copy of the weights (the live model keeps
     training its adapters) and `adapter` writes only the peft adapter (load it with peft).
@@ -61,5 +70,10 @@ def save_hf_folder(model, tokenizer, out_dir: str | Path, lora_save: str = "merg
     if head is not None:
         write_value_head(head, out_dir)
     if tokenizer is not None:
+        from transformers import ProcessorMixin
+
+        if not isinstance(tokenizer, ProcessorMixin) and is_vision_language(to_save.config):
+            logger.warning("%s: saving a vision-language model with its tokenizer only, not its processor: the folder "
+                           "will not load with AutoProcessor (pass the processor to save it)", out_dir)
         tokenizer.save_pretrained(out_dir)
     return out_dir
