@@ -19,7 +19,10 @@ by an instruction to put the final answer in `\\boxed{}` (`answer_format="boxed"
 RL2 rows carry their own finished prompt and are not wrapped.
 
 `encode_prompts` renders prompts to token ids and fits them into a token budget (`data.max_length`
-minus `rl.rollout.max_new_tokens`) by `data.truncation`; see `fit_prompt`.
+minus `rl.rollout.max_new_tokens`) by `data.truncation`; see `fit_prompt`. A prompt with images (a
+vision-language model's) is rendered with the processor's chat template and expanded by the processor, its
+image tensors kept beside its ids; it is never cut (its image tokens must stay whole): too long, it is dropped
+(`drop`) or stops the run.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from oxrl.data.errors import DataError
-from oxrl.data.types import RLPromptBatch
+from oxrl.data.types import RLPromptBatch, VisionInputs
 from oxrl.rewards import RewardSpec
 
 logger = logging.getLogger(__name__)
@@ -71,10 +74,13 @@ class RLPrompt:
     source: str = ""
     row: int = -1  # 1-based row in `source`
     column: str | None = None  # the column the question came from (error messages)
+    images: list = field(default_factory=list)  # decoded images, one per `{"type": "image"}` part of `messages`
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("an RLPrompt has either `messages` or `prompt`, exactly one")
+        if self.images and self.messages is None:
+            raise ValueError("an RLPrompt with images needs `messages` (the images' places in the chat)")
 
     @property
     def origin(self) -> str:
@@ -232,7 +238,7 @@ def plain_text(messages: list[dict[str, Any]]) -> str:
 
 
 def encode_prompts(
-    prompts: list[RLPrompt], tokenizer, *, max_tokens: int | None = None, truncation: str = "error"
+    prompts: list[RLPrompt], tokenizer, *, max_tokens: int | None = None, truncation: str = "error", processor=None
 ) -> RLPromptBatch:
     """Token ids of each prompt, ready for generation (chat template + generation header).
 
@@ -241,10 +247,13 @@ def encode_prompts(
     counted and logged), or a DataError naming its file, row and column (`error`, and `right`, which
     would cut the question and the generation header).
     """
-    ids, kept, texts = [], [], []
+    ids, kept, texts, visions = [], [], [], []
     cut = dropped = 0
     for prompt in prompts:
-        rendered, text = _render(prompt, tokenizer)
+        if prompt.images:
+            rendered, text, vision = _render_with_images(prompt, processor)
+        else:
+            (rendered, text), vision = _render(prompt, tokenizer), None
         if max_tokens is not None and len(rendered) > max_tokens:
             fitted = fit_prompt(prompt, tokenizer, max_tokens, truncation, len(rendered))
             if fitted is None:
@@ -255,6 +264,7 @@ def encode_prompts(
         ids.append(rendered)
         kept.append(prompt)
         texts.append(text)
+        visions.append(vision)
     if cut:
         logger.warning("cut the start of %d of %d prompts to fit %d tokens (data.truncation=left)", cut, len(prompts), max_tokens)
     if dropped:
@@ -262,7 +272,25 @@ def encode_prompts(
         if not kept:
             raise ValueError(f"every prompt is longer than {max_tokens} tokens (data.max_length - rl.rollout.max_new_tokens) "
                              "and was dropped: raise data.max_length or lower rl.rollout.max_new_tokens")
-    return RLPromptBatch(ids, texts, [p.fields for p in kept], [p.origin for p in kept])
+    return RLPromptBatch(ids, texts, [p.fields for p in kept], [p.origin for p in kept],
+                         visions if any(v is not None for v in visions) else None)
+
+
+def message_text(content: str | list[dict[str, Any]]) -> str:
+    """A message's text: the content, or its text parts joined (image parts left out)."""
+    return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
+
+
+def _render_with_images(prompt: RLPrompt, processor) -> tuple[list[int], str, VisionInputs]:
+    """An image prompt's ids (each image's placeholder expanded by the processor), its text for the rewards, and
+    its images with the processor's tensors."""
+    if processor is None:
+        raise DataError(prompt.source, prompt.row, "images", "the prompt has images but the model is not a "
+                        "vision-language model (its folder has no processor)")
+    text = processor.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+    encoded = processor(text=[text], images=[prompt.images], add_special_tokens=False, return_tensors="pt")
+    vision = VisionInputs.from_processor(prompt.images, encoded)
+    return encoded["input_ids"][0].tolist(), message_text(prompt.messages[-1]["content"]), vision
 
 
 def _render(prompt: RLPrompt, tokenizer) -> tuple[list[int], str]:
@@ -288,6 +316,10 @@ def fit_prompt(
     if truncation == "drop":
         return None
     where = (prompt.source, prompt.row, prompt.column)
+    if prompt.images:
+        raise DataError(*where, f"{length} tokens with its images, more than the {max_tokens} that data.max_length "
+                        "leaves after rl.rollout.max_new_tokens; a prompt with images is never cut: set "
+                        "data.truncation to drop, raise data.max_length, or lower data.max_image_pixels")
     over = f"{length} tokens, more than the {max_tokens} that data.max_length leaves after rl.rollout.max_new_tokens"
     if truncation in ("error", "right"):
         fix = "set data.truncation to left (cut its start) or drop, or raise data.max_length"

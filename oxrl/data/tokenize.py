@@ -61,10 +61,6 @@ PROMPT_TOKENS_DIFFER = (
 )
 
 
-# Processor outputs that are per token (recomputed from the ids where a model needs them), not image tensors.
-_TOKEN_OUTPUTS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
-
-
 class ExampleTokenizer:
     """Turns parsed rows into `Example`s with one tokenizer (and a vision-language model's processor); built once per run."""
 
@@ -148,8 +144,7 @@ class ExampleTokenizer:
         if sum(mask) != sum(sequence.loss_mask):
             raise DataError(location, row, "images", "the processor changed trained (assistant) tokens while inserting "
                             "the image tokens; images may only stand in user and system turns")
-        tensors = {key: value for key, value in encoded.items() if key not in _TOKEN_OUTPUTS}
-        return Sequence(expanded, mask, VisionInputs(images, tensors))
+        return Sequence(expanded, mask, VisionInputs.from_processor(images, encoded))
 
     def _turn_span(self, through: str, start: int, content: str) -> Span:
         """Characters trained for the turn that `through` ends with, generation starting at `start`."""

@@ -28,6 +28,14 @@ class VisionInputs:
     images: list  # PIL images, in placeholder order
     tensors: dict[str, torch.Tensor]
 
+    # Processor outputs that are per token (the ids, and what a model recomputes from them), not image tensors.
+    TOKEN_OUTPUTS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+
+    @classmethod
+    def from_processor(cls, images: list, encoded) -> VisionInputs:
+        """The images and the image tensors of one prompt's processor output."""
+        return cls(images, {key: value for key, value in encoded.items() if key not in cls.TOKEN_OUTPUTS})
+
 
 # Processor outputs laid out [batch, images, ...] (Idefics3 / SmolVLM); every other image tensor is laid out
 # [images or patches, ...] (Qwen2-VL's flat patches and `image_grid_thw`, LLaVA's and Gemma 3's `pixel_values`).
