@@ -42,8 +42,9 @@ class LoadedData:
     skipped: dict[str, int]  # rows skipped, by reason: invalid_row, too_long, no_trained_tokens_after_truncation
 
 
-def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> LoadedData:
-    row_tokenizer = ExampleTokenizer(tokenizer)
+def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int, processor=None) -> LoadedData:
+    """`processor`: a vision-language model's, which renders chats and turns rows' images into image tokens."""
+    row_tokenizer = ExampleTokenizer(tokenizer, processor)
     skipped: Counter[str] = Counter()
     names = distinct_names(cfg.train)
     per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped) for name, spec in zip(names, cfg.train)}
@@ -85,7 +86,8 @@ def _load_dataset(
     logger.info("%s: %d rows, format %s%s", raw.name, len(raw.rows), fmt, " (detected)" if spec.format == "auto" else "")
 
     def example(row: Row) -> Example:
-        parsed = parse_row(fmt, row.values, location=raw.location, row=row.number, chat_template=spec.chat_template)
+        parsed = parse_row(fmt, row.values, location=raw.location, row=row.number, chat_template=spec.chat_template,
+                           image_root=raw.root, max_image_pixels=cfg.max_image_pixels)
         return row_tokenizer.example(parsed, source=raw.name, location=raw.location, row=row.number)
 
     parsed, invalid = parse_rows(raw, example, cfg.skip_invalid_rows)

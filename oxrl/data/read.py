@@ -54,6 +54,9 @@ class RawDataset:
     location: str  # what error messages call the source: the resolved file or the hub name
     columns: list[str]  # after renames
     rows: list[Row]
+    # A local file's folder, which relative paths in its rows (images) are relative to; None for folders and
+    # hub datasets, whose relative paths are relative to the working directory.
+    root: Path | None = None
 
 
 def dataset_name(spec: DatasetSpec) -> str:
@@ -101,7 +104,8 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
     if not rows:  # e.g. an empty JSON array, a saved dataset of 0 rows (empty files are caught when read)
         raise DataError(location, None, None, "the dataset is empty: no rows")
     columns, rows = _rename_columns(columns, rows, spec.columns, location)
-    return RawDataset(dataset_name(spec), location, columns, rows)
+    root = local.parent if local is not None and local.is_file() else None
+    return RawDataset(dataset_name(spec), location, columns, rows, root)
 
 
 def _rename_columns(
