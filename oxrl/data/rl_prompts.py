@@ -12,6 +12,11 @@ its rows become `RLPrompt`s by the dataset's `format` (`auto` picks one from the
 The template is `rl.prompt_template` / `answer_format` / `system_prompt` (`prompt_template`). With
 `chat_template: false` a chat prompt becomes plain text, its contents joined by newlines.
 
+A row of any format may carry `images` (a vision-language model's prompts, e.g. Geometry3K's `prompt` +
+`images` + `answer`): they are decoded once and bounded by `data.max_image_pixels` (`oxrl.data.images`), and the
+prompt becomes a chat whose image parts stand where its `<image>` markers were, or open the first user message
+when it has none (`oxrl.data.formats.prompt_messages_with_images`, the rules offline rows follow).
+
 Then as for offline data: an invalid row stops the run, or with `data.skip_invalid_rows` is skipped
 and counted; the validation prompts are `data.validation`, else `data.validation_fraction` of each
 dataset (seeded, before mixing), else the first `rl.validation_size` rows (`validation_split_size`);
@@ -32,7 +37,8 @@ from typing import Any
 from oxrl.config.schema import RL_PROMPT_FORMATS, DataConfig, DatasetSpec, RLConfig
 from oxrl.data.build import INVALID_ROW, distinct_names, hold_out, parse_rows
 from oxrl.data.errors import DataError
-from oxrl.data.formats import _kind
+from oxrl.data.formats import _kind, prompt_messages_with_images
+from oxrl.data.images import decode_images
 from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
 from oxrl.data.mix import mix
 from oxrl.data.read import Row, read_dataset
@@ -68,7 +74,7 @@ def load_rl_prompts(data: DataConfig, rl: RLConfig, *, seed: int) -> LoadedPromp
     skipped: Counter[str] = Counter()
 
     def read(spec: DatasetSpec) -> list[RLPrompt]:
-        prompts, invalid = read_prompt_dataset(spec, template, data.skip_invalid_rows)
+        prompts, invalid = read_prompt_dataset(spec, template, data.skip_invalid_rows, data.max_image_pixels)
         if invalid:
             skipped[INVALID_ROW] += invalid
         return prompts
@@ -152,7 +158,8 @@ def read_rl_prompts(
 
 
 def read_prompt_dataset(
-    spec: DatasetSpec, template: PromptTemplate, skip_invalid_rows: bool = False
+    spec: DatasetSpec, template: PromptTemplate, skip_invalid_rows: bool = False,
+    max_image_pixels: int = DataConfig.model_fields["max_image_pixels"].default,
 ) -> tuple[list[RLPrompt], int]:
     """The prompts of one dataset, and how many invalid rows were skipped (`skip_invalid_rows`)."""
     if spec.format != "auto" and spec.format not in RL_PROMPT_FORMATS:
@@ -163,7 +170,17 @@ def read_prompt_dataset(
 
     def prompt(row: Row) -> RLPrompt:
         where = RowChecker(raw.location, row.number)
-        question, column, fields = convert(dict(row.values), where, template)
+        values = dict(row.values)
+        image_values = values.pop("images", None)
+        question, column, fields = convert(values, where, template)
+        if image_values is not None and image_values != []:
+            if not spec.chat_template:
+                raise where.fail("images", "a prompt with images needs the chat template (chat_template: false is set)")
+            images = decode_images(image_values, location=raw.location, row=row.number, root=raw.root,
+                                   max_pixels=max_image_pixels)
+            messages = prompt_messages_with_images(question, len(images), raw.location, row.number)
+            return RLPrompt(messages=messages, fields=fields, source=raw.location, row=row.number, column=column,
+                            images=images)
         if isinstance(question, list) and not spec.chat_template:
             question = plain_text(question)
         if isinstance(question, str):
