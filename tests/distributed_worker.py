@@ -210,6 +210,41 @@ def scenario_fsdp2_sft(out: Path) -> dict:
             "lr": logged(out / "plain", "lr"), "lower_lr": logged(out / "lower_lr", "lr")}
 
 
+def train_vlm_sft(cfg: Config, strategy: Strategy, run_dir: Path, folder: Path) -> list[float]:
+    """SFT of a tiny Qwen2-VL (saved in `folder` by rank 0) on 8 image rows whose image sizes, hence image-token
+    counts and 3-D rotary positions, differ."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from oxrl.data.formats import Chat
+    from oxrl.data.tokenize import ExampleTokenizer
+    from tests.conftest import bundled_gguf
+    from tests.vlm_fixtures import COLOURS, save_tiny_qwen2_vl, shape_image
+
+    from oxrl.training import distributed
+
+    gguf = bundled_gguf()
+    if strategy.is_main:
+        save_tiny_qwen2_vl(folder, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    distributed.barrier()
+    processor = AutoProcessor.from_pretrained(folder)
+    rows = ExampleTokenizer(processor.tokenizer, processor)
+    colours = list(COLOURS)
+    examples = []
+    for i in range(8):
+        chat = Chat([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]},
+                     {"role": "assistant", "content": colours[i % 4]}], first_trained=1)
+        image = shape_image(colours[i % 4], size=(56 + 28 * (i % 3), 56), seed=i)
+        examples.append(Example([rows.sequence(chat, location="worker", row=i, images=[image])]))
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    return train_offline(cfg, get_objective("sft"), model, None, examples, [], strategy, run_dir).losses
+
+
+def scenario_fsdp2_vlm_sft(out: Path) -> dict:
+    cfg = config(out, strategy={"name": "fsdp2"}, max_steps=3, global_batch_size=4, micro_batch_size_per_device=2)
+    losses = train_vlm_sft(cfg, build_strategy(cfg), out / "vlm_sft", out / "vlm")
+    return {"losses": losses, "grad_norms": grad_norms(out / "vlm_sft")}
+
+
 def logged(run_dir: Path, key: str) -> list[float]:
     return [json.loads(line)[key] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

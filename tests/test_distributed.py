@@ -170,6 +170,17 @@ def test_fsdp2_saved_folders_load_in_plain_transformers(fsdp2_sft, sft_baseline)
 
 
 @pytest.mark.distributed
+def test_fsdp2_vision_language_sft_two_ranks_match_one(tmp_path_factory):
+    result, _ = run_scenario("fsdp2_vlm_sft", tmp_path_factory)
+    out = tmp_path_factory.mktemp("vlm_single")
+    cfg = worker.config(out, max_steps=3, global_batch_size=4, micro_batch_size_per_device=2)
+    losses = worker.train_vlm_sft(cfg, single(), out / "vlm_sft", out / "vlm")
+    assert_close(result["losses"], losses)
+    # Norms near 3 over 3M parameters, their squares summed per shard then across ranks: fp32 order moves ~1e-5.
+    assert_close(result["grad_norms"], worker.grad_norms(out / "vlm_sft"), rtol=3e-5)
+
+
+@pytest.mark.distributed
 def test_fsdp2_dpo_two_ranks_match_one(tmp_path_factory):
     result, _ = run_scenario("fsdp2_dpo", tmp_path_factory)
     out = tmp_path_factory.mktemp("dpo_single")

@@ -119,7 +119,7 @@ def test_sft_learns_the_colour_in_the_image_which_the_text_alone_cannot_tell(tmp
     # The same rows without their images: the question alone cannot tell the colour.
     text_only = write_rows(tmp_path / "text.jsonl", sft_rows(tmp_path, range(64), with_images=False))
     blind = run(config(tmp_path, model_dirs[family], text_only, "sft", 150, run={"name": "text_only"}))
-    assert held_out_accuracy(warm.final_model_dir, tmp_path, HELD_OUT) <= 0.5
+    assert held_out_accuracy(blind.final_model_dir, tmp_path, HELD_OUT) <= 0.5
 
 
 @pytest.mark.slow
