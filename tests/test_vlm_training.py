@@ -135,8 +135,8 @@ def test_dpo_on_image_pairs_raises_the_margin(tmp_path, model_dirs):
 
 @pytest.mark.slow
 def test_grpo_on_image_prompts_raises_the_reward(tmp_path, model_dirs):
-    # A short SFT on image rows first (RL's usual warm start): the model answers with a colour name and is right
-    # well under half the time, so the reward has room to rise.
+    # A short SFT on image rows first (RL's usual warm start): the model answers with a colour name, right about a
+    # quarter of the time, so the reward has room to rise.
     warm_rows = write_rows(tmp_path / "sft.jsonl", sft_rows(tmp_path, range(64)))
     warm = run(config(tmp_path, model_dirs["qwen2_vl"], warm_rows, "sft", WARM_STEPS, run={"name": "warm"}))
     prompts = [{"prompt": f"<image>{QUESTION}", "images": [draw(tmp_path, i)], "answer": colour_of(i)}

@@ -102,6 +102,9 @@ class ExampleTokenizer:
         return Sequence(ids, mask)
 
     def _chat_sequence(self, chat: Chat, location: str, row: int, images: list) -> Sequence:
+        if images and self.processor is None:
+            raise DataError(location, row, "images", "the row has images but the model is not a vision-language model "
+                            "(its folder has no processor)")
         if not self.tokenizer.chat_template:
             raise ValueError(
                 "the tokenizer has no chat template: set `model.chat_template`, or `chat_template: false` on "
@@ -131,9 +134,6 @@ class ExampleTokenizer:
     def _with_images(self, sequence: Sequence, text: str, images: list, location: str, row: int) -> Sequence:
         """`sequence`, the tokens of `text` (image placeholders unexpanded), with each placeholder expanded into its
         image's tokens by the processor, the loss mask carried over, and the image tensors attached."""
-        if self.processor is None:
-            raise DataError(location, row, "images", "the row has images but the model is not a vision-language model "
-                            "(its folder has no processor)")
         encoded = self.processor(text=[text], images=[images], add_special_tokens=False, return_tensors="pt")
         expanded = encoded["input_ids"][0].tolist()
         mask = [False] * len(expanded)

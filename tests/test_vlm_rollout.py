@@ -1,0 +1,134 @@
+"""Vision-language rows in the trainer's forward and in the transformers engine, on tiny random Qwen2-VL and Idefics3
+models (tests/vlm_fixtures.py): packed == one sequence at a time == the model's own unpacked forward; engine
+log-probs == trainer log-probs on image prompts; prompts render with their images; bad input is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.data.errors import DataError
+from oxrl.data.formats import Chat
+from oxrl.data.rl_tasks import RLPrompt, encode_prompts
+from oxrl.data.tokenize import ExampleTokenizer
+from oxrl.data.types import Example, PackedBatch, pack
+from oxrl.loops.rl_batch import score_logprobs
+from oxrl.rollout.base import SamplingParams
+from oxrl.rollout.hf import HFEngine
+from tests.vlm_fixtures import SAVERS, shape_image
+
+# Sizes give different grids (Qwen2-VL: 4, 6 and 8 image tokens), so a position off by one image shows.
+IMAGES = [("red", "circle", (56, 56)), ("blue", "square", (84, 56)), ("green", "circle", (56, 112))]
+
+
+@pytest.fixture(scope="module", params=list(SAVERS))
+def vlm(request, tmp_path_factory, smollm2_tokenizer):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = SAVERS[request.param](tmp_path_factory.mktemp(request.param), smollm2_tokenizer)
+    return request.param, AutoModelForImageTextToText.from_pretrained(folder).eval(), AutoProcessor.from_pretrained(folder)
+
+
+def image(i: int):
+    colour, shape, size = IMAGES[i]
+    return shape_image(colour, shape, size, seed=i)
+
+
+def question(i: int) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour" + "?" * (i + 1)}]}]
+
+
+def image_examples(processor) -> list[Example]:
+    rows = ExampleTokenizer(processor.tokenizer, processor)
+    return [Example([rows.sequence(Chat(question(i) + [{"role": "assistant", "content": f"It is {IMAGES[i][0]}."}], 1),
+                                   location="test", row=i, images=[image(i)])]) for i in range(len(IMAGES))]
+
+
+def own_forward_logprobs(model, example: Example) -> torch.Tensor:
+    """Log-probs of the trained tokens from the model's own unpacked forward (it places image tokens and computes
+    positions itself), the reference the packed row must equal."""
+    (sequence,) = example.sequences
+    ids = torch.tensor([sequence.input_ids])
+    extra = dict(sequence.vision.tensors)
+    if hasattr(model.model, "get_rope_index"):  # multimodal RoPE: the model reads token types
+        extra["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].float()
+    chosen = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return torch.cat([torch.zeros(1), chosen]) * torch.tensor(sequence.loss_mask)
+
+
+@torch.no_grad()
+def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
+    family, model, processor = vlm
+    examples = image_examples(processor)
+    text_only = Example([ExampleTokenizer(processor.tokenizer, processor).sequence(
+        Chat([{"role": "user", "content": "No image here."}, {"role": "assistant", "content": "Fine."}], 1),
+        location="test", row=9)])
+    packed = token_logprobs(model, pack(examples + [text_only]))
+    alone = torch.cat([token_logprobs(model, pack([e])) for e in examples + [text_only]])
+    own = torch.cat([own_forward_logprobs(model, e) for e in examples])
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[: own.numel()], own, atol=1e-5, rtol=0)
+    assert pack(examples).vision.keys() == examples[0].sequences[0].vision.tensors.keys()
+
+
+@torch.no_grad()
+def test_qwen2_vl_needs_its_multimodal_positions_in_a_packed_row(vlm):
+    """Mutation check of the test above: the plain restarting positions (what a text model gets) are wrong."""
+    family, model, processor = vlm
+    if family != "qwen2_vl":
+        pytest.skip("1-D positions are right for this family")
+    batch = pack(image_examples(processor))
+    right = token_logprobs(model, batch)
+    plain = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **batch.vision).logits[0]
+    wrong = torch.log_softmax(plain[:-1].float(), -1).gather(-1, batch.input_ids[0, 1:, None])[:, 0]
+    mask = batch.loss_mask[0, 1:]
+    assert (wrong[mask] - right[1:][mask]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_engine_logprobs_equal_trainer_logprobs_on_image_prompts(vlm):
+    family, model, processor = vlm
+    prompts = [RLPrompt(messages=question(i), images=[image(i)]) for i in range(len(IMAGES))]
+    prompts.append(RLPrompt(messages=[{"role": "user", "content": "A text prompt."}]))
+    batch = encode_prompts(prompts, processor.tokenizer, processor=processor)
+    assert batch.vision is not None and batch.vision[-1] is None and len(batch.vision) == 4
+    torch.manual_seed(0)
+    completions = HFEngine(model, processor.tokenizer).generate(batch.prompt_ids, SamplingParams(n=3, max_new_tokens=6),
+                                                                 batch.vision)
+    assert [c.vision for c in completions] == [v for v in batch.vision for _ in range(3)]
+    trainer = score_logprobs(model, completions, micro_size=4, temperature=1.0)
+    gap = max(float((torch.tensor(c.logprobs) - t).abs().max()) for c, t in zip(completions, trainer))
+    assert gap < 1e-4  # measured: ~1e-6 on both families (fp32)
+
+
+def test_image_prompts_render_with_their_expanded_image_tokens(vlm):
+    family, model, processor = vlm
+    batch = encode_prompts([RLPrompt(messages=question(i), images=[image(i)]) for i in range(len(IMAGES))],
+                           processor.tokenizer, processor=processor)
+    image_token = model.config.image_token_id
+    counts = [ids.count(image_token) for ids in batch.prompt_ids]
+    if family == "qwen2_vl":  # 14-pixel patches merged 2x2: a 56x56 image is 2x2 tokens, 84x56 3x2, 56x112 2x4
+        assert counts == [4, 6, 8]
+        assert [v.tensors["image_grid_thw"].tolist() for v in batch.vision] == [[[1, 4, 4]], [[1, 4, 6]], [[1, 8, 4]]]
+    else:  # Idefics3 resizes every image to 56 pixels: image_seq_len = 4 tokens each
+        assert counts == [4, 4, 4]
+    assert batch.prompt_texts == ["What colour?", "What colour??", "What colour???"]
+
+
+def test_a_row_with_images_for_a_text_model_is_refused(smollm2_tokenizer):
+    rows = ExampleTokenizer(smollm2_tokenizer)
+    with pytest.raises(DataError, match=r"data.jsonl, row 3, field 'images'.*not a vision-language model"):
+        rows.sequence(Chat(question(0) + [{"role": "assistant", "content": "red"}], 1), location="data.jsonl", row=3,
+                      images=[image(0)])
+
+
+def test_a_too_long_row_with_images_is_skipped_not_cut(vlm):
+    from oxrl.data.tokenize import TOO_LONG, truncate
+
+    family, model, processor = vlm
+    example = image_examples(processor)[0]
+    for policy in ("right", "left", "drop"):
+        assert truncate(example, 8, policy, location="data.jsonl") == (None, TOO_LONG)
+    assert isinstance(pack([example]), PackedBatch)
