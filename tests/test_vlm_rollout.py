@@ -94,13 +94,23 @@ def test_engine_logprobs_equal_trainer_logprobs_on_image_prompts(vlm):
     prompts.append(RLPrompt(messages=[{"role": "user", "content": "A text prompt."}]))
     batch = encode_prompts(prompts, processor.tokenizer, processor=processor)
     assert batch.vision is not None and batch.vision[-1] is None and len(batch.vision) == 4
+    tower = getattr(model.model, "visual", None) or model.model.vision_model
+    encoded = []  # the vision tower's calls: the 3 prompts' images are encoded once, in the shared prefill
+    hook = tower.register_forward_hook(lambda module, args, out: encoded.append(1))
     torch.manual_seed(0)
     completions = HFEngine(model, processor.tokenizer).generate(batch.prompt_ids, SamplingParams(n=3, max_new_tokens=6),
                                                                  batch.vision)
+    hook.remove()
+    assert len(encoded) == 1
     assert [c.vision for c in completions] == [v for v in batch.vision for _ in range(3)]
     trainer = score_logprobs(model, completions, micro_size=4, temperature=1.0)
     gap = max(float((torch.tensor(c.logprobs) - t).abs().max()) for c, t in zip(completions, trainer))
     assert gap < 1e-4  # measured: ~1e-6 on both families (fp32)
+    # One sample per prompt: no prefix to share, `generate` encodes the images itself.
+    single = HFEngine(model, processor.tokenizer).generate(batch.prompt_ids, SamplingParams(n=1, max_new_tokens=6),
+                                                            batch.vision)
+    trainer = score_logprobs(model, single, micro_size=4, temperature=1.0)
+    assert max(float((torch.tensor(c.logprobs) - t).abs().max()) for c, t in zip(single, trainer)) < 1e-4
 
 
 def test_image_prompts_render_with_their_expanded_image_tokens(vlm):

@@ -39,8 +39,14 @@ def multimodal_positions(owner, batch: PackedBatch) -> torch.Tensor:
     present = torch.zeros_like(rows)
     rows[batch.seq_index, text_positions] = ids
     present[batch.seq_index, text_positions] = 1
-    image_tokens = (rows == owner.config.image_token_id).int() * present
-    rotary, _ = owner.get_rope_index(rows, mm_token_type_ids=image_tokens,
-                                     image_grid_thw=batch.vision.get("image_grid_thw"), attention_mask=present)
-    rotary = rotary[:, batch.seq_index, text_positions]  # [3, T], back in the packed row's order
-    return torch.cat([text_positions[None], rotary])[:, None, :]
+    padded = padded_positions(owner, rows, present, batch.vision.get("image_grid_thw"))  # [4, S, L]
+    return padded[:, batch.seq_index, text_positions][:, None, :]  # back in the packed row's order
+
+
+def padded_positions(owner, ids: torch.Tensor, attention: torch.Tensor, image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """[4, B, L] for a padded batch (left or right): each token's 1-D position (real tokens before it), then its
+    3-D rotary position from `owner.get_rope_index` (image tokens located by id, images in row order)."""
+    image_tokens = (ids == owner.config.image_token_id).int() * attention
+    rotary, _ = owner.get_rope_index(ids, mm_token_type_ids=image_tokens, image_grid_thw=image_grid_thw,
+                                     attention_mask=attention)
+    return torch.cat([(attention.cumsum(-1) - 1).clamp(min=0)[None], rotary])

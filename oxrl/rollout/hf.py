@@ -14,11 +14,12 @@ It computes in the trainer's precision (`autocast`, the strategy's: bf16 autocas
 decoding, bound by reading the weights at every token, reads them once cast to bf16 for the whole call
 (autocast caches the cast of each trainable weight until the call ends) rather than in fp32 at every step.
 
-Prompts with images (vision-language models) are generated with their image tensors, laid out as the
-processor lays out a batch, and, for multimodal-RoPE models (Qwen-VL), the token types `generate` computes
-their 3-D positions from. Such a batch does not share the prefill: each of the n rows of a prompt runs it
-(image features included), since a cached prefix would leave the model's 3-D position offsets to state kept
-from the prefill call.
+Prompts with images (vision-language models) share the prefill too: the prefix forward takes each prompt's
+image tensors once (laid out as the processor lays out a batch), so the image features are computed once per
+prompt, and the cache holds them. For multimodal-RoPE models (Qwen-VL) oxRL computes every row's 3-D positions
+itself (`padded_positions`, the model's own `get_rope_index`) and hands them to both the prefix forward and
+`generate`, which extends them by one per new token; nothing rests on position offsets a model keeps from an
+earlier call.
 
 Weights that diverged (e.g. one update with far too high a learning rate) give inf/NaN logits;
 sampling from them would fail deep inside `generate` ("probability tensor contains either inf,
@@ -34,7 +35,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.algorithms.model_inputs import rope_index_owner
+from oxrl.algorithms.model_inputs import padded_positions, rope_index_owner
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.probe import trainer_probe_logprobs
@@ -102,16 +103,10 @@ class HFEngine:
                 out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params, vision))
         return out
 
-    def _vision_inputs(self, input_ids: torch.Tensor, visions: list[VisionInputs | None]) -> dict[str, torch.Tensor]:
-        """`generate`'s image inputs for the rows of `input_ids` (one vision entry per row)."""
-        if all(v is None for v in visions):
-            return {}
-        device = input_ids.device
-        inputs = {k: v.to(device) for k, v in batch_vision([None if v is None else v.tensors for v in visions]).items()}
-        owner = rope_index_owner(self.model)
-        if owner is not None:  # multimodal RoPE: `generate` places image tokens by their type
-            inputs["mm_token_type_ids"] = (input_ids == owner.config.image_token_id).int()
-        return inputs
+    def _positions(self, input_ids: torch.Tensor, attention: torch.Tensor, images: dict[str, torch.Tensor]):
+        """The rows' [4, B, L] positions for a multimodal-RoPE model with images, else None (`generate`'s own)."""
+        owner = rope_index_owner(self.model) if images else None
+        return None if owner is None else padded_positions(owner, input_ids, attention, images.get("image_grid_thw"))
 
     def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams,
                         vision: list[VisionInputs | None]) -> list[Completion]:
@@ -126,11 +121,15 @@ class HFEngine:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
+        prompt_vision = [vision[index] for index, _ in prompts]
+        images = {k: v.to(device) for k, v in batch_vision([None if v is None else v.tensors for v in prompt_vision]).items()}
+        positions = self._positions(input_ids, attention, images)
+        prefix = self._shared_prefix(input_ids, attention, params.n, images, positions)
         requests = [request for request in prompts for _ in range(params.n)]  # grouped by prompt
-        row_vision = [vision[index] for index, _ in requests]
-        with_images = any(v is not None for v in row_vision)
-        prefix = None if with_images else self._shared_prefix(input_ids, attention, params.n)
         input_ids, attention = input_ids.repeat_interleave(params.n, 0), attention.repeat_interleave(params.n, 0)
+        extra = {} if positions is None else {"position_ids": positions.repeat_interleave(params.n, -2)}
+        if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
+            extra.update(images)
         sampling = params.temperature > 0
         generated = model.generate(
             input_ids=input_ids,
@@ -149,7 +148,7 @@ class HFEngine:
             return_dict_in_generate=True,
             synced_gpus=self.synced,
             logits_processor=LogitsProcessorList([FiniteLogits()]),
-            **self._vision_inputs(input_ids, row_vision),
+            **extra,
         )
         model.train(was_training)
         new_tokens = generated.sequences[:, width:]  # [B, L]
@@ -159,18 +158,20 @@ class HFEngine:
         token_logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, new_tokens[:, t, None])[:, 0]
                                       for t, step in enumerate(generated.logits)], dim=1).cpu()
         new_tokens = new_tokens.cpu()
-        return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, row_vision[row])
+        return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, vision[index])
                 for row, (index, ids) in enumerate(requests)]
 
-    def _shared_prefix(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int):
-        """The KV cache of every prompt but its last token, computed once and repeated n times (None when
-        there is nothing to share); `generate` then runs only the last prompt token and the new ones."""
+    def _shared_prefix(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, images: dict[str, torch.Tensor],
+                       positions: torch.Tensor | None):
+        """The KV cache of every prompt but its last token (a prompt's last token is never an image's), computed once
+        with the prompts' images and repeated n times (None when there is nothing to share); `generate` then runs only
+        the last prompt token and the new ones."""
         if n == 1 or input_ids.shape[1] < 2:
             return None
-        # The positions `generate` gives left-padded rows (count of real tokens so far), so the cache matches.
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        prefix = self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-                            use_cache=True, logits_to_keep=1).past_key_values
+        if positions is None:  # the positions `generate` gives left-padded rows (real tokens so far), so the cache matches
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        prefix = self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+                            position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images).past_key_values
         prefix.batch_repeat_interleave(n)
         return prefix
 
