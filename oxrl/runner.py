@@ -145,7 +145,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
 
         spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
-    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote)
+    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote, processor)
     handles.tokenizer = processor or tokenizer  # what checkpoints are saved with: a VLM's whole processor
     answers: dict[str, list[dict]] = {}
     try:
@@ -190,7 +190,7 @@ def write_samples(run_dir: Path, samples: dict[str, list[dict]]) -> None:
         logger.info("prompt: %s\n  before: %s\n  after:  %s", before["prompt"], before["completion"], after["completion"])
 
 
-def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int, remote=None):
+def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int, remote=None, processor=None):
     """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
     an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
     the engine is the rollout workers, shared by every rank."""
@@ -213,7 +213,7 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
         from oxrl.loops.online import build_online
 
         online, sampled = build_online(cfg, model, tokenizer, strategy, train_prompts)
-        engine = _engine(cfg, sampled, tokenizer, strategy, remote)
+        engine = _engine(cfg, sampled, tokenizer, strategy, remote, processor)
         return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online,
                          shared_rollouts=remote is not None)
     reference = None
@@ -226,17 +226,18 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
     elif rl.advantage in NEEDS_VALUES:
         source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
         critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
-    engine = _engine(cfg, model, tokenizer, strategy, remote)
+    engine = _engine(cfg, model, tokenizer, strategy, remote, processor)
     return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer,
                      shared_rollouts=remote is not None)
 
 
-def _engine(cfg: Config, model, tokenizer, strategy, remote):
-    """The rollout engine sampling from `model`: built here, or the Ray rollout workers (`remote`)."""
+def _engine(cfg: Config, model, tokenizer, strategy, remote, processor=None):
+    """The rollout engine sampling from `model`: built here, or the Ray rollout workers (`remote`, which load the
+    processor themselves)."""
     from oxrl.rollout.build import build_engine
 
     if remote is None:
-        return build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+        return build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed, processor)
     from oxrl.training.precision import uses_bf16
 
     # The probe's tolerance is that of the precision the trainers compute in (bf16 rounds the probe too).

@@ -20,6 +20,14 @@ import torch
 from oxrl.data.types import PackedBatch
 
 
+def image_token_ids(model) -> list[int]:
+    """The ids that stand for image (and video) features in a vision-language model's input; empty for a text model.
+    They are never sampled: a completion holding one would ask the trainer for features of an image there is none of."""
+    config = model.config
+    found = {getattr(config, key, None) for key in ("image_token_id", "video_token_id", "image_token_index")}
+    return sorted(i for i in found if isinstance(i, int))
+
+
 def rope_index_owner(model):
     """The submodule whose `get_rope_index` gives multimodal RoPE positions (Qwen-VL families), or None."""
     return next((module for module in model.modules() if hasattr(module, "get_rope_index")), None)

@@ -56,7 +56,7 @@ class TrainerWorker:
 
 class RolloutWorker:
     def __init__(self, cfg: Config, index: int):
-        from oxrl.models.load import load_model, load_tokenizer
+        from oxrl.models.load import load_model, load_processor, load_tokenizer
 
         _worker_logging()
         self.index = index
@@ -71,7 +71,7 @@ class RolloutWorker:
             from oxrl.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(self.model, self.tokenizer, rollout.vllm, cfg.run.seed + index,
-                                     receives_broadcast=True)
+                                     receives_broadcast=True, processor=load_processor(cfg.model, self.tokenizer))
             self.model = None  # vLLM holds the weights from here on, and receives every update itself
         else:
             from oxrl.rollout.hf import HFEngine

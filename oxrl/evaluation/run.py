@@ -195,15 +195,16 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
     from oxrl.loops.rl_stages import sample_and_reward, sampling_params
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl_setup import environment
-    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.models.load import load_model, load_processor, load_tokenizer
     from oxrl.rollout.build import build_engine
     from oxrl.runner import set_seed
 
     tokenizer = load_tokenizer(cfg.model)
+    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
     env = environment(cfg.rl, tokenizer)
-    batch = encode_prompts(prompts, tokenizer)
+    batch = encode_prompts(prompts, tokenizer, processor=processor)
     model = load_model(cfg.model, strategy.device).requires_grad_(False)
-    engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed)
+    engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed, processor)
     passes = {"greedy": sampling_params(cfg.rl, greedy=True)}
     if cfg.rl.rollout.n > 1:
         passes["sampled"] = sampling_params(cfg.rl)

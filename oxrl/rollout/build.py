@@ -35,12 +35,12 @@ def require_vllm() -> None:
         raise MissingDependencyError(f"rl.rollout.engine is `vllm` but vLLM cannot be imported ({error}); {VLLM_INSTALL_HINT}") from error
 
 
-def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int = 0):
-    """A RolloutEngine (oxrl/rollout/base.py) sampling from `model`."""
-    return ENGINES[rollout.engine](rollout, model, tokenizer, strategy, seed)
+def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int = 0, processor=None):
+    """A RolloutEngine (oxrl/rollout/base.py) sampling from `model` (`processor`: a vision-language model's)."""
+    return ENGINES[rollout.engine](rollout, model, tokenizer, strategy, seed, processor)
 
 
-def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
+def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):
     from oxrl.rollout.hf import HFEngine
 
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
@@ -48,10 +48,10 @@ def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
                     autocast=strategy.autocast)
 
 
-def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int):
+def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):
     from oxrl.rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model, tokenizer, rollout.vllm, seed)
+    return VLLMEngine(model, tokenizer, rollout.vllm, seed, processor=processor)
 
 
 ENGINES = {"hf": _hf_engine, "vllm": _vllm_engine}

@@ -35,7 +35,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.algorithms.model_inputs import padded_positions, rope_index_owner
+from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.probe import trainer_probe_logprobs
@@ -76,6 +76,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.never_sampled = image_token_ids(model) or None  # a vision-language model's image tokens
 
     def sync_weights(self, model) -> dict[str, float]:
         if model is not self.model:
@@ -148,6 +149,7 @@ class HFEngine:
             return_dict_in_generate=True,
             synced_gpus=self.synced,
             logits_processor=LogitsProcessorList([FiniteLogits()]),
+            suppress_tokens=self.never_sampled,
             **extra,
         )
         model.train(was_training)

@@ -22,8 +22,9 @@ class WeightSyncError(RuntimeError):
 
 
 def probe_ids(model, tokenizer) -> list[int]:
-    """The probe: PROBE_LENGTH token ids drawn from a fixed seed, the same in every process."""
-    vocab = min(len(tokenizer), model.config.vocab_size)
+    """The probe: PROBE_LENGTH token ids drawn from a fixed seed, the same in every process, from the tokenizer's base
+    vocabulary (no added tokens: a vision-language model's image tokens would need images)."""
+    vocab = min(tokenizer.vocab_size, model.config.get_text_config().vocab_size)
     return torch.randint(vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(0)).tolist()
 
 

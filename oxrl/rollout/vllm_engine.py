@@ -10,7 +10,7 @@ honest behaviour log-prob, which then differs from HFEngine's untruncated one.
 Weights reach vLLM through public vLLM APIs only. In the trainer's process (one path on every platform):
 
     trainer weights (LoRA merged on the fly) --save_pretrained--> <sync_dir>/weights-<k>/   (/dev/shm)
-    llm.collective_rpc("reload_weights", kwargs={"weights_path": ...}); llm.reset_prefix_cache()
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": ...}); then the prefix and encoder caches are reset
 
 In a Ray rollout worker (`receives_broadcast`), straight from trainer rank 0's broadcast into vLLM's processes
 through vLLM's weight-transfer API (`join_weight_group`, `receive_broadcast`; oxrl/rollout/vllm_transfer.py).
@@ -19,6 +19,14 @@ and every sync is VERIFIED: a fixed probe sequence is scored by the trainer (its
 vLLM (`prompt_logprobs`); a mean gap above the tolerance raises WeightSyncError instead of letting a
 stale engine sample silently. A sync whose update moved the probe by less than the tolerance cannot
 be told apart from a failed one, but a persistently stale engine drifts past it within a few steps.
+
+Prompts with images (vision-language models) go to vLLM as `{"prompt_token_ids", "multi_modal_data"}`. vLLM
+0.32 expands each image placeholder of the ids itself and has no way to be told the ids are already expanded:
+handed oxRL's prompt ids (each placeholder already expanded by the processor) it would expand the first image
+token again and leave the rest as plain tokens. So each image's expanded tokens are turned back into its one
+placeholder token first (`unexpanded_prompt`), and vLLM's expansion is checked to give back exactly the ids the
+trainer scores. vLLM loads the processor from the folder it started from, so a vision-language model's engine is
+given the processor and saves it there.
 
 On GPU, vLLM sleeps between phases (weights offloaded, KV cache freed) so the trainer has the memory,
 where the platform supports sleep mode; on CPU sleep is a no-op and is not called.
@@ -38,6 +46,8 @@ from pathlib import Path
 import torch
 
 from oxrl.config.schema import VLLMConfig
+from oxrl.data.types import VisionInputs
+from oxrl.models.load import is_vision_language
 from oxrl.models.lora import is_peft, merged_state_dict
 from oxrl.models.value_head import without_value_head
 from oxrl.models.save import no_progress_bars
@@ -51,13 +61,19 @@ CPU_KV_CACHE_GIB = 1.0
 
 
 class VLLMEngine:
-    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0, receives_broadcast: bool = False):
+    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0, receives_broadcast: bool = False,
+                 processor=None):
+        """`processor`: a vision-language model's (its image processor and `tokenizer`); None for a text model."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
         from oxrl.rollout.vllm_transfer import BACKEND
 
+        if processor is None and is_vision_language(_base(model).config):
+            raise ValueError("a vision-language model's vLLM engine needs the model's processor (`processor=`): vLLM "
+                             "loads it beside the weights to turn images into the model's inputs")
         self.tokenizer = tokenizer
+        self.processor = processor
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.dtype = options.dtype if options.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
         self.tolerance = options.sync_check_tolerance or DEFAULT_TOLERANCE[self.dtype]
@@ -77,6 +93,10 @@ class VLLMEngine:
         self._asleep = False
         self._last_trainer_probe: torch.Tensor | None = None
         weights = self._write_weights(model)
+        self.start_folder = weights  # vLLM's model path: where it loads the config and processor from
+        if processor is not None:
+            with no_progress_bars():
+                processor.save_pretrained(weights)
         tokenizer.save_pretrained(self.root / "tokenizer")
         _base(model).config.save_pretrained(self.root / "tokenizer")  # vLLM reads a config beside any tokenizer
         kv_gib = options.kv_cache_gib or (CPU_KV_CACHE_GIB if on_cpu else None)
@@ -97,9 +117,11 @@ class VLLMEngine:
 
     # ---- sampling ---------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 vision: list[VisionInputs | None] | None = None) -> list[Completion]:
         from vllm import SamplingParams as VLLMSamplingParams
 
+        vision = vision if vision is not None else [None] * len(prompts)
         greedy = params.temperature == 0
         sampling = VLLMSamplingParams(
             n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
@@ -111,16 +133,33 @@ class VLLMEngine:
             for index, each in enumerate(sampling):
                 each.seed = params.seed + index
         self._wake()  # stays awake for the rollout phase's later turns; the loop calls `offload` at its end
-        outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], sampling, use_tqdm=False)
-        return [self._completion(index, prompts[index], sample) for index, out in enumerate(outputs) for sample in out.outputs]
+        requests = [self._request(ids, images) for ids, images in zip(prompts, vision)]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        for index, out in enumerate(outputs):
+            if vision[index] is not None and list(out.prompt_token_ids) != list(prompts[index]):
+                raise RuntimeError(
+                    f"vLLM expanded the images of prompt {index} into other tokens than the model's processor did "
+                    f"({len(out.prompt_token_ids)} ids, not {len(prompts[index])}): its log-probs would be of another "
+                    f"sequence than the trainer scores")
+        return [self._completion(index, prompts[index], sample, vision[index])
+                for index, out in enumerate(outputs) for sample in out.outputs]
 
-    def _completion(self, index: int, prompt_ids: list[int], sample) -> Completion:
+    def _request(self, ids: list[int], vision: VisionInputs | None) -> dict:
+        """vLLM's prompt: the ids, and for a prompt with images the images with their placeholders unexpanded."""
+        if vision is None:
+            return {"prompt_token_ids": list(ids)}
+        if self.processor is None:
+            raise ValueError("a prompt has images but this vLLM engine was built without a processor (a text model)")
+        return {"prompt_token_ids": unexpanded_prompt(ids, vision.images, self.processor),
+                "multi_modal_data": {"image": list(vision.images)}}
+
+    def _completion(self, index: int, prompt_ids: list[int], sample, vision: VisionInputs | None) -> Completion:
         ids = list(sample.token_ids)
         # logprobs=0: each step's dict holds just the sampled token (processed_logprobs: after temperature).
         logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs, ids)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as HFEngine decodes: same text for same ids
         return Completion(prompt_index=index, prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=logprobs,
-                          finish_reason=_finish_reason(sample), text=text)
+                          finish_reason=_finish_reason(sample), text=text, vision=vision)
 
     # ---- weights ----------------------------------------------------------------------------------
 
@@ -134,9 +173,8 @@ class VLLMEngine:
         folder = self._write_weights(model)
         written = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        if not self.llm.reset_prefix_cache():
-            raise WeightSyncError("vLLM could not reset its prefix cache after reloading weights: cached KV of the old weights would be reused")
-        shutil.rmtree(previous)
+        self._forget_old_weights()
+        self._remove_weights(previous)
         reloaded = time.perf_counter()
         gap = self.check_sync(model)
         seconds = time.perf_counter() - started
@@ -165,8 +203,15 @@ class VLLMEngine:
                                                  "dtypes": [spec.dtype for spec in specs], "bucket_bytes": bucket_bytes,
                                                  "aliases": aliases}})
         self.llm.finish_weight_update()
+        self._forget_old_weights()
+
+    def _forget_old_weights(self) -> None:
+        """Drop what vLLM computed with the old weights: the prefix cache's KV and the encoder cache's image
+        features. vLLM 0.32's reload_weights clears its workers' encoder cache but not the scheduler's record of
+        it (the next prompt with a seen image then fails with "Encoder cache miss"); the engine's reset clears both."""
         if not self.llm.reset_prefix_cache():
             raise WeightSyncError("vLLM could not reset its prefix cache after new weights: cached KV of the old weights would be reused")
+        self.llm.llm_engine.reset_encoder_cache()
 
     def _write_weights(self, model) -> Path:
         """The trainer's weights as a Hugging Face folder (safetensors + config) under the base names."""
@@ -180,6 +225,15 @@ class VLLMEngine:
         with no_progress_bars():
             base.save_pretrained(folder, state_dict=state, safe_serialization=True)
         return folder
+
+    def _remove_weights(self, folder: Path) -> None:
+        """A replaced weights folder. The one vLLM started from keeps its other files (config, processor): vLLM
+        may load its processor from its model path again."""
+        if folder != self.start_folder:
+            shutil.rmtree(folder)
+            return
+        for file in folder.glob("*.safetensors*"):
+            file.unlink()
 
     @torch.no_grad()
     def check_sync(self, model) -> float:
@@ -232,6 +286,33 @@ class VLLMEngine:
         self.llm = None
         gc.collect()
         self._cleanup()
+
+
+def unexpanded_prompt(ids: list[int], images: list, processor) -> list[int]:
+    """`ids` with each image's expanded tokens turned back into its one placeholder token, which is what vLLM
+    expands. An image's expanded tokens are what the processor writes for its placeholder alone (it depends on the
+    image: Qwen2-VL's count of image tokens is its grid's); images are found in order."""
+    ids = list(ids)
+    placeholder = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    out: list[int] = []
+    start = 0
+    for number, image in enumerate(images):
+        block = processor(text=[processor.image_token], images=[[image]], add_special_tokens=False)["input_ids"][0]
+        at = _find(ids, block, start)
+        if at is None:
+            raise ValueError(f"image {number} of a prompt: the {len(block)} tokens the processor expands its "
+                             f"{processor.image_token} placeholder into are not in the prompt's ids after position {start}")
+        out += ids[start:at] + [placeholder]
+        start = at + len(block)
+    return out + ids[start:]
+
+
+def _find(ids: list[int], block: list[int], start: int) -> int | None:
+    """The first position >= start where `block` occurs in `ids`."""
+    for at in range(start, len(ids) - len(block) + 1):
+        if ids[at : at + len(block)] == block:
+            return at
+    return None
 
 
 def _finish_reason(sample) -> str:

@@ -178,3 +178,19 @@ def test_vllm_samples_from_the_images(vlm):
         engine_plain = engine.probe_logprobs(plain.prompt_ids + plain.completion_ids)[-len(plain.completion_ids):]
         torch.testing.assert_close(engine_plain, trainer_plain, atol=1e-4, rtol=1e-4)
         assert float((torch.tensor(with_images.logprobs) - engine_plain).abs().mean()) > 1e-2
+
+
+def test_after_a_weight_sync_the_images_are_seen_with_the_new_weights(vlm):
+    """vLLM caches image features by image; a sync must drop them (vLLM 0.32's reload alone left its scheduler
+    expecting cached features its workers had dropped: "Encoder cache miss")."""
+    engine, model, processor = vlm
+    prompts, visions, _ = encode(processor)
+    engine.generate(prompts, PARAMS, visions)  # the images' features are cached under the current weights
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():  # the vision tower moves too
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    engine.sync_weights(model)
+    completions = engine.generate(prompts, PARAMS, visions)
+    for c, trainer in zip(completions, score_logprobs(model, completions, 4, PARAMS.temperature)):
+        torch.testing.assert_close(torch.tensor(c.logprobs), trainer, atol=1e-4, rtol=1e-4)
