@@ -147,3 +147,14 @@ def test_saving_a_vlm_with_only_its_tokenizer_warns(vlm, tmp_path, oxrl_log):
     cfg = ModelConfig(name_or_path=str(folder))
     save_hf_folder(load_model(cfg, CPU), load_tokenizer(cfg), tmp_path / "out")
     assert "not its processor" in oxrl_log.text
+
+
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "mllama"])
+def test_a_family_packed_rows_would_compute_wrongly_is_refused_before_its_weights_load(tmp_path, family):
+    from transformers import AutoConfig
+
+    from oxrl.models.load import UnsupportedModelError
+
+    AutoConfig.for_model(family).save_pretrained(tmp_path)  # a config only: refused before any weights are read
+    with pytest.raises(UnsupportedModelError, match=f"{family}: .*not supported yet"):
+        load_model(ModelConfig(name_or_path=str(tmp_path)), CPU)

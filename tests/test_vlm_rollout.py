@@ -51,8 +51,8 @@ def own_forward_logprobs(model, example: Example) -> torch.Tensor:
     (sequence,) = example.sequences
     ids = torch.tensor([sequence.input_ids])
     extra = dict(sequence.vision.tensors)
-    if hasattr(model.model, "get_rope_index"):  # multimodal RoPE: the model reads token types
-        extra["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    if hasattr(model.model, "get_rope_index"):  # multimodal RoPE: the model places image tokens by type
+        extra["mm_token_type_ids"] = (ids == model.config.image_token_id).long()
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].float()
     chosen = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
     return torch.cat([torch.zeros(1), chosen]) * torch.tensor(sequence.loss_mask)
@@ -74,11 +74,12 @@ def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
 
 
 @torch.no_grad()
-def test_qwen2_vl_needs_its_multimodal_positions_in_a_packed_row(vlm):
-    """Mutation check of the test above: the plain restarting positions (what a text model gets) are wrong."""
+def test_a_packed_row_needs_its_family_inputs(vlm):
+    """Mutation check of the test above: what a text model's packed row gets (restarting 1-D positions) is wrong for
+    Qwen2-VL, whose image tokens and the text after them have 3-D positions."""
     family, model, processor = vlm
-    if family != "qwen2_vl":
-        pytest.skip("1-D positions are right for this family")
+    if family == "idefics3":
+        pytest.skip("a text model's inputs are right for this family")
     batch = pack(image_examples(processor))
     right = token_logprobs(model, batch)
     plain = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **batch.vision).logits[0]
@@ -94,7 +95,8 @@ def test_engine_logprobs_equal_trainer_logprobs_on_image_prompts(vlm):
     prompts.append(RLPrompt(messages=[{"role": "user", "content": "A text prompt."}]))
     batch = encode_prompts(prompts, processor.tokenizer, processor=processor)
     assert batch.vision is not None and batch.vision[-1] is None and len(batch.vision) == 4
-    tower = getattr(model.model, "visual", None) or model.model.vision_model
+    tower = next(getattr(model.model, name) for name in ("visual", "vision_model", "vision_tower")
+                 if hasattr(model.model, name))
     encoded = []  # the vision tower's calls: the 3 prompts' images are encoded once, in the shared prefill
     hook = tower.register_forward_hook(lambda module, args, out: encoded.append(1))
     torch.manual_seed(0)

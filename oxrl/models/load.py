@@ -164,6 +164,27 @@ def refuse_sequence_mixing_layers(config) -> None:
             "oxRL trains on packed rows; models with such layers are not supported yet (attention-only models are)")
 
 
+# Vision-language families whose attention is not causal over the image tokens (a mask beyond what a packed row's
+# positions give), so a packed row would not compute what the model computes on each sequence alone. Gemma 3
+# (two-way attention among an image's tokens, from `token_type_ids`) was measured: a packed row holding a text-only
+# and an image sequence moved the later one's log-probs by 5e-3 against its own forward.
+UNPACKABLE_VISION_FAMILIES = {
+    "gemma3": "its image tokens attend to each other both ways",
+    "paligemma": "its whole prompt attends both ways (prefix-LM)",
+    "mllama": "its images enter through cross-attention layers with their own mask",
+}
+
+
+def refuse_unpackable_vision(config) -> None:
+    """Refuse, by name and reason, a vision-language family that oxRL's packed rows would compute wrongly."""
+    reason = UNPACKABLE_VISION_FAMILIES.get(config.model_type)
+    if reason is not None:
+        raise UnsupportedModelError(
+            f"{config.model_type}: {reason}, which packed rows (several sequences end to end, attention from their "
+            "positions) do not reproduce; this vision-language family is not supported yet (Qwen2-VL, Qwen2.5-VL, "
+            "Qwen3-VL, Idefics3 / SmolVLM are)")
+
+
 def freeze_vision_tower(model) -> int:
     """Freeze every parameter of a vision-language model outside its language model and output head (the vision
     tower and the projector); the number of parameters it froze."""
@@ -188,6 +209,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
     config = load_config(cfg)
     vision_language = is_vision_language(config)
     refuse_sequence_mixing_layers(config.get_text_config(decoder=True))  # before the weights load
+    refuse_unpackable_vision(config)
     if cfg.freeze_vision and not vision_language:
         raise ValueError(f"model.freeze_vision is set but {cfg.name_or_path} is not a vision-language model")
     dtype = resolve_dtype(cfg.dtype, device)
