@@ -1,5 +1,5 @@
-"""Vision-language rows in the trainer's forward and in the transformers engine, on tiny random Qwen2-VL and Idefics3
-models (tests/vlm_fixtures.py): packed == one sequence at a time == the model's own unpacked forward; engine
+"""Vision-language rows in the trainer's forward and in the transformers engine, on tiny random Qwen2-VL, Idefics3
+and Gemma 3 models (tests/vlm_fixtures.py): packed == one sequence at a time == the model's own unpacked forward; engine
 log-probs == trainer log-probs on image prompts; prompts render with their images; bad input is refused."""
 
 from __future__ import annotations
@@ -51,20 +51,27 @@ def own_forward_logprobs(model, example: Example) -> torch.Tensor:
     (sequence,) = example.sequences
     ids = torch.tensor([sequence.input_ids])
     extra = dict(sequence.vision.tensors)
+    image_tokens = (ids == model.config.image_token_id).long()  # as the processors mark them
     if hasattr(model.model, "get_rope_index"):  # multimodal RoPE: the model places image tokens by type
-        extra["mm_token_type_ids"] = (ids == model.config.image_token_id).long()
+        extra["mm_token_type_ids"] = image_tokens
+    if model.config.model_type == "gemma3":  # two-way attention among an image's tokens
+        extra["token_type_ids"] = image_tokens
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].float()
     chosen = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
     return torch.cat([torch.zeros(1), chosen]) * torch.tensor(sequence.loss_mask)
+
+
+def text_example(processor) -> Example:
+    return Example([ExampleTokenizer(processor.tokenizer, processor).sequence(
+        Chat([{"role": "user", "content": "No image here."}, {"role": "assistant", "content": "Fine."}], 1),
+        location="test", row=9)])
 
 
 @torch.no_grad()
 def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
     family, model, processor = vlm
     examples = image_examples(processor)
-    text_only = Example([ExampleTokenizer(processor.tokenizer, processor).sequence(
-        Chat([{"role": "user", "content": "No image here."}, {"role": "assistant", "content": "Fine."}], 1),
-        location="test", row=9)])
+    text_only = text_example(processor)
     packed = token_logprobs(model, pack(examples + [text_only]))
     alone = torch.cat([token_logprobs(model, pack([e])) for e in examples + [text_only]])
     own = torch.cat([own_forward_logprobs(model, e) for e in examples])
@@ -75,14 +82,17 @@ def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
 
 @torch.no_grad()
 def test_a_packed_row_needs_its_family_inputs(vlm):
-    """Mutation check of the test above: what a text model's packed row gets (restarting 1-D positions) is wrong for
-    Qwen2-VL, whose image tokens and the text after them have 3-D positions."""
+    """Mutation check of the test above: what a text model's packed row gets (restarting 1-D positions, one row) is
+    wrong for Qwen2-VL, whose image tokens and the text after them have 3-D positions, and for Gemma 3, whose image
+    tokens attend to each other both ways (oxRL runs its rows as padded batches)."""
     family, model, processor = vlm
     if family == "idefics3":
         pytest.skip("a text model's inputs are right for this family")
-    batch = pack(image_examples(processor))
+    batch = pack([text_example(processor)] + image_examples(processor))
     right = token_logprobs(model, batch)
-    plain = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **batch.vision).logits[0]
+    types = {"token_type_ids": (batch.input_ids == model.config.image_token_id).long()} if family == "gemma3" else {}
+    plain = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **batch.vision,
+                  **types).logits[0]
     wrong = torch.log_softmax(plain[:-1].float(), -1).gather(-1, batch.input_ids[0, 1:, None])[:, 0]
     mask = batch.loss_mask[0, 1:]
     assert (wrong[mask] - right[1:][mask]).abs().max() > 1e-3
@@ -124,7 +134,7 @@ def test_image_prompts_render_with_their_expanded_image_tokens(vlm):
     if family == "qwen2_vl":  # 14-pixel patches merged 2x2: a 56x56 image is 2x2 tokens, 84x56 3x2, 56x112 2x4
         assert counts == [4, 6, 8]
         assert [v.tensors["image_grid_thw"].tolist() for v in batch.vision] == [[[1, 4, 4]], [[1, 4, 6]], [[1, 8, 4]]]
-    else:  # Idefics3 resizes every image to 56 pixels: image_seq_len = 4 tokens each
+    else:  # Idefics3 and Gemma 3 resize every image to 56 pixels, 4 image tokens each
         assert counts == [4, 4, 4]
     assert batch.prompt_texts == ["What colour?", "What colour??", "What colour???"]
 

@@ -7,7 +7,10 @@ Two families, because they differ where VLM code goes wrong:
 * Idefics3 (SmolVLM's architecture): a fixed block of image tokens between marker tokens, 1-D positions,
   `pixel_values` [batch, images, channels, height, width] with a `pixel_attention_mask`.
 
-Both use SmolLM2's tokenizer with the families' image tokens added, and a ChatML template whose content parts
+* Gemma 3: image tokens attend to each other both ways (the model builds that mask from `token_type_ids`), a
+  fixed block of image tokens, 1-D positions, `pixel_values` [images, channels, height, width].
+
+All use SmolLM2's tokenizer with the families' image tokens added, and a ChatML template whose content parts
 may be `{"type": "image"}`.
 
 Qwen2-VL's processor takes a video processor too, which needs torchvision (not installed on a CPU-only machine);
@@ -21,8 +24,10 @@ from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw
-from transformers import (AutoProcessor, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
-                          Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor)
+from transformers import (AutoProcessor, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor,
+                          Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, Qwen2VLConfig,
+                          Qwen2VLForConditionalGeneration, Qwen2VLProcessor)
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.processing_utils import ProcessorMixin
@@ -101,7 +106,28 @@ def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:
     return _save(Idefics3ForConditionalGeneration(config), processor, folder)
 
 
-SAVERS = {"qwen2_vl": save_tiny_qwen2_vl, "idefics3": save_tiny_idefics3}
+def save_tiny_gemma3(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A 2-layer Gemma 3 (2-layer SigLIP tower, 56-pixel images pooled to 4 image tokens) with its processor, saved in
+    `folder`. Its processor reads the image marker tokens from the tokenizer's named special tokens."""
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer = _copy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(named.values())})
+    tokenizer.save_pretrained(Path(folder) / "tokenizer")  # reloaded with its named special tokens
+    tokenizer = type(tokenizer).from_pretrained(Path(folder) / "tokenizer", extra_special_tokens=named)
+    processor = Gemma3Processor(Gemma3ImageProcessorPil(size={"height": 56, "width": 56}), tokenizer,
+                                chat_template=chatml_template("<start_of_image>"), image_seq_length=4)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in named.values()}
+    config = Gemma3Config(
+        text_config=dict(vocab_size=len(tokenizer), head_dim=8, **TEXT, **_special_ids(tokenizer)),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=56, patch_size=14),
+        mm_tokens_per_image=4, boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"], **_special_ids(tokenizer))
+    torch.manual_seed(seed)
+    return _save(Gemma3ForConditionalGeneration(config), processor, folder)
+
+
+SAVERS = {"qwen2_vl": save_tiny_qwen2_vl, "idefics3": save_tiny_idefics3, "gemma3": save_tiny_gemma3}
 
 
 def _copy(tokenizer):

@@ -10,17 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
-from oxrl.algorithms.model_inputs import forward_inputs
+from oxrl.algorithms.model_inputs import row_forward
 
 
 def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
     """Logits [T, V] of a packed row. No attention mask and no KV cache, so transformers builds
-    the per-sequence (block-diagonal causal) mask from the restarting position ids.
+    the per-sequence (block-diagonal causal) mask from the restarting position ids (a family that cannot
+    pack runs as a padded batch: `row_forward`).
 
     RL divides by the sampling temperature so that the trainer's log-probs describe the same
     distribution the rollout engine sampled from."""
-    out = model(**forward_inputs(model, batch), use_cache=False)
-    logits = out.logits[0]
+    logits, _ = row_forward(model, batch)
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -61,16 +61,14 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         raise ValueError("the first token of a packed row has no prediction and cannot be a target")
     # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
     keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
-    with_hidden = {"output_hidden_states": True} if value_head is not None else {}
-    out = model(**forward_inputs(model, batch), use_cache=False, logits_to_keep=keep, **with_hidden)
-    logits = out.logits[0]  # [N, V], row i predicts token positions[i]
+    logits, hidden = row_forward(model, batch, keep, hidden=value_head is not None)  # [N, V]: row i predicts positions[i]
     if temperature != 1.0:
         logits = logits / temperature
     values = torch.zeros(batch.input_ids.shape[1], dtype=torch.float32, device=logits.device)
     entropy = torch.zeros_like(values) if with_entropy else None
     if value_head is not None:
         # The final hidden state (after the final norm: what the LM head reads) at the kept positions only.
-        head_out = value_head(out.hidden_states[-1][0, keep])  # [N]
+        head_out = value_head(hidden)  # [N]
         state_values = torch.zeros_like(values)
         state_values = (state_values + 0.0 * head_out.sum() if positions.numel() == 0
                         else state_values.index_put((positions,), head_out))

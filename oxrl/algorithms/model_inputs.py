@@ -1,5 +1,5 @@
-"""What a vision-language model's forward takes for a packed row: the image tensors, and the position ids its
-rotary embedding needs.
+"""A forward pass of a packed row (`row_forward`), and what a vision-language model's forward takes for one: the
+image tensors, and the position ids its rotary embedding needs.
 
 Most families (Idefics3 / SmolVLM, LLaVA) use 1-D positions, so a packed row's positions restarting at 0 for each
 sequence are all they need. Qwen2-VL, Qwen2.5-VL and Qwen3-VL use multimodal RoPE: an image token's position is
@@ -11,6 +11,12 @@ reads row 0 to keep attention within each packed sequence and rows 1-3 as the ro
 
 A text-only row of such a model gets the same 4-row form (its three rotary rows equal to the 1-D positions), since
 the plain `[1, T]` form is read as one unpacked sequence and would let packed sequences attend to each other.
+
+Gemma 3's image tokens attend to each other both ways (the model builds that mask from `token_type_ids`, 1 on image
+tokens). A packed row does not reproduce it: measured on a tiny Gemma 3, a row holding a text-only sequence and an
+image sequence moved the later one's log-probs by 5e-3 against its own forward. Such a family (`PADDED_FAMILIES`)
+runs the row's sequences as a padded batch instead (attention mask, token types), and `row_forward` lays the
+outputs back in the row's order, so callers never see the difference.
 """
 
 from __future__ import annotations
@@ -28,6 +34,45 @@ def image_token_ids(model) -> list[int]:
     return sorted(i for i in found if isinstance(i, int))
 
 
+# Families whose attention over image tokens a packed row cannot give: their rows run as padded batches.
+PADDED_FAMILIES = frozenset({"gemma3"})
+
+
+def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None,
+                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits [N, V] at the row's positions `keep` (all T positions when None) and, with `hidden`, the final hidden
+    states there [N, H]: one forward of the packed row, or for a `PADDED_FAMILIES` model one of its sequences as a
+    padded batch."""
+    with_hidden = {"output_hidden_states": True} if hidden else {}
+    if model.config.model_type in PADDED_FAMILIES:
+        rows, present = padded_rows(batch)
+        out = model(input_ids=rows, attention_mask=present, use_cache=False, **batch.vision,
+                    **token_type_inputs(model, rows * present), **with_hidden)
+        at = (batch.seq_index, batch.position_ids[0]) if keep is None else (batch.seq_index[keep], batch.position_ids[0, keep])
+        return out.logits[at], out.hidden_states[-1][at] if hidden else None
+    kept = {} if keep is None else {"logits_to_keep": keep}  # only the kept positions through the lm_head
+    out = model(**forward_inputs(model, batch), use_cache=False, **kept, **with_hidden)
+    states = out.hidden_states[-1][0] if hidden else None  # every position: `logits_to_keep` slices logits only
+    return out.logits[0], None if states is None else (states if keep is None else states[keep])
+
+
+def token_type_inputs(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`token_type_ids` (1 on image tokens) for a family that builds its image attention from them, else nothing."""
+    if model.config.model_type not in PADDED_FAMILIES:
+        return {}
+    return {"token_type_ids": (ids == model.config.image_token_id).long()}
+
+
+def padded_rows(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed row's sequences as a right-padded batch: ids [S, L] and which of them are real [S, L]."""
+    positions = batch.position_ids[0]
+    rows = batch.input_ids.new_zeros(batch.num_sequences, int(positions.max()) + 1)
+    present = torch.zeros_like(rows)
+    rows[batch.seq_index, positions] = batch.input_ids[0]
+    present[batch.seq_index, positions] = 1
+    return rows, present
+
+
 def rope_index_owner(model):
     """The submodule whose `get_rope_index` gives multimodal RoPE positions (Qwen-VL families), or None."""
     return next((module for module in model.modules() if hasattr(module, "get_rope_index")), None)
@@ -42,13 +87,9 @@ def forward_inputs(model, batch: PackedBatch) -> dict[str, torch.Tensor]:
 
 def multimodal_positions(owner, batch: PackedBatch) -> torch.Tensor:
     """[4, 1, T]: the packed row's 1-D positions, then each sequence's 3-D rotary positions from `owner.get_rope_index`."""
-    ids, text_positions = batch.input_ids[0], batch.position_ids[0]
-    rows = ids.new_zeros(batch.num_sequences, int(text_positions.max()) + 1)
-    present = torch.zeros_like(rows)
-    rows[batch.seq_index, text_positions] = ids
-    present[batch.seq_index, text_positions] = 1
+    rows, present = padded_rows(batch)
     padded = padded_positions(owner, rows, present, batch.vision.get("image_grid_thw"))  # [4, S, L]
-    return padded[:, batch.seq_index, text_positions][:, None, :]  # back in the packed row's order
+    return padded[:, batch.seq_index, batch.position_ids[0]][:, None, :]  # back in the packed row's order
 
 
 def padded_positions(owner, ids: torch.Tensor, attention: torch.Tensor, image_grid_thw: torch.Tensor | None) -> torch.Tensor:

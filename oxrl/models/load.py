@@ -164,12 +164,9 @@ def refuse_sequence_mixing_layers(config) -> None:
             "oxRL trains on packed rows; models with such layers are not supported yet (attention-only models are)")
 
 
-# Vision-language families whose attention is not causal over the image tokens (a mask beyond what a packed row's
-# positions give), so a packed row would not compute what the model computes on each sequence alone. Gemma 3
-# (two-way attention among an image's tokens, from `token_type_ids`) was measured: a packed row holding a text-only
-# and an image sequence moved the later one's log-probs by 5e-3 against its own forward.
+# Vision-language families whose attention oxRL does not reproduce: neither a packed row's positions nor the padded
+# batches of `oxrl.algorithms.model_inputs.PADDED_FAMILIES` (Gemma 3) give their masks.
 UNPACKABLE_VISION_FAMILIES = {
-    "gemma3": "its image tokens attend to each other both ways",
     "paligemma": "its whole prompt attends both ways (prefix-LM)",
     "mllama": "its images enter through cross-attention layers with their own mask",
 }
@@ -182,7 +179,7 @@ def refuse_unpackable_vision(config) -> None:
         raise UnsupportedModelError(
             f"{config.model_type}: {reason}, which packed rows (several sequences end to end, attention from their "
             "positions) do not reproduce; this vision-language family is not supported yet (Qwen2-VL, Qwen2.5-VL, "
-            "Qwen3-VL, Idefics3 / SmolVLM are)")
+            "Qwen3-VL, Idefics3 / SmolVLM and Gemma 3 are)")
 
 
 def freeze_vision_tower(model) -> int:

@@ -35,7 +35,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner
+from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner, token_type_inputs
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.probe import trainer_probe_logprobs
@@ -129,6 +129,7 @@ class HFEngine:
         requests = [request for request in prompts for _ in range(params.n)]  # grouped by prompt
         input_ids, attention = input_ids.repeat_interleave(params.n, 0), attention.repeat_interleave(params.n, 0)
         extra = {} if positions is None else {"position_ids": positions.repeat_interleave(params.n, -2)}
+        extra.update(token_type_inputs(model, input_ids))  # Gemma 3: its image tokens' two-way attention
         if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
             extra.update(images)
         sampling = params.temperature > 0
@@ -173,7 +174,8 @@ class HFEngine:
         if positions is None:  # the positions `generate` gives left-padded rows (real tokens so far), so the cache matches
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
         prefix = self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
-                            position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images).past_key_values
+                            position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images,
+                            **token_type_inputs(self.model, input_ids[:, :-1])).past_key_values
         prefix.batch_repeat_interleave(n)
         return prefix
 
