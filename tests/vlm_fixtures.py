@@ -54,8 +54,21 @@ class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
 
 AutoProcessor.register(Qwen2VLConfig, ImageOnlyQwen2VLProcessor, exist_ok=True)
 
-TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=2048)
+# Text and vision widths: "tiny" (heads of 8) for the transformers tests, "vllm" (heads of 32, which vLLM's CPU
+# attention has kernels for) for the vLLM tier.
+WIDTHS = {"tiny": dict(hidden=32, heads=4, kv_heads=2), "vllm": dict(hidden=64, heads=2, kv_heads=1)}
+
+
+def _text(width: str) -> dict:
+    w = WIDTHS[width]
+    return dict(hidden_size=w["hidden"], intermediate_size=2 * w["hidden"], num_hidden_layers=2,
+                num_attention_heads=w["heads"], num_key_value_heads=w["kv_heads"], max_position_embeddings=2048)
+
+
+def _vision(width: str) -> dict:
+    w = WIDTHS[width]
+    return dict(hidden_size=w["hidden"], intermediate_size=2 * w["hidden"], num_hidden_layers=2,
+                num_attention_heads=w["heads"], image_size=56, patch_size=14)
 
 
 def _token_ids(tokenizer, tokens: list[str]) -> dict[str, int]:
@@ -68,8 +81,8 @@ def _special_ids(tokenizer) -> dict:
                 bos_token_id=tokenizer.bos_token_id)
 
 
-def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0) -> Path:
-    """A 2-layer Qwen2-VL (2-layer vision tower, 14-pixel patches merged 2x2) with its processor, saved in `folder`.
+def tiny_qwen2_vl(tokenizer, width: str = "tiny", seed: int = 0):
+    """A 2-layer Qwen2-VL (2-layer vision tower, 14-pixel patches merged 2x2) and its processor: (model, processor).
     A 56x56 image becomes 16 patches and 4 image tokens."""
     tokenizer = _copy(tokenizer)
     ids = _token_ids(tokenizer, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
@@ -77,33 +90,42 @@ def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0) -> Path:
                                                temporal_patch_size=2)
     processor = ImageOnlyQwen2VLProcessor(image_processor, tokenizer,
                                           chat_template=chatml_template("<|vision_start|><|image_pad|><|vision_end|>"))
+    text = _text(width)
+    half = text["hidden_size"] // text["num_attention_heads"] // 2  # rotary frequencies: time, height, width
     config = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(tokenizer), rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
-                         **TEXT, **_special_ids(tokenizer)),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+        text_config=dict(vocab_size=len(tokenizer), rope_scaling={"type": "mrope", "mrope_section": [half // 2, half // 4, half // 4]},
+                         **text, **_special_ids(tokenizer)),
+        vision_config=dict(depth=2, embed_dim=text["hidden_size"], hidden_size=text["hidden_size"],
+                           num_heads=text["num_attention_heads"], mlp_ratio=2, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, in_chans=3),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         **_special_ids(tokenizer))
     torch.manual_seed(seed)
-    return _save(Qwen2VLForConditionalGeneration(config), processor, folder)
+    return Qwen2VLForConditionalGeneration(config), processor
 
 
-def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:
-    """A 2-layer Idefics3 (SmolVLM's architecture; 2-layer SigLIP tower, 56-pixel images, 4 image tokens each)
-    with its processor, saved in `folder`."""
+def tiny_idefics3(tokenizer, width: str = "tiny", seed: int = 0):
+    """A 2-layer Idefics3 (SmolVLM's architecture; 2-layer SigLIP tower, 56-pixel images, 4 image tokens each) and its
+    processor: (model, processor)."""
     tokenizer = _copy(tokenizer)
     ids = _token_ids(tokenizer, ["<fake_token_around_image>", "<image>", "<global-img>"])
     image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
                                                 max_image_size={"longest_edge": 56})
     processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=chatml_template("<image>"))
     config = Idefics3Config(
-        text_config=dict(model_type="llama", vocab_size=len(tokenizer), **TEXT, **_special_ids(tokenizer)),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=56, patch_size=14),
-        scale_factor=2, image_token_id=ids["<image>"], **_special_ids(tokenizer))
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), **_text(width), **_special_ids(tokenizer)),
+        vision_config=_vision(width), scale_factor=2, image_token_id=ids["<image>"], **_special_ids(tokenizer))
     torch.manual_seed(seed)
-    return _save(Idefics3ForConditionalGeneration(config), processor, folder)
+    return Idefics3ForConditionalGeneration(config), processor
+
+
+def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0) -> Path:
+    return _save(*tiny_qwen2_vl(tokenizer, seed=seed), folder)
+
+
+def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:
+    return _save(*tiny_idefics3(tokenizer, seed=seed), folder)
 
 
 def save_tiny_gemma3(folder: Path, tokenizer, seed: int = 0) -> Path:
@@ -118,9 +140,8 @@ def save_tiny_gemma3(folder: Path, tokenizer, seed: int = 0) -> Path:
                                 chat_template=chatml_template("<start_of_image>"), image_seq_length=4)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in named.values()}
     config = Gemma3Config(
-        text_config=dict(vocab_size=len(tokenizer), head_dim=8, **TEXT, **_special_ids(tokenizer)),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=56, patch_size=14),
+        text_config=dict(vocab_size=len(tokenizer), head_dim=8, **_text("tiny"), **_special_ids(tokenizer)),
+        vision_config=_vision("tiny"),
         mm_tokens_per_image=4, boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
         image_token_index=ids["<image_soft_token>"], **_special_ids(tokenizer))
     torch.manual_seed(seed)

@@ -297,7 +297,7 @@ def _render(prompt: RLPrompt, tokenizer) -> tuple[list[int], str]:
     """The prompt's token ids, and its text as the rewards see it (the last message's content for a chat)."""
     if prompt.messages is not None and tokenizer.chat_template:
         rendered = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(rendered["input_ids"]), prompt.messages[-1]["content"]
+        return list(rendered["input_ids"]), message_text(prompt.messages[-1]["content"])
     text = prompt.prompt if prompt.prompt is not None else plain_text(prompt.messages)
     return list(tokenizer(text)["input_ids"]), text
 

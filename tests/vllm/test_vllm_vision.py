@@ -2,7 +2,7 @@
 scores the completions with the images), completions carry their prompt's images, text prompts are unchanged.
 
 The tiny models are those of tests/vlm_fixtures.py (SmolLM2's tokenizer with the families' image tokens, a ChatML
-template) with vLLM-sized text attention: 2 heads of 32, as vLLM's CPU attention has no kernel for heads of 8.
+template) at their "vllm" width: 2 heads of 32, as vLLM's CPU attention has no kernel for heads of 8.
 A large vocabulary also keeps the random model from sampling image tokens, which the trainer's forward would take
 for image positions.
 
@@ -13,25 +13,19 @@ there it is skipped, saying why. `unexpanded_prompt` is checked for both familie
 
 from __future__ import annotations
 
-import copy
 import importlib
 
 import pytest
 import torch
-from transformers import (AutoModelForImageTextToText, AutoProcessor, Idefics3Config, Idefics3ForConditionalGeneration,
-                          Idefics3Processor, Qwen2VLConfig, Qwen2VLForConditionalGeneration)
-from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from oxrl.data.types import VisionInputs
 from oxrl.loops.rl_batch import score_logprobs
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT
 from oxrl.rollout.vllm_engine import unexpanded_prompt
-from tests.vlm_fixtures import ImageOnlyQwen2VLProcessor, chatml_template, shape_image
+from tests.vlm_fixtures import shape_image, tiny_idefics3, tiny_qwen2_vl
 
-TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            max_position_embeddings=512)
 PARAMS = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=0)
 # The prompts: (images, question); the images differ in size (Qwen2-VL: different grids), the third prompt has
 # two, the last none.
@@ -43,53 +37,8 @@ PROMPTS = [
 ]
 
 
-def _special_ids(tokenizer) -> dict:
-    return dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                bos_token_id=tokenizer.bos_token_id)
-
-
-def _add_tokens(tokenizer, tokens: list[str]) -> dict[str, int]:
-    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
-    return {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
-
-
-def tiny_qwen2_vl(tokenizer):
-    """tests/vlm_fixtures.py's Qwen2-VL (variable image tokens per image, multimodal RoPE) with heads of 32."""
-    tokenizer = copy.deepcopy(tokenizer)
-    ids = _add_tokens(tokenizer, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
-                                               temporal_patch_size=2)
-    processor = ImageOnlyQwen2VLProcessor(image_processor, tokenizer,
-                                          chat_template=chatml_template("<|vision_start|><|image_pad|><|vision_end|>"))
-    config = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(tokenizer), rope_scaling={"type": "mrope", "mrope_section": [8, 4, 4]},
-                         **TEXT, **_special_ids(tokenizer)),
-        vision_config=dict(depth=2, embed_dim=64, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        **_special_ids(tokenizer))
-    torch.manual_seed(0)
-    return Qwen2VLForConditionalGeneration(config), processor
-
-
-def tiny_idefics3(tokenizer):
-    """tests/vlm_fixtures.py's Idefics3 (a fixed block of image tokens between marker tokens) with heads of 32."""
-    tokenizer = copy.deepcopy(tokenizer)
-    ids = _add_tokens(tokenizer, ["<fake_token_around_image>", "<image>", "<global-img>"])
-    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
-                                                max_image_size={"longest_edge": 56})
-    processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=4, chat_template=chatml_template("<image>"))
-    config = Idefics3Config(
-        text_config=dict(model_type="llama", vocab_size=len(tokenizer), **TEXT, **_special_ids(tokenizer)),
-        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=56, patch_size=14),
-        scale_factor=2, image_token_id=ids["<image>"], **_special_ids(tokenizer))
-    torch.manual_seed(0)
-    return Idefics3ForConditionalGeneration(config), processor
-
-
-FAMILIES = {"qwen2_vl": tiny_qwen2_vl, "idefics3": tiny_idefics3}
+FAMILIES = {"qwen2_vl": lambda tokenizer: tiny_qwen2_vl(tokenizer, "vllm"),
+            "idefics3": lambda tokenizer: tiny_idefics3(tokenizer, "vllm")}
 
 
 def encode(processor) -> tuple[list[list[int]], list[VisionInputs | None], list[list[int]]]:
