@@ -1,7 +1,8 @@
 """Every example config loads, every algorithm has one, and each runs one optimizer step.
 
 The run swaps the bundled SmolLM2-135M-Instruct (and any teacher, critic, reward model or judge) for a
-tiny random model saved with the real SmolLM2 tokenizer, and shrinks only the sizes (steps, rows,
+tiny random model saved with the real SmolLM2 tokenizer (a vision-language example, `vlm_*.yaml`, for a tiny
+random Qwen2-VL, tests/vlm_fixtures.py), and shrinks only the sizes (steps, rows,
 prompts, samples, tokens): the data, the objective, its hyper-parameters and the rewards are the
 example's own, so an example whose data, rewards or settings no longer fit the code fails here, not in
 a user's hands. Multi-turn examples (`rl.env`) run too, on the built-in `hf` engine; an example on the
@@ -23,6 +24,7 @@ import yaml
 from oxrl.config.load import apply_override, load_config
 from oxrl.config.names import ALL_ALGORITHMS, OFFLINE_ALGORITHMS, ONLINE
 from tests.conftest import make_tiny_llama, save_tiny_model
+from tests.vlm_fixtures import save_tiny_qwen2_vl
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -50,7 +52,8 @@ def test_every_algorithm_has_an_example():
 
 # Data files written by a generator beside them, each with a `files()` -> {path: rows}.
 GENERATORS = [ROOT / "examples/data/make_arithmetic_text.py", ROOT / "examples/data/make_arithmetic_kto.py",
-              ROOT / "oxrl/data/bundled/make_reasoning_openr1.py", ROOT / "examples/data/make_calculator_traces.py"]
+              ROOT / "oxrl/data/bundled/make_reasoning_openr1.py", ROOT / "examples/data/make_calculator_traces.py",
+              ROOT / "examples/data/make_vlm_shapes.py"]
 
 
 @pytest.mark.parametrize("generator", GENERATORS, ids=[path.stem for path in GENERATORS])
@@ -65,11 +68,13 @@ def test_data_files_are_what_their_generators_write(generator, monkeypatch):
 
 @dataclass(frozen=True)
 class TinyModels:
-    """Tiny random Llamas with the real SmolLM2 tokenizer: the policy, a teacher (other weights), a reward model."""
+    """Tiny random Llamas with the real SmolLM2 tokenizer: the policy, a teacher (other weights), a reward model;
+    and a tiny random Qwen2-VL, the policy of the vision-language examples."""
 
     policy: Path
     teacher: Path
     reward_model: Path
+    vision_language: Path
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,8 @@ def tiny_models(tmp_path_factory, smollm2_tokenizer) -> TinyModels:
     LlamaForSequenceClassification(config).save_pretrained(folder / "reward-model")
     smollm2_tokenizer.save_pretrained(folder / "reward-model")
     return TinyModels(save_tiny_model(folder / "policy", smollm2_tokenizer),
-                      save_tiny_model(folder / "teacher", smollm2_tokenizer, seed=1), folder / "reward-model")
+                      save_tiny_model(folder / "teacher", smollm2_tokenizer, seed=1), folder / "reward-model",
+                      save_tiny_qwen2_vl(folder / "vision-language", smollm2_tokenizer))
 
 
 def coin_reward(prompt: str, completion: str) -> float:
@@ -99,8 +105,9 @@ def tiny_run_tree(path: Path, models: TinyModels, output_dir: Path) -> dict:
     example's rewards (or its task's default one), with 4 answers per prompt, so some answers are kept.
     """
     tree = yaml.safe_load(path.read_text())
+    policy = models.vision_language if path.name.startswith("vlm_") else models.policy
     settings = {
-        "model.name_or_path": str(models.policy), "run.output_dir": str(output_dir), "train.max_steps": 1,
+        "model.name_or_path": str(policy), "run.output_dir": str(output_dir), "train.max_steps": 1,
         "checkpoint.every": None, "logging.samples": [], "logging.plot": False, "logging.progress_bar": False,
     }
     if tree["algorithm"]["name"] in OFFLINE_ALGORITHMS:
