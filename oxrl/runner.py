@@ -110,6 +110,7 @@ def run_rl(cfg: Config, remote=None) -> RunResult:
 
 
 def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
+    from oxrl.algorithms.advantages import NEEDS_VALUES
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl import train_rl
     from oxrl.loops.rl_setup import environment, load_prompts, reward_function
@@ -122,6 +123,10 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
         reward_fn = remote.rewards(reward_fn, strategy)  # scored by the reward workers (or rank 0), shared by all
     tokenizer = load_tokenizer(cfg.model)
     processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
+    if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
+        raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), which "
+                         "cannot read a vision-language policy's images; use rl.critic_backbone: shared (a value head on "
+                         "the policy's own hidden states) or an advantage estimator without a critic (e.g. grpo)")
     env = environment(rl, tokenizer)
     if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
         # Ranks finish their episodes after different numbers of turns, hence different numbers of

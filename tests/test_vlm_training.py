@@ -5,6 +5,7 @@ by relative paths in JSONL rows, and the final folder loaded back with transform
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,26 @@ def test_grpo_on_image_prompts_raises_the_reward(tmp_path, model_dirs):
     # Means of 8 steps x 64 completions: a standard error near 0.02, so a rise of 0.15 is no accident.
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
     assert last > first + 0.15, rewards
+
+
+@pytest.mark.slow
+def test_spin_trains_on_image_prompts(tmp_path, model_dirs):
+    """SPIN's gold sequence (the row's response) is trained with its prompt's images, as the sampled one is."""
+    rows = [{"prompt": f"<image>{QUESTION}", "images": [draw(tmp_path, i)], "response": colour_of(i)} for i in range(8)]
+    data = write_rows(tmp_path / "spin.jsonl", rows)
+    cfg = config(tmp_path, model_dirs["qwen2_vl"], data, "spin", 4,
+                 online={"loss": "dpo", "gold_field": "response", "iteration_steps": 2},
+                 rl={"validation_size": 0, "prompts_per_step": 4, "rollout": {"n": 1, "max_new_tokens": 4}},
+                 train={"global_batch_size": 4, "micro_batch_size_per_device": 4})
+    steps = metrics(run(cfg).run_dir)
+    assert len(steps) == 4 and all(math.isfinite(step["loss"]) for step in steps)
+    assert steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]  # the gold answers pull ahead
+
+
+def test_a_separate_critic_for_a_vision_language_policy_is_refused_before_models_load(tmp_path, model_dirs):
+    data = write_rows(tmp_path / "prompts.jsonl", [{"prompt": f"<image>{QUESTION}", "images": [draw(tmp_path, 0)],
+                                                   "answer": "red"}])
+    cfg = config(tmp_path, model_dirs["qwen2_vl"], data, "ppo", 1,
+                 rl={"critic_backbone": "separate", "rollout": {"max_new_tokens": 4}})
+    with pytest.raises(ValueError, match="critic_backbone `separate`.*cannot read a vision-language policy's images"):
+        run(cfg)

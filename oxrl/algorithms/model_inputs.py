@@ -26,10 +26,15 @@ import torch
 from oxrl.data.types import PackedBatch
 
 
+def hf_config(model):
+    """`model`'s transformers config, also through a wrapper whose own `config` is another thing (DeepSpeed's engine)."""
+    return getattr(model, "module", model).config
+
+
 def image_token_ids(model) -> list[int]:
     """The ids that stand for image (and video) features in a vision-language model's input; empty for a text model.
     They are never sampled: a completion holding one would ask the trainer for features of an image there is none of."""
-    config = model.config
+    config = hf_config(model)
     found = {getattr(config, key, None) for key in ("image_token_id", "video_token_id", "image_token_index")}
     return sorted(i for i in found if isinstance(i, int))
 
@@ -44,7 +49,7 @@ def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None,
     states there [N, H]: one forward of the packed row, or for a `PADDED_FAMILIES` model one of its sequences as a
     padded batch."""
     with_hidden = {"output_hidden_states": True} if hidden else {}
-    if model.config.model_type in PADDED_FAMILIES:
+    if hf_config(model).model_type in PADDED_FAMILIES:
         rows, present = padded_rows(batch)
         out = model(input_ids=rows, attention_mask=present, use_cache=False, **batch.vision,
                     **token_type_inputs(model, rows * present), **with_hidden)
@@ -58,9 +63,10 @@ def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None,
 
 def token_type_inputs(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """`token_type_ids` (1 on image tokens) for a family that builds its image attention from them, else nothing."""
-    if model.config.model_type not in PADDED_FAMILIES:
+    config = hf_config(model)
+    if config.model_type not in PADDED_FAMILIES:
         return {}
-    return {"token_type_ids": (ids == model.config.image_token_id).long()}
+    return {"token_type_ids": (ids == config.image_token_id).long()}
 
 
 def padded_rows(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -116,7 +116,7 @@ class SPIN(OnlineMethod):
         for completion in rollout.completions:
             prompt, answer = completion.prompt_ids, gold[completion.prompt_index]
             same += list(completion.completion_ids) == answer
-            chosen = Sequence(prompt + answer, [False] * len(prompt) + [True] * len(answer))
+            chosen = Sequence(prompt + answer, [False] * len(prompt) + [True] * len(answer), completion.vision)
             examples.append(Example([chosen, _sequence(completion)]))
         counts = {"spin/pairs": len(examples), "spin/same": same}
         return Selection(examples, counts, {"spin/own_equals_gold": ("spin/same", "spin/pairs")})

@@ -33,7 +33,7 @@ def format_catalog(registry_files: list[str] = ()) -> str:
     for entry in entries:
         cells = [entry.name, entry.family, f"{entry.params_b:g}B", str(entry.context), "yes" if entry.tested else "no"]
         if entry.unsupported or entry.config is None:
-            cells += ["not supported"] + [""] * (len(HARDWARE) - 1)
+            cells += ["no recipe"] + [""] * (len(HARDWARE) - 1)
         else:
             shape = ModelShape.from_config(entry.transformers_config())
             cells += [fit_label(entry, shape, spec) for spec in HARDWARE]
@@ -46,7 +46,7 @@ def format_catalog(registry_files: list[str] = ()) -> str:
         "task's micro-batch (halved until it fits), bf16: full = full fine-tune, +ckpt = activation checkpointing, "
         "no = does not fit. 8x80GB shards with FSDP2 (LoRA trains in one process only so far).",
         "matrix: the family is in oxRL's architecture matrix (tests/test_architectures.py).",
-        "Not supported: " + "; ".join(f"{e.name}: {e.unsupported}" for e in entries if e.unsupported),
+        "No recipe: " + "; ".join(f"{e.name}: {e.unsupported}" for e in entries if e.unsupported),
         "A ready config: oxrl recipe MODEL --task math --gpus 8x80GB.  A new model: oxrl onboard MODEL.",
     ]
     return "\n".join(lines + notes) + "\n"

@@ -29,7 +29,7 @@ class RegistryEntry(BaseModel):
     chat_template: str = Field("", description="What the chat template does that a trainer must know.")
     lora_targets: list[str] = Field(default_factory=list, description="Default LoRA target modules.")
     note: str = ""
-    unsupported: str | None = Field(None, description="Why oxRL cannot train it yet; null when it can.")
+    unsupported: str | None = Field(None, description="Why oxRL has no recipe for it (or cannot train it yet); null when it has.")
     config: dict[str, Any] | None = Field(None, description="config.json keys that fix the model's shape.")
     onboarded: dict[str, Any] | None = Field(None, description="What `oxrl onboard` checked, and when.")
 
