@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from oxrl.algorithms.model_inputs import image_token_ids
 from oxrl.config.schema import VLLMConfig
 from oxrl.data.types import VisionInputs
 from oxrl.models.load import is_vision_language
@@ -74,6 +75,7 @@ class VLLMEngine:
                              "loads it beside the weights to turn images into the model's inputs")
         self.tokenizer = tokenizer
         self.processor = processor
+        self.never_sampled = image_token_ids(_base(model))
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.dtype = options.dtype if options.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
         self.tolerance = options.sync_check_tolerance or DEFAULT_TOLERANCE[self.dtype]
@@ -127,6 +129,9 @@ class VLLMEngine:
             n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
+            # A vision-language model's image tokens are never sampled (a completion holding one would ask the
+            # trainer for an image that does not exist); -100 is the lowest bias vLLM takes.
+            logit_bias={token: -100.0 for token in self.never_sampled} or None,
         )
         if params.seed is not None:  # prompt i samples from seed + i: the same draws however prompts are split up
             sampling = [sampling.clone() for _ in prompts]
