@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from oxrl.algorithms.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
 from oxrl.models.bundled import BUNDLED, resolve_bundled
 from oxrl.models.packed_attention import use_packed_attention
@@ -234,4 +235,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         model = add_lora(model, lora, cfg.gradient_checkpointing)
     logger.info("loaded %s (%s%s, %.1fM parameters)", cfg.name_or_path, dtype,
                 ", vision-language" if vision_language else "", sum(p.numel() for p in model.parameters()) / 1e6)
+    if config.model_type in PADDED_FAMILIES:
+        logger.info("%s: its image tokens attend to each other both ways, which packed rows cannot give; its micro-batches "
+                    "run as padded batches (they compute on padding too)", config.model_type)
     return model
