@@ -29,7 +29,7 @@ def engine_with(llm, can_sleep: bool):
     from oxrl.rollout.vllm_engine import VLLMEngine
 
     engine = object.__new__(VLLMEngine)  # no vllm.LLM: only the phase logic is under test
-    engine.llm, engine.can_sleep, engine._asleep, engine.eos_ids = llm, can_sleep, False, {2}
+    engine.llm, engine.can_sleep, engine._asleep, engine.eos_ids, engine.never_sampled = llm, can_sleep, False, {2}, []
     return engine
 
 
