@@ -288,9 +288,8 @@ def _render_with_images(prompt: RLPrompt, processor) -> tuple[list[int], str, Vi
         raise DataError(prompt.source, prompt.row, "images", "the prompt has images but the model is not a "
                         "vision-language model (its folder has no processor)")
     text = processor.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
-    encoded = processor(text=[text], images=[prompt.images], add_special_tokens=False, return_tensors="pt")
-    vision = VisionInputs.from_processor(prompt.images, encoded)
-    return encoded["input_ids"][0].tolist(), message_text(prompt.messages[-1]["content"]), vision
+    ids, vision = VisionInputs.expand(processor, text, prompt.images)
+    return ids, message_text(prompt.messages[-1]["content"]), vision
 
 
 def _render(prompt: RLPrompt, tokenizer) -> tuple[list[int], str]:

@@ -134,8 +134,7 @@ class ExampleTokenizer:
     def _with_images(self, sequence: Sequence, text: str, images: list, location: str, row: int) -> Sequence:
         """`sequence`, the tokens of `text` (image placeholders unexpanded), with each placeholder expanded into its
         image's tokens by the processor, the loss mask carried over, and the image tensors attached."""
-        encoded = self.processor(text=[text], images=[images], add_special_tokens=False, return_tensors="pt")
-        expanded = encoded["input_ids"][0].tolist()
+        expanded, vision = VisionInputs.expand(self.processor, text, images)
         mask = [False] * len(expanded)
         matcher = SequenceMatcher(None, sequence.input_ids, expanded, autojunk=False)
         for tag, a0, a1, b0, _ in matcher.get_opcodes():
@@ -144,7 +143,7 @@ class ExampleTokenizer:
         if sum(mask) != sum(sequence.loss_mask):
             raise DataError(location, row, "images", "the processor changed trained (assistant) tokens while inserting "
                             "the image tokens; images may only stand in user and system turns")
-        return Sequence(expanded, mask, VisionInputs.from_processor(images, encoded))
+        return Sequence(expanded, mask, vision)
 
     def _turn_span(self, through: str, start: int, content: str) -> Span:
         """Characters trained for the turn that `through` ends with, generation starting at `start`."""

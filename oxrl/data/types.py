@@ -36,6 +36,13 @@ class VisionInputs:
         """The images and the image tensors of one prompt's processor output."""
         return cls(images, {key: value for key, value in encoded.items() if key not in cls.TOKEN_OUTPUTS})
 
+    @classmethod
+    def expand(cls, processor, text: str, images: list) -> tuple[list[int], VisionInputs]:
+        """`text`'s ids with each image placeholder expanded by the processor into its image's tokens, and the images
+        with the processor's tensors for them."""
+        encoded = processor(text=[text], images=[images], add_special_tokens=False, return_tensors="pt")
+        return encoded["input_ids"][0].tolist(), cls.from_processor(images, encoded)
+
 
 # Processor outputs laid out [batch, images, ...] (Idefics3 / SmolVLM); every other image tensor is laid out
 # [images or patches, ...] (Qwen2-VL's flat patches and `image_grid_thw`, LLaVA's and Gemma 3's `pixel_values`).

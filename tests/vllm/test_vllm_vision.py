@@ -55,9 +55,9 @@ def encode(processor) -> tuple[list[list[int]], list[VisionInputs | None], list[
             prompts.append(unexpanded[-1])
             visions.append(None)
             continue
-        encoded = processor(text=[text], images=[images], add_special_tokens=False, return_tensors="pt")
-        prompts.append(encoded["input_ids"][0].tolist())
-        visions.append(VisionInputs.from_processor(images, encoded))
+        ids, vision = VisionInputs.expand(processor, text, images)
+        prompts.append(ids)
+        visions.append(vision)
     return prompts, visions, unexpanded
 
 
