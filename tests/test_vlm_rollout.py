@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from oxrl.algorithms import lm_head
 from oxrl.algorithms.logprobs import token_logprobs
 from oxrl.data.errors import DataError
 from oxrl.data.formats import Chat
@@ -78,6 +79,27 @@ def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[: own.numel()], own, atol=1e-5, rtol=0)
     assert pack(examples).vision.keys() == examples[0].sequences[0].vision.tensors.keys()
+
+
+def test_chunked_logprobs_of_an_image_row_equal_the_full_logits(vlm, monkeypatch):
+    """Long rows' log-probs come from hidden states through the output layer a chunk at a time (lm_head.py): the same
+    values and gradients on a packed image row, and on Gemma 3's padded batch."""
+    family, model, processor = vlm
+    batch = pack(image_examples(processor) + [text_example(processor)])
+    vocab = model.config.get_text_config().vocab_size
+    results = []
+    for full_elements in (2**40, 0):
+        monkeypatch.setattr(lm_head, "FULL_LOGITS_ELEMENTS", full_elements)
+        monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * vocab)
+        model.zero_grad()
+        logprobs, entropy = token_logprobs(model, batch, with_entropy=True)
+        (logprobs.sum() + entropy.sum()).backward()
+        results.append((logprobs.detach(), entropy.detach(),
+                        *(p.grad.clone() for p in model.parameters() if p.grad is not None)))
+    assert len(results[0]) == len(results[1]) > 2
+    for full, chunked in zip(*results):  # fp32 sums in another order: within 2e-5 of each tensor's largest entry
+        assert float((chunked - full).abs().max()) <= 2e-5 * float(full.abs().max()) + 1e-6
+    model.zero_grad()
 
 
 @torch.no_grad()

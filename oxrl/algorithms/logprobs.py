@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
+from oxrl.algorithms.lm_head import chunked_logprobs, output_head, should_chunk
 from oxrl.algorithms.model_inputs import row_forward
 
 
@@ -61,10 +62,27 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         raise ValueError("the first token of a packed row has no prediction and cannot be a target")
     # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
     keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
+    if positions.numel() and should_chunk(model, positions.numel()):  # long row: never the whole [N, V] (lm_head.py)
+        head = output_head(model)
+        check_logits, hidden = row_forward(model, batch, keep, hidden=True, logits_at=0)
+        head.check(hidden[:1], check_logits)
+        selected, row_entropy = chunked_logprobs(head, hidden, batch.input_ids[0, positions], temperature, with_entropy)
+        return _laid_out(batch, positions, selected, row_entropy, with_entropy, value_head, hidden)
     logits, hidden = row_forward(model, batch, keep, hidden=value_head is not None)  # [N, V]: row i predicts positions[i]
     if temperature != 1.0:
         logits = logits / temperature
-    values = torch.zeros(batch.input_ids.shape[1], dtype=torch.float32, device=logits.device)
+    if positions.numel() == 0:  # no target: zeros that still hold a graph
+        return _laid_out(batch, positions, 0.0 * logits.sum()[None], 0.0 * logits.sum()[None], with_entropy,
+                         value_head, hidden)
+    selected = selected_logprobs(logits, batch.input_ids[0, positions])
+    return _laid_out(batch, positions, selected, token_entropy_from_rows(logits) if with_entropy else None,
+                     with_entropy, value_head, hidden)
+
+
+def _laid_out(batch: PackedBatch, positions: torch.Tensor, selected: torch.Tensor, row_entropy: torch.Tensor | None,
+              with_entropy: bool, value_head, hidden: torch.Tensor | None):
+    """`token_logprobs`' result: the per-target values [N] placed at their positions of the [T] row."""
+    values = torch.zeros(batch.input_ids.shape[1], dtype=torch.float32, device=selected.device)
     entropy = torch.zeros_like(values) if with_entropy else None
     if value_head is not None:
         # The final hidden state (after the final norm: what the LM head reads) at the kept positions only.
@@ -73,11 +91,12 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         state_values = (state_values + 0.0 * head_out.sum() if positions.numel() == 0
                         else state_values.index_put((positions,), head_out))
     if positions.numel() == 0:
-        values = values + 0.0 * logits.sum()
+        values = values + selected.sum()
+        entropy = entropy + row_entropy.sum() if with_entropy else None
     else:
-        values = values.index_put((positions,), selected_logprobs(logits, batch.input_ids[0, positions]))
+        values = values.index_put((positions,), selected)
         if with_entropy:
-            entropy = entropy.index_put((positions,), token_entropy_from_rows(logits))
+            entropy = entropy.index_put((positions,), row_entropy)
     if value_head is not None:
         return values, entropy, state_values
     return (values, entropy) if with_entropy else values

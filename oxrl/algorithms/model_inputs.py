@@ -43,20 +43,28 @@ def image_token_ids(model) -> list[int]:
 PADDED_FAMILIES = frozenset({"gemma3"})
 
 
-def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None,
-                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None, hidden: bool = False,
+                logits_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits [N, V] at the row's positions `keep` (all T positions when None) and, with `hidden`, the final hidden
     states there [N, H]: one forward of the packed row, or for a `PADDED_FAMILIES` model one of its sequences as a
-    padded batch."""
+    padded batch. With `logits_at` (an index into `keep`), only that one kept position goes through the lm_head
+    (logits [1, V]; the chunked log-probs of oxrl/algorithms/lm_head.py check their head against it)."""
     with_hidden = {"output_hidden_states": True} if hidden else {}
     if hf_config(model).model_type in PADDED_FAMILIES:
         rows, present = padded_rows(batch)
+        seqs, positions = batch.seq_index, batch.position_ids[0]
+        if keep is not None:
+            seqs, positions = seqs[keep], positions[keep]
+        projected = {} if logits_at is None else {"logits_to_keep": positions[logits_at : logits_at + 1]}
         out = model(input_ids=rows, attention_mask=present, use_cache=False, **batch.vision,
-                    **token_type_inputs(model, rows * present), **with_hidden)
-        at = (batch.seq_index, batch.position_ids[0]) if keep is None else (batch.seq_index[keep], batch.position_ids[0, keep])
-        return out.logits[at], out.hidden_states[-1][at] if hidden else None
-    kept = {} if keep is None else {"logits_to_keep": keep}  # only the kept positions through the lm_head
-    out = model(**forward_inputs(model, batch), use_cache=False, **kept, **with_hidden)
+                    **token_type_inputs(model, rows * present), **with_hidden, **projected)
+        logits = out.logits[seqs, positions] if logits_at is None else out.logits[seqs[logits_at], :1]
+        return logits, out.hidden_states[-1][seqs, positions] if hidden else None
+    if logits_at is not None:
+        projected = {"logits_to_keep": (keep if keep is not None else torch.arange(batch.input_ids.shape[1]))[logits_at : logits_at + 1]}
+    else:
+        projected = {} if keep is None else {"logits_to_keep": keep}  # only the kept positions through the lm_head
+    out = model(**forward_inputs(model, batch), use_cache=False, **projected, **with_hidden)
     states = out.hidden_states[-1][0] if hidden else None  # every position: `logits_to_keep` slices logits only
     return out.logits[0], None if states is None else (states if keep is None else states[keep])
 
