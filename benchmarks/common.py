@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -157,6 +158,21 @@ def machine_summary() -> dict[str, str]:
         # Other processes' load: on a shared machine the numbers are only as good as this is low.
         "load avg 1/5/15 min": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
     }
+
+
+# --precision: what oxRL's `train.mixed_precision` is set to; TRL gets `bf16=True` for "bf16". Both keep fp32 weights
+# and optimizer state and run the forward/backward under CPU bf16 autocast.
+PRECISIONS = {"fp32": "no", "bf16": "bf16"}
+
+
+def add_precision_argument(parser) -> None:
+    parser.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+                        help="fp32, or bf16 autocast on both sides (oxRL train.mixed_precision=bf16, TRL bf16=True)")
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """'median (min..max)' of the timed steps: one number hides how much a shared machine moved them."""
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
 def format_bytes(n: float) -> str:

@@ -47,7 +47,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python benchmarks/dpo.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import format_bytes, machine_summary, peak_rss_bytes, print_table, usable_cores
+from benchmarks.common import (PRECISIONS, add_precision_argument, format_bytes, machine_summary, peak_rss_bytes,
+                               print_table, spread, usable_cores)
 
 MODEL = "smollm2-135m-instruct"
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "dpo_smollm2_arithmetic.yaml"
@@ -69,6 +70,7 @@ class SpeedSpec:
     lr: float
     beta: float
     threads: int
+    precision: str = "fp32"
 
 
 @dataclass
@@ -129,7 +131,7 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
     model = _load_policy(spec.threads)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
-    strategy = SingleDevice(torch.device("cpu"), mixed_precision="no", max_grad_norm=1.0)
+    strategy = SingleDevice(torch.device("cpu"), mixed_precision=PRECISIONS[spec.precision], max_grad_norm=1.0)
     strategy.prepare(model, optimizer, build_scheduler(optimizer, len(spec.steps), optim_cfg))
     reference = build_reference("frozen_copy", model, [], 1, strategy)
     objective = get_objective("dpo", PreferenceConfig(beta=spec.beta))
@@ -183,7 +185,7 @@ def run_trl(spec: SpeedSpec) -> SpeedResult:
         config = DPOConfig(
             output_dir=output_dir, max_steps=len(spec.steps), per_device_train_batch_size=len(spec.steps[0]),
             gradient_accumulation_steps=1, learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0,
-            weight_decay=0.0, max_grad_norm=1.0, beta=spec.beta, loss_type=["sigmoid"], use_cpu=True, bf16=False,
+            weight_decay=0.0, max_grad_norm=1.0, beta=spec.beta, loss_type=["sigmoid"], use_cpu=True, bf16=spec.precision == "bf16",
             fp16=False, gradient_checkpointing=False, max_length=None, precompute_ref_log_probs=False,
             train_sampling_strategy="sequential", logging_steps=1, report_to="none", save_strategy="no",
             disable_tqdm=True, dataloader_num_workers=0, seed=0,
@@ -209,7 +211,7 @@ def speed(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     pairs = synthetic_pairs(args.pairs_per_step * (args.warmup_steps + args.steps), args.seed)
     spec = SpeedSpec([pairs[i : i + args.pairs_per_step] for i in range(0, len(pairs), args.pairs_per_step)],
-                     args.lr, args.beta, args.threads)
+                     args.lr, args.beta, args.threads, args.precision)
     lengths = [len(ids) for pair in pairs for ids, _ in pair.sequences]
     print(f"data: {len(pairs)} synthetic pairs, {args.pairs_per_step} per step, sequence lengths {min(lengths)}..{max(lengths)} "
           f"(mean {sum(lengths) / len(lengths):.0f})")
@@ -231,10 +233,11 @@ def speed(args: argparse.Namespace) -> None:
         cpu_seconds = sum(result.step_cpu_seconds[args.warmup_steps :])
         rows.append({"trainer": name, "pairs/s": f"{args.pairs_per_step * args.steps / seconds:.3f}",
                      "pairs/CPU-s": f"{args.pairs_per_step * args.steps / cpu_seconds:.3f}",
-                     "s/step": f"{seconds / args.steps:.2f}", "peak RSS": format_bytes(result.peak_rss),
+                     "s/step": f"{seconds / args.steps:.2f}",
+                     "s/step median (min..max)": spread(result.step_seconds[args.warmup_steps :]), "peak RSS": format_bytes(result.peak_rss),
                      "step-1 loss": f"{result.losses[0]:.5f}", "step-1 grad norm": f"{result.grad_norms[0]:.4f}",
                      f"step-{len(result.losses)} loss": f"{result.losses[-1]:.5f}"})
-    print_table(rows, title=f"DPO {MODEL} fp32 CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print_table(rows, title=f"DPO {MODEL} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
     if len(rows) == 2:
         print(f"\noxRL / TRL pairs/s: {float(rows[0]['pairs/s']) / float(rows[1]['pairs/s']):.2f}x wall, "
               f"{float(rows[0]['pairs/CPU-s']) / float(rows[1]['pairs/CPU-s']):.2f}x CPU time")
@@ -295,6 +298,7 @@ def main() -> None:
     fast.add_argument("--lr", type=float, default=1e-6)
     fast.add_argument("--beta", type=float, default=0.1)
     fast.add_argument("--seed", type=int, default=0)
+    add_precision_argument(fast)
     check = sub.add_parser("heldout", help="held-out ranking accuracy before/after the example DPO run")
     check.add_argument("overrides", nargs="*", help="dotted overrides of examples/dpo_smollm2_arithmetic.yaml")
     for command in (fast, check):

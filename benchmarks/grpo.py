@@ -67,7 +67,8 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as `python benchmarks/grpo.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import format_bytes, machine_summary, peak_rss_bytes, print_table, usable_cores
+from benchmarks.common import (PRECISIONS, add_precision_argument, format_bytes, machine_summary, peak_rss_bytes,
+                               print_table, spread, usable_cores)
 
 MODEL = "smollm2-135m-instruct"
 PHASES = ("generate", "reward", "old logprobs", "train")
@@ -104,7 +105,7 @@ class RunResult:
 
 
 def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens: int, steps: int, lr: float, seed: int,
-                     engine: str = "hf"):
+                     engine: str = "hf", precision: str = "fp32"):
     """oxRL's config for the run; TRL's settings are derived from it, so the two cannot drift apart."""
     from oxrl.config.schema import Config
 
@@ -122,7 +123,8 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
             "kl_coef": 0.0, "epochs": 1, "mini_batches": 1,
         },
         "train": {
-            "max_steps": steps, "micro_batch_size_per_device": completions, "mixed_precision": "no",
+            "max_steps": steps, "micro_batch_size_per_device": completions,
+            "mixed_precision": PRECISIONS[precision],
             "optim": {"lr": lr, "schedule": "constant", "max_grad_norm": 1.0, "weight_decay": 0.0},
         },
         "checkpoint": {"save_final": False},
@@ -258,7 +260,8 @@ def run_trl(spec: RunSpec) -> RunResult:
             beta=rl.kl_coef, epsilon=rl.eps_low, epsilon_high=rl.eps_high, **TRL_PRESETS[cfg.algorithm.name],
             learning_rate=cfg.train.optim.lr, lr_scheduler_type="constant", warmup_steps=0,
             weight_decay=cfg.train.optim.weight_decay, max_grad_norm=cfg.train.optim.max_grad_norm,
-            use_vllm=False, use_cpu=True, bf16=False, fp16=False, **{checkpointing_flag: False},
+            use_vllm=False, use_cpu=True, bf16=cfg.train.mixed_precision == "bf16", fp16=False,
+            **{checkpointing_flag: False},
             shuffle_dataset=False,  # the same prompts per step as oxRL
             logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         )
@@ -323,7 +326,7 @@ def summarize(name: str, result: RunResult, completions_per_step: int, warmup: i
     seconds = sum(result.step_seconds[timed])
     steps = len(result.step_seconds[timed])
     generated = sum(length * completions_per_step for length in result.mean_lengths[timed])
-    row = {"trainer": name, "s/step": f"{seconds / steps:.2f}", "fastest step s": f"{min(result.step_seconds[timed]):.2f}"}
+    row = {"trainer": name, "s/step": f"{seconds / steps:.2f}", "s/step median (min..max)": spread(result.step_seconds[timed])}
     row.update({f"{phase} s": f"{sum(result.phase_seconds[phase][timed]) / steps:.2f}" for phase in PHASES})
     row.update({
         "completions/s": f"{completions_per_step * steps / seconds:.2f}",
@@ -359,6 +362,7 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="run oxRL only")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="oxRL's rollout engine; `vllm` needs vLLM importable (on CPU: run this script with the python of the venv that scripts/setup_vllm_cpu.sh creates)")
+    add_precision_argument(parser)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0 or args.n < 2 or args.prompts_per_step < 1:
         parser.error("--steps >= 1, --warmup-steps >= 0, --n >= 2 (a group needs two samples), --prompts-per-step >= 1")
@@ -379,7 +383,7 @@ def main() -> None:
         except ImportError as error:
             parser.error(f"--engine vllm: {error}")
     cfg = benchmark_config(args.preset, args.prompts_per_step, args.n, args.max_new_tokens, total_steps, args.lr, args.seed,
-                           args.engine)
+                           args.engine, args.precision)
     prompts, _ = load_prompts(cfg, resolve(cfg.algorithm.name, cfg.rl))
     spec = RunSpec(cfg, prompts, args.warmup_steps, args.threads)
     completions_per_step = args.prompts_per_step * args.n
@@ -404,7 +408,7 @@ def main() -> None:
         per_step = "; ".join(f"{phase} {[round(x, 1) for x in result.phase_seconds[phase]]}" for phase in PHASES)
         print(f"{name}: {notes}\n  seconds per step (warm-up first): total {[round(x, 1) for x in result.step_seconds]}; {per_step}")
     rows = [summarize(name, result, completions_per_step, args.warmup_steps) for name, result in results.items()]
-    print_table(rows, title=f"GRPO {MODEL} fp32 CPU, seconds per timed step ({args.steps} after {args.warmup_steps} warm-up)")
+    print_table(rows, title=f"GRPO {MODEL} {args.precision} CPU, seconds per timed step ({args.steps} after {args.warmup_steps} warm-up)")
     if len(results) == 2:
         ratios = [measure(results["oxRL"], completions_per_step, args.warmup_steps)
                   / measure(results["TRL"], completions_per_step, args.warmup_steps)

@@ -43,9 +43,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python benchmarks/sft.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (DecoderShape, MatmulPeak, format_bytes, in_fresh_process, machine_summary,
+from benchmarks.common import (PRECISIONS, DecoderShape, MatmulPeak, add_precision_argument, format_bytes, in_fresh_process, machine_summary,
                                measure_matmul_peak, mfu, peak_rss_bytes, print_table, quiet_child, trainer_step_clock,
-                               training_flops, usable_cores)
+                               spread, training_flops, usable_cores)
 
 MODEL = "smollm2-135m-instruct"
 MIN_LENGTH, MAX_LENGTH = 64, 512
@@ -65,6 +65,7 @@ class RunSpec:
     lr: float
     threads: int
     trl_mode: str = "padding_free"
+    precision: str = "fp32"
 
 
 @dataclass
@@ -144,7 +145,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     model = load_model(ModelConfig(name_or_path=MODEL, dtype="float32"), device)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
-    strategy = SingleDevice(device, mixed_precision="no", max_grad_norm=optim_cfg.max_grad_norm)
+    strategy = SingleDevice(device, mixed_precision=PRECISIONS[spec.precision], max_grad_norm=optim_cfg.max_grad_norm)
     strategy.prepare(model, optimizer, build_scheduler(optimizer, len(spec.steps), optim_cfg))
     objective = get_objective("sft")
     steps = [[Example([Sequence(ids, mask)]) for ids, mask in step] for step in spec.steps]
@@ -191,7 +192,7 @@ def run_trl(spec: RunSpec) -> RunResult:
         config = SFTConfig(
             output_dir=output_dir, max_steps=len(spec.steps), per_device_train_batch_size=len(spec.steps[0]),
             gradient_accumulation_steps=1, learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0,
-            weight_decay=0.0, max_grad_norm=1.0, use_cpu=True, bf16=False, fp16=False,
+            weight_decay=0.0, max_grad_norm=1.0, use_cpu=True, bf16=spec.precision == "bf16", fp16=False,
             **{checkpointing_flag: False},  # TRL's default is on; oxRL's is off
             # TRL refuses max_length with padding-free and no packing; our examples are <= 512 tokens anyway.
             padding_free=spec.trl_mode == "padding_free", max_length=None,
@@ -222,6 +223,7 @@ def summarize(name: str, result: RunResult, spec: RunSpec, warmup: int, peak: Ma
         "trainer": name,
         "non-pad tokens/s": f"{tokens_per_second(result, spec, warmup):.1f}",
         "s/step": f"{timed_seconds / len(spec.steps[warmup:]):.2f}",
+        "s/step median (min..max)": spread(result.step_seconds[warmup:]),
         "MFU": f"{mfu(training_flops(result.shape, timed_lengths), timed_seconds, peak):.1%}",
         "peak RSS": format_bytes(result.peak_rss),
         "step-1 loss": f"{result.losses[0]:.5f}",
@@ -254,6 +256,7 @@ def main() -> None:
                         help="TRL batch layout: its padding-free collator (oxRL's layout) or its default right-padding")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    add_precision_argument(parser)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be >= 1 and --warmup-steps >= 0")
@@ -263,10 +266,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     steps = build_steps(args.tokens_per_step, args.warmup_steps + args.steps, args.seed)
-    spec = RunSpec(steps, args.lr, args.threads, args.trl_mode)
+    spec = RunSpec(steps, args.lr, args.threads, args.trl_mode, args.precision)
     print(f"data: {describe_data(spec)}")
     print(f"machine before: {machine_summary()}")
-    peaks = [measure_matmul_peak()]
+    # MFU against the peak of the dtype the matmuls run in: bf16 under autocast.
+    peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    peaks = [measure_matmul_peak(dtype=peak_dtype)]
 
     results = {"oxRL": in_fresh_process(run_oxrl, spec)}
     if not args.skip_trl:
@@ -276,18 +281,18 @@ def main() -> None:
             print("TRL is not importable in this environment: running oxRL only (pip install trl to compare)")
         else:
             results[f"TRL ({args.trl_mode})"] = in_fresh_process(run_trl, spec)
-    peaks.append(measure_matmul_peak())
+    peaks.append(measure_matmul_peak(dtype=peak_dtype))
     peak = max(peaks, key=lambda p: p.flops_per_s)
 
     print(f"machine after: {machine_summary()}")
-    print(f"fp32 matmul peak: {peak.flops_per_s / 1e9:.1f} GFLOP/s (best of square {peak.size}^3 matmuls, "
+    print(f"{args.precision} matmul peak: {peak.flops_per_s / 1e9:.1f} GFLOP/s (best of square {peak.size}^3 matmuls, "
           f"{peak.threads} threads; "
           f"before the runs {peaks[0].flops_per_s / 1e9:.1f}, after {peaks[1].flops_per_s / 1e9:.1f})")
     for name, result in results.items():
         notes = ", ".join(f"{k}: {v}" for k, v in result.notes.items())
         print(f"{name}: {notes}; step seconds {[round(s, 2) for s in result.step_seconds]}")
     rows = [summarize(name, result, spec, args.warmup_steps, peak) for name, result in results.items()]
-    print_table(rows, title=f"SFT {MODEL} fp32 CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print_table(rows, title=f"SFT {MODEL} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
     if len(results) == 2:
         oxrl_result, trl_result = results.values()
         warmup = args.warmup_steps
