@@ -61,7 +61,10 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
     if positions.numel() and int(positions[0]) == 0:
         raise ValueError("the first token of a packed row has no prediction and cannot be a target")
     # An empty selection still runs one position, so the loss keeps a graph to backpropagate.
-    keep = positions - 1 if positions.numel() else torch.tensor([0], device=positions.device)
+    if not positions.numel():
+        keep = torch.tensor([0], device=positions.device)
+    else:  # the position whose logits predict each target: the one before it, or a shared prefix's end
+        keep = positions - 1 if batch.predictor is None else batch.predictor[positions]
     if positions.numel() and should_chunk(model, positions.numel()):  # long row: never the whole [N, V] (lm_head.py)
         head = output_head(model)
         check_logits, hidden = row_forward(model, batch, keep, hidden=True, logits_at=0)

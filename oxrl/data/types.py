@@ -129,6 +129,9 @@ class PackedBatch:
     fields: dict[str, torch.Tensor]  # per-example tensors [E]
     num_examples: int
     vision: dict[str, torch.Tensor] = field(default_factory=dict)  # image tensors of the row's sequences, in order
+    # [T] long: the row position whose logits predict each token; None means the one before it. Differs only at the
+    # first token of a continuation (`pack(share_prefixes=True)`), predicted by the end of the prefix it shares.
+    predictor: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -149,11 +152,17 @@ class PackedBatch:
             fields={k: v.to(device) for k, v in self.fields.items()},
             num_examples=self.num_examples,
             vision={k: v.to(device) for k, v in self.vision.items()},
+            predictor=None if self.predictor is None else self.predictor.to(device),
         )
 
 
-def pack(examples: list[Example]) -> PackedBatch:
-    """Lay whole examples end to end in one row (no padding)."""
+def pack(examples: list[Example], share_prefixes: bool = False) -> PackedBatch:
+    """Lay whole examples end to end in one row (no padding).
+
+    With `share_prefixes`, a sequence that begins with untrained tokens of the last sequence laid in full (its
+    "root": a DPO pair's prompt, a GRPO group's prompt) is laid as a continuation: only its own tokens, positions
+    going on from the shared prefix. Its log-probs are those of the whole sequence, for a forward that runs the
+    prefix once. Only oxRL's packed attention kernel reads this layout (`prefix_sharing`)."""
     ids: list[int] = []
     pos: list[int] = []
     mask: list[bool] = []
@@ -161,19 +170,28 @@ def pack(examples: list[Example]) -> PackedBatch:
     seq_example: list[int] = []
     seq_role: list[int] = []
     vision: list[dict[str, torch.Tensor]] = []
+    predictor: list[int] = []
+    root, root_start = None, 0
     for e_idx, example in enumerate(examples):
         for role, seq in enumerate(example.sequences):
             s_idx = len(seq_example)
             if seq.vision is not None:
                 vision.append(seq.vision.tensors)
-            ids.extend(seq.input_ids)
-            pos.extend(range(len(seq)))
-            mask.extend(seq.loss_mask)
-            seq_index.extend([s_idx] * len(seq))
+            shared = shared_prefix(root, seq) if share_prefixes and seq.vision is None else 0
+            if shared:  # the first own token is predicted by the prefix's last one, in the root
+                predictor.extend([root_start + shared - 1, *range(len(ids), len(ids) + len(seq) - shared - 1)])
+            else:
+                root, root_start = seq, len(ids)
+                predictor.extend(range(len(ids) - 1, len(ids) + len(seq) - 1))
+            ids.extend(seq.input_ids[shared:])
+            pos.extend(range(shared, len(seq)))
+            mask.extend(seq.loss_mask[shared:])
+            seq_index.extend([s_idx] * (len(seq) - shared))
             seq_example.append(e_idx)
             seq_role.append(role)
     keys = examples[0].fields.keys() if examples else ()
     fields = {k: torch.tensor([float(e.fields[k]) for e in examples]) for k in keys}
+    sharing = predictor != list(range(-1, len(ids) - 1))
     return PackedBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([pos], dtype=torch.long),
@@ -184,7 +202,20 @@ def pack(examples: list[Example]) -> PackedBatch:
         fields=fields,
         num_examples=len(examples),
         vision=concat_vision(vision),
+        predictor=torch.tensor(predictor, dtype=torch.long) if sharing else None,
     )
+
+
+def shared_prefix(root: Sequence | None, seq: Sequence) -> int:
+    """How many leading tokens `seq` can take from `root`: their common prefix, untrained in `seq`, leaving `seq` at
+    least one token of its own; 0 when that is less than 2 (nothing worth sharing)."""
+    if root is None or root.vision is not None:
+        return 0
+    limit = min(len(root), len(seq) - 1)
+    shared = 0
+    while shared < limit and root.input_ids[shared] == seq.input_ids[shared] and not seq.loss_mask[shared]:
+        shared += 1
+    return shared if shared >= 2 else 0
 
 
 @dataclass

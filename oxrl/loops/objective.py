@@ -21,3 +21,6 @@ class Objective:
     count_units: Callable[[PackedBatch], int]
     compute: Callable[..., LossOutput]  # (model, batch, normaliser, reference=None) -> LossOutput
     needs_reference: bool = False
+    # Its examples' sequences may be packed as continuations of a shared prompt (`pack(share_prefixes=True)`): only
+    # objectives that read sequence log-prob sums, never a sequence's tokens (a DPO pair's chosen and rejected).
+    shares_prefixes: bool = False

@@ -92,7 +92,7 @@ def _pairwise(name: str, params: PreferenceParams) -> Objective:
         inp = PreferenceInput(logps[chosen], logps[rejected], tokens[chosen], tokens[rejected], ref_chosen, ref_rejected)
         return _normalised(loss_fn(inp, params), normaliser)
 
-    return Objective(name, _count_pairs, compute, needs_reference=needs_reference)
+    return Objective(name, _count_pairs, compute, needs_reference=needs_reference, shares_prefixes=True)
 
 
 def mismatched_pairs(batch: PackedBatch) -> PackedBatch | None:

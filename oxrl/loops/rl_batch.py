@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.rollout.base import Completion
@@ -88,7 +89,7 @@ def score_logprobs_and_values(model, completions: list[Completion], micro_size: 
     logprob_rows: list[torch.Tensor] = []
     value_rows: list[torch.Tensor] = []
     for chunk in micro_batches(completions, micro_size):
-        batch = pack([completion_example(c) for c in chunk]).to(device)
+        batch = pack([completion_example(c) for c in chunk], share_prefixes=prefix_sharing(model)).to(device)
         logprobs, _, values, valid = policy_rows(model, batch, temperature, False, value_head)
         logprob_rows.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
         if values is not None:

@@ -23,6 +23,7 @@ import torch
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
+from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.types import pack
 from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
@@ -95,7 +96,9 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
     loss's input from the same forward (`head_only`: its gradient stops at the head), and the engine/trainer
     mismatch sums."""
     rl = h.cfg.rl
-    batch = pack([completion_example(rollout.completions[i]) for i in mb]).to(h.strategy.device)
+    # A group's completions share their prompt: it runs once where the policy reads continuations.
+    batch = pack([completion_example(rollout.completions[i]) for i in mb],
+                 share_prefixes=prefix_sharing(h.policy)).to(h.strategy.device)
     shared_head = h.critic.head if isinstance(h.critic, SharedValueHead) else None
     value_head = shared_head
     if shared_head is not None and head_only:

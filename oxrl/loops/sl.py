@@ -23,6 +23,7 @@ import torch
 
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
+from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.types import Example, pack
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
@@ -42,7 +43,9 @@ class LoopResult:
 def run_micro_batches(objective: Objective, model, examples: list[Example], micro_size: int, strategy,
                       reference=None, train: bool = True) -> tuple[dict[str, float], int]:
     """Forward (+ backward when training) over a rank's examples; returns summed metrics and tokens."""
-    batches = [pack(mb) for mb in micro_batches(examples, micro_size)]
+    # A pair's prompt runs once where the model and the reference read continuations (oxrl/data/types.py `pack`).
+    share = objective.shares_prefixes and prefix_sharing(model) and (reference is None or prefix_sharing(reference))
+    batches = [pack(mb, share_prefixes=share) for mb in micro_batches(examples, micro_size)]
     local_units = sum(objective.count_units(b) for b in batches)
     normaliser = strategy.all_reduce_sum(float(local_units))
     if normaliser == 0:

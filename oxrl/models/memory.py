@@ -31,7 +31,11 @@ weights; `single` shards nothing):
 - logits: only the positions that predict a trained token reach the lm_head (oxRL's `logits_to_keep`);
   per such token and vocabulary entry: the fp32 log-softmax cross-entropy keeps, and in backward the
   gradient of the logits and the chunk being added into it, in the compute dtype: 4 + 2 x compute bytes
-  (the bf16 logits are not kept, and their fp32 copy lives one chunk at a time).
+  (the bf16 logits are not kept, and their fp32 copy lives one chunk at a time). Above
+  FULL_LOGITS_ELEMENTS trained tokens x vocabulary the logits are never whole (oxrl/algorithms/lm_head.py):
+  the kept hidden states (tokens x h x compute) and one checkpointed chunk of CHUNK_ELEMENTS logits, which
+  holds them in the compute dtype and as fp32 log-softmax, its exponential and their gradients at once
+  (16 + 2 x compute bytes each).
 - attention mask: on CUDA oxRL's packed kernel gives way to transformers' sdpa, which is handed a dense
   [T, T] mask for a packed row of T tokens; the memory-efficient kernel keeps it as a compute-dtype bias
   in every layer: compute x T^2 x layers (one layer under checkpointing), plus the boolean mask, T^2.
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from oxrl.algorithms.lm_head import CHUNK_ELEMENTS, FULL_LOGITS_ELEMENTS
 from oxrl.models.shape import ModelShape
 
 GIB = 1024**3
@@ -172,4 +177,6 @@ def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int
 
 def logit_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
     tokens = plan.tokens_per_micro_batch if plan.logit_tokens is None else plan.logit_tokens
+    if tokens * shape.vocab > FULL_LOGITS_ELEMENTS:  # chunked through the output layer
+        return tokens * shape.hidden * compute + CHUNK_ELEMENTS * (16 + 2 * compute)
     return tokens * shape.vocab * (4 + 2 * compute)

@@ -109,11 +109,22 @@ def packed_sdpa_attention_forward(
         )
     # GQA: SDPA shares the kv heads itself (enable_gqa, torch >= 2.5), no repeated copies of K and V.
     grouped_query = query.shape[1] != key.shape[1]
-    outputs = [  # each [1, H, L_i, D]
-        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
-                                       enable_gqa=grouped_query)
-        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
-    ]
+    starts = position_ids.reshape(-1)[torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)].tolist()
+    outputs, root_key, root_value = [], None, None  # each output [1, H, L_i, D]
+    for q, k, v, start in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2), starts):
+        if start == 0:  # a sequence of its own
+            outputs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
+                                                          enable_gqa=grouped_query))
+            root_key, root_value = k, v
+            continue
+        # A continuation (`pack(share_prefixes=True)`): it follows the first `start` tokens of the last sequence that
+        # began at 0, so its queries see those keys and its own, causally (query i sees keys up to start + i).
+        if root_key is None or start > root_key.shape[2]:
+            raise ValueError(f"a packed row continues a prefix of {start} tokens that no earlier sequence holds")
+        keys, values = torch.cat([root_key[:, :, :start], k], 2), torch.cat([root_value[:, :, :start], v], 2)
+        visible = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device).tril(start)
+        outputs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, dropout_p=dropout,
+                                                      scale=scaling, enable_gqa=grouped_query))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
