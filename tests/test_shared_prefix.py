@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from oxrl.algorithms.logprobs import sequence_sums, token_logprobs
-from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.rl_batch import completion_example, score_logprobs
 from oxrl.loops.sl import run_micro_batches
-from oxrl.models.packed_attention import PACKED_ATTENTION
+from oxrl.models.packed_attention import PACKED_ATTENTION, prefix_sharing
 from oxrl.models.reference import FrozenModel, PrecomputedReference
 from oxrl.rollout.base import Completion
 from oxrl.training.strategy import SingleDevice

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.packed_attention import PACKED_ATTENTION
 
 
 def hf_config(model):
@@ -38,17 +37,6 @@ def image_token_ids(model) -> list[int]:
     config = hf_config(model)
     found = {getattr(config, key, None) for key in ("image_token_id", "video_token_id", "image_token_index")}
     return sorted(i for i in found if isinstance(i, int))
-
-
-def prefix_sharing(model) -> bool:
-    """Whether `model` reads the shared-prefix layout of `pack(share_prefixes=True)`: only oxRL's packed attention
-    kernel does (a continuation's queries see the prefix it shares); any other attention would see each continuation
-    as a sequence of its own, without its prompt. A reference with a model of its own (`FrozenModel`) is asked about
-    that model; a precomputed table, keyed by each sequence's own tokens, never reads it."""
-    inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
-    if inner is None:
-        return False
-    return getattr(hf_config(inner), "_attn_implementation", None) == PACKED_ATTENTION
 
 
 # Families whose attention over image tokens a packed row cannot give: their rows run as padded batches.

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from oxrl.algorithms.logprobs import token_logprobs
-from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
+from oxrl.models.packed_attention import prefix_sharing
 from oxrl.rollout.base import Completion
 
 

@@ -23,8 +23,8 @@ import torch
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
-from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.types import pack
+from oxrl.models.packed_attention import prefix_sharing
 from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows

@@ -23,11 +23,11 @@ import torch
 
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
-from oxrl.algorithms.model_inputs import prefix_sharing
 from oxrl.data.types import Example, pack
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
 from oxrl.logging.metrics import MetricsLogger
+from oxrl.models.packed_attention import prefix_sharing
 from oxrl.loops.objective import Objective
 
 logger = logging.getLogger(__name__)

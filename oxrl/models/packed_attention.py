@@ -36,6 +36,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from oxrl.algorithms.model_inputs import hf_config
+
 logger = logging.getLogger(__name__)
 
 # The name contains "sdpa" on purpose: transformers then runs its sdpa-support check on the model
@@ -159,6 +161,17 @@ def packed_causal_mask(
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
         attention_mask=attention_mask, use_vmap=use_vmap, **kwargs,
     )
+
+
+def prefix_sharing(model) -> bool:
+    """Whether `model` reads the shared-prefix layout of `pack(share_prefixes=True)`: only oxRL's packed attention
+    kernel does (a continuation's queries see the prefix it shares); any other attention would see each continuation
+    as a sequence of its own, without its prompt. A reference with a model of its own (`FrozenModel`) is asked about
+    that model; a precomputed table, keyed by each sequence's own tokens, never reads it."""
+    inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
+    if inner is None:
+        return False
+    return getattr(hf_config(inner), "_attn_implementation", None) == PACKED_ATTENTION
 
 
 def register_packed_attention() -> None:
