@@ -17,6 +17,12 @@ argument, so the kernel splits where the position ids do not go up by exactly 1,
 transformers' own `find_packed_sequence_indices`. It recomputes this per layer (a diff over T
 integers, negligible next to attention) rather than caching it anywhere.
 
+A sequence whose positions do not start at 0 is a continuation (`oxrl.data.types.pack(share_prefixes=True)`: a
+DPO pair's rejected answer after the chosen one, the later completions of a GRPO group): it carries on from the
+first `start` tokens of the last sequence that did start at 0, its shared prompt, so its queries attend to those
+keys and to its own, causally. Only this kernel reads that layout; `prefix_sharing(model)` says whether a model
+runs it.
+
 Every other call (a 2-D padding mask, a KV cache, batch > 1, decoding, sliding-window layers)
 is handed unchanged to transformers' `sdpa_attention_forward` with the mask its `sdpa_mask` builds,
 so generation is exactly sdpa's. One input differs from sdpa, on purpose: a single row with
