@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from oxrl.config.names import ROLLOUT_ENGINES
 from oxrl.config.schema import RolloutConfig
+from oxrl.training.precision import cpu_has_native_bf16
 
 VLLM_INSTALL_HINT = (
     "install it with `pip install 'oxrl[vllm]'` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` "
@@ -40,12 +41,25 @@ def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int =
     return ENGINES[rollout.engine](rollout, model, tokenizer, strategy, seed, processor)
 
 
+def samples_in_bf16(rollout: RolloutConfig, strategy) -> bool:
+    """Whether the `hf` engine decodes from a bf16 copy (`rl.rollout.precision`): the one home of `auto`'s rule."""
+    if rollout.precision == "auto":
+        return strategy.device.type == "cpu" and cpu_has_native_bf16() and not strategy.shards_parameters
+    if rollout.precision == "bf16" and strategy.shards_parameters:
+        raise ValueError(
+            "rl.rollout.precision `bf16` keeps a whole bf16 copy of the weights in each process, but this strategy "
+            "shards them (fsdp2, deepspeed): use rl.rollout.precision `trainer`, or train.mixed_precision `bf16`, "
+            "under which the `hf` engine decodes in bf16 autocast"
+        )
+    return rollout.precision == "bf16"
+
+
 def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):
     from oxrl.rollout.hf import HFEngine
 
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
     return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1,
-                    autocast=strategy.autocast)
+                    autocast=strategy.autocast, sample_in_bf16=samples_in_bf16(rollout, strategy))
 
 
 def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):

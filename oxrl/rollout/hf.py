@@ -38,7 +38,9 @@ from oxrl.data.types import VisionInputs, batch_vision
 from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner, token_type_inputs
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.bf16_copy import bf16_copy, refresh
 from oxrl.rollout.probe import trainer_probe_logprobs
+from oxrl.rollout.sampling import sampling_processors
 
 
 class FiniteLogits(LogitsProcessor):
@@ -68,24 +70,35 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False, autocast=nullcontext):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False, autocast=nullcontext,
+                 sample_in_bf16: bool = False):
         self.model = model
         self.synced = synced
-        self.autocast = autocast  # a context factory: the trainer's `Strategy.autocast`
+        # `sample_in_bf16`: decode from a bf16 copy refreshed at every sync (oxrl/rollout/bf16_copy.py), else from
+        # `model` itself under the trainer's autocast (a context factory: `Strategy.autocast`).
+        self.copy = bf16_copy(model) if sample_in_bf16 else None
+        self.autocast = nullcontext if sample_in_bf16 else autocast
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.never_sampled = image_token_ids(model) or None  # a vision-language model's image tokens
 
+    @property
+    def sampler(self):
+        """The network decoding runs on: the bf16 copy, or the training model itself."""
+        return self.model if self.copy is None else self.copy
+
     def sync_weights(self, model) -> dict[str, float]:
         if model is not self.model:
             raise ValueError("HFEngine samples from the training model itself; pass that same model object")
+        if self.copy is not None:
+            refresh(self.copy, model)
         return {}
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """log p(ids[t] | ids[<t]) for t >= 1 under the model this engine samples from (oxrl/rollout/probe.py)."""
-        return trainer_probe_logprobs(self.model, ids)
+        return trainer_probe_logprobs(self.sampler, ids)
 
     def offload(self) -> None:
         """Nothing to free: the engine is the training model."""
@@ -106,12 +119,12 @@ class HFEngine:
 
     def _positions(self, input_ids: torch.Tensor, attention: torch.Tensor, images: dict[str, torch.Tensor]):
         """The rows' [4, B, L] positions for a multimodal-RoPE model with images, else None (`generate`'s own)."""
-        owner = rope_index_owner(self.model) if images else None
+        owner = rope_index_owner(self.sampler) if images else None
         return None if owner is None else padded_positions(owner, input_ids, attention, images.get("image_grid_thw"))
 
     def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams,
                         vision: list[VisionInputs | None]) -> list[Completion]:
-        model = self.model
+        model = self.sampler
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -133,15 +146,15 @@ class HFEngine:
         if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
             extra.update(images)
         sampling = params.temperature > 0
+        processors = [FiniteLogits()]
+        if sampling:
+            processors += sampling_processors(params.temperature, params.top_k, params.top_p)
         generated = model.generate(
             input_ids=input_ids,
             attention_mask=attention,
             past_key_values=prefix,
             max_new_tokens=params.max_new_tokens,
-            do_sample=sampling,
-            temperature=params.temperature if sampling else None,
-            top_p=params.top_p if sampling else None,
-            top_k=params.top_k if sampling and params.top_k > 0 else None,
+            do_sample=False,  # sampling draws in `processors` (oxrl/rollout/sampling.py); the greedy pick is the draw
             stop_strings=params.stop or None,
             tokenizer=self.tokenizer if params.stop else None,
             pad_token_id=self.pad_id,
@@ -149,7 +162,7 @@ class HFEngine:
             output_logits=True,
             return_dict_in_generate=True,
             synced_gpus=self.synced,
-            logits_processor=LogitsProcessorList([FiniteLogits()]),
+            logits_processor=LogitsProcessorList(processors),
             suppress_tokens=self.never_sampled,
             **extra,
         )
@@ -173,9 +186,9 @@ class HFEngine:
             return None
         if positions is None:  # the positions `generate` gives left-padded rows (real tokens so far), so the cache matches
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        prefix = self.model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+        prefix = self.sampler(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
                             position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images,
-                            **token_type_inputs(self.model, input_ids[:, :-1])).past_key_values
+                            **token_type_inputs(self.sampler, input_ids[:, :-1])).past_key_values
         prefix.batch_repeat_interleave(n)
         return prefix
 

@@ -10,6 +10,7 @@ import logging
 
 from oxrl.config.names import STRATEGY_NAMES
 from oxrl.training import distributed, precision
+from oxrl.training.allocator import keep_freed_memory
 from oxrl.training.strategy import SingleDevice, Strategy
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ def build_strategy(cfg) -> Strategy:
                                        timeout_s=cfg.strategy.collective_timeout_s)
     if env.rank == 0:
         logger.info("%s", precision.describe(cfg.train.mixed_precision, env.device.type))
+    if env.device.type == "cpu" and cfg.run.keep_freed_memory:
+        keep_freed_memory()
     if name == "single":
         return SingleDevice(env.device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm,
                             cfg.train.max_nonfinite_steps)
