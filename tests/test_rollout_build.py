@@ -76,11 +76,13 @@ def test_vllm_refuses_several_processes_or_sharded_weights(world_size, shards):
 
 def test_hf_is_the_default_engine():
     model = make_tiny_llama()
-    strategy = SimpleNamespace(world_size=1, shards_parameters=False, autocast=nullcontext)
+    strategy = SimpleNamespace(world_size=1, shards_parameters=False, autocast=nullcontext, device=torch.device("cpu"))
     check_engine(RolloutConfig(), strategy)
-    engine = build_engine(RolloutConfig(max_batch_size=3), model, TinyTokenizer(), strategy)
+    engine = build_engine(RolloutConfig(max_batch_size=3, precision="trainer"), model, TinyTokenizer(), strategy)
     assert isinstance(engine, HFEngine) and engine.max_batch_size == 3 and not engine.synced
-    assert engine.autocast is strategy.autocast  # it samples in the trainer's precision
+    assert engine.autocast is strategy.autocast and engine.copy is None  # it samples in the trainer's precision
+    engine = build_engine(RolloutConfig(precision="bf16"), model, TinyTokenizer(), strategy)
+    assert next(engine.copy.parameters()).dtype == torch.bfloat16
 
 
 def test_lora_merged_state_dict_is_the_policy_without_touching_the_model():

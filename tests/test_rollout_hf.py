@@ -78,6 +78,6 @@ def test_max_batch_size_splits_by_whole_prompts():
     engine = HFEngine(model, TinyTokenizer(), max_batch_size=4)  # 2 prompts x n=2 per generate call
     calls = []
     original = engine._generate_batch
-    engine._generate_batch = lambda prompts, params, vision: calls.append(len(prompts)) or original(prompts, params, vision)
+    engine._generate_batch = lambda model, prompts, params, vision: calls.append(len(prompts)) or original(model, prompts, params, vision)
     out = engine.generate([[1, 3], [1, 4], [1, 5]], SamplingParams(n=2, temperature=1.0, max_new_tokens=3))
     assert calls == [2, 1] and [c.prompt_index for c in out] == [0, 0, 1, 1, 2, 2]

@@ -119,21 +119,40 @@ def test_refresh_copies_the_trainer_weights_into_the_copy():
         assert torch.equal(new, source.to(torch.bfloat16)) and not torch.equal(old, new)
 
 
-def test_a_bf16_engine_decodes_from_its_copy_until_the_sync():
+def sampled(engine, prompts, seed=0):
+    torch.manual_seed(seed)
+    return [c.completion_ids for c in engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6))]
+
+
+def test_a_bf16_engine_samples_from_its_copy_until_the_sync():
     model = make_tiny_llama(seed=2)
     engine = HFEngine(model, TinyTokenizer(), sample_in_bf16=True)
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
     prompts = [[1, 5, 6, 7], [1, 9]]
-    before = [c.completion_ids for c in engine.generate(prompts, greedy)]
-    torch.manual_seed(0)
+    before = sampled(engine, prompts)
+    torch.manual_seed(1)
     with torch.no_grad():  # the trainer's update
         for parameter in model.parameters():
             parameter.add_(0.5 * torch.randn_like(parameter))
-    assert [c.completion_ids for c in engine.generate(prompts, greedy)] == before  # not synced: the old weights
+    assert sampled(engine, prompts) == before  # not synced: the same draws from the old weights
     engine.sync_weights(model)
-    after = [c.completion_ids for c in engine.generate(prompts, greedy)]
+    after = sampled(engine, prompts)
     fresh = HFEngine(model, TinyTokenizer(), sample_in_bf16=True)  # a copy made from the updated weights
-    assert after == [c.completion_ids for c in fresh.generate(prompts, greedy)] and after != before
+    assert after == sampled(fresh, prompts) and after != before
+
+
+def test_a_bf16_engine_decodes_greedily_with_the_trained_weights():
+    """Held-out accuracy is the trained model's: greedy decoding skips the copy (and needs no sync)."""
+    model = make_tiny_llama(seed=3)
+    engine, exact = HFEngine(model, TinyTokenizer(), sample_in_bf16=True), HFEngine(model, TinyTokenizer())
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    prompts = [[1, 5, 6, 7], [1, 9], [1, 4, 4]]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    for ours, reference in zip(engine.generate(prompts, greedy), exact.generate(prompts, greedy)):
+        assert ours.completion_ids == reference.completion_ids
+        assert ours.logprobs == reference.logprobs
 
 
 def test_a_bf16_engine_reports_the_log_probs_of_its_copy():

@@ -1,18 +1,21 @@
 """Built-in rollout engine on transformers `generate` (batched, KV cache), colocated with the trainer.
 
-It samples from the training model object itself, so weights are always current and
-`sync_weights` has nothing to copy. Under FSDP2 or ZeRO-3 the model's weights are sharded and
-every decoding step gathers them, a collective: `synced=True` keeps every rank decoding until
-the slowest rank's rows are done (transformers' `synced_gpus`), so the ranks never deadlock.
+It samples from the training model object itself (`rl.rollout.precision: trainer`), so weights are always current
+and `sync_weights` has nothing to copy; or from a bf16 copy of it (`bf16`, oxrl/rollout/bf16_copy.py) that
+`sync_weights` overwrites after every update. Under FSDP2 or ZeRO-3 the model's weights are sharded and every
+decoding step gathers them, a collective: `synced=True` keeps every rank decoding until the slowest rank's rows are
+done (transformers' `synced_gpus`), so the ranks never deadlock.
 
 The `n` samples of a prompt share its prefix: each prompt is run through the model once (its
 KV cache), the cache is repeated n times, and `generate` continues from it, so prefill costs one
 forward per prompt instead of n (27% of a GRPO step's generation for SmolLM2 at n = 8).
 
-It computes in the trainer's precision (`autocast`, the strategy's: bf16 autocast where
-`train.mixed_precision` says so), so the log-probs it reports are of the numbers the trainer recomputes, and
-decoding, bound by reading the weights at every token, reads them once cast to bf16 for the whole call
-(autocast caches the cast of each trainable weight until the call ends) rather than in fp32 at every step.
+Sampling draws one uniform number per row (oxrl/rollout/sampling.py) instead of `generate`'s `torch.multinomial`,
+which draws one per vocabulary entry: the same distribution, a sixth of a CPU decoding step less.
+
+From the training model it computes in the trainer's precision (`autocast`, the strategy's: bf16 autocast where
+`train.mixed_precision` says so), so the log-probs it reports are of the numbers the trainer recomputes; from the
+bf16 copy the log-probs are the copy's, and the RL loop reports their gap to the trainer's every step.
 
 Prompts with images (vision-language models) share the prefill too: the prefix forward takes each prompt's
 image tensors once (laid out as the processor lays out a batch), so the image features are computed once per
@@ -74,20 +77,23 @@ class HFEngine:
                  sample_in_bf16: bool = False):
         self.model = model
         self.synced = synced
-        # `sample_in_bf16`: decode from a bf16 copy refreshed at every sync (oxrl/rollout/bf16_copy.py), else from
-        # `model` itself under the trainer's autocast (a context factory: `Strategy.autocast`).
+        # `sample_in_bf16`: sample from a bf16 copy refreshed at every sync (oxrl/rollout/bf16_copy.py). Greedy
+        # decoding (held-out accuracy) and, without the copy, sampling run on `model` itself under the trainer's
+        # autocast (a context factory: `Strategy.autocast`), so held-out accuracy is the trained weights'.
         self.copy = bf16_copy(model) if sample_in_bf16 else None
-        self.autocast = nullcontext if sample_in_bf16 else autocast
+        self.autocast = autocast
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.never_sampled = image_token_ids(model) or None  # a vision-language model's image tokens
 
-    @property
-    def sampler(self):
-        """The network decoding runs on: the bf16 copy, or the training model itself."""
-        return self.model if self.copy is None else self.copy
+    def network(self, params: SamplingParams):
+        """What decodes with `params`, and the precision context it runs in: the bf16 copy samples (as it is), the
+        training model decodes greedily and samples when there is no copy (under the trainer's autocast)."""
+        if self.copy is not None and params.temperature > 0:
+            return self.copy, nullcontext
+        return self.model, self.autocast
 
     def sync_weights(self, model) -> dict[str, float]:
         if model is not self.model:
@@ -98,7 +104,7 @@ class HFEngine:
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """log p(ids[t] | ids[<t]) for t >= 1 under the model this engine samples from (oxrl/rollout/probe.py)."""
-        return trainer_probe_logprobs(self.sampler, ids)
+        return trainer_probe_logprobs(self.model if self.copy is None else self.copy, ids)
 
     def offload(self) -> None:
         """Nothing to free: the engine is the training model."""
@@ -112,19 +118,20 @@ class HFEngine:
         per_call = max(1, self.max_batch_size // params.n)  # whole prompts (all n samples) per `generate` call
         vision = vision if vision is not None else [None] * len(prompts)
         out: list[Completion] = []
-        with self.autocast():
+        model, precision = self.network(params)
+        with precision():
             for start in range(0, len(prompts), per_call):
-                out.extend(self._generate_batch(list(enumerate(prompts))[start : start + per_call], params, vision))
+                out.extend(self._generate_batch(model, list(enumerate(prompts))[start : start + per_call], params, vision))
         return out
 
-    def _positions(self, input_ids: torch.Tensor, attention: torch.Tensor, images: dict[str, torch.Tensor]):
+    @staticmethod
+    def _positions(model, input_ids: torch.Tensor, attention: torch.Tensor, images: dict[str, torch.Tensor]):
         """The rows' [4, B, L] positions for a multimodal-RoPE model with images, else None (`generate`'s own)."""
-        owner = rope_index_owner(self.sampler) if images else None
+        owner = rope_index_owner(model) if images else None
         return None if owner is None else padded_positions(owner, input_ids, attention, images.get("image_grid_thw"))
 
-    def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams,
+    def _generate_batch(self, model, prompts: list[tuple[int, list[int]]], params: SamplingParams,
                         vision: list[VisionInputs | None]) -> list[Completion]:
-        model = self.sampler
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -137,8 +144,8 @@ class HFEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         prompt_vision = [vision[index] for index, _ in prompts]
         images = {k: v.to(device) for k, v in batch_vision([None if v is None else v.tensors for v in prompt_vision]).items()}
-        positions = self._positions(input_ids, attention, images)
-        prefix = self._shared_prefix(input_ids, attention, params.n, images, positions)
+        positions = self._positions(model, input_ids, attention, images)
+        prefix = self._shared_prefix(model, input_ids, attention, params.n, images, positions)
         requests = [request for request in prompts for _ in range(params.n)]  # grouped by prompt
         input_ids, attention = input_ids.repeat_interleave(params.n, 0), attention.repeat_interleave(params.n, 0)
         extra = {} if positions is None else {"position_ids": positions.repeat_interleave(params.n, -2)}
@@ -177,7 +184,8 @@ class HFEngine:
         return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, vision[index])
                 for row, (index, ids) in enumerate(requests)]
 
-    def _shared_prefix(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, images: dict[str, torch.Tensor],
+    @staticmethod
+    def _shared_prefix(model, input_ids: torch.Tensor, attention: torch.Tensor, n: int, images: dict[str, torch.Tensor],
                        positions: torch.Tensor | None):
         """The KV cache of every prompt but its last token (a prompt's last token is never an image's), computed once
         with the prompts' images and repeated n times (None when there is nothing to share); `generate` then runs only
@@ -186,9 +194,9 @@ class HFEngine:
             return None
         if positions is None:  # the positions `generate` gives left-padded rows (real tokens so far), so the cache matches
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        prefix = self.sampler(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+        prefix = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
                             position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images,
-                            **token_type_inputs(self.sampler, input_ids[:, :-1])).past_key_values
+                            **token_type_inputs(model, input_ids[:, :-1])).past_key_values
         prefix.batch_repeat_interleave(n)
         return prefix
 
