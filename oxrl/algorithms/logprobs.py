@@ -77,9 +77,12 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
     if positions.numel() == 0:  # no target: zeros that still hold a graph
         return _laid_out(batch, positions, 0.0 * logits.sum()[None], 0.0 * logits.sum()[None], with_entropy,
                          value_head, hidden)
-    selected = selected_logprobs(logits, batch.input_ids[0, positions])
-    return _laid_out(batch, positions, selected, token_entropy_from_rows(logits) if with_entropy else None,
-                     with_entropy, value_head, hidden)
+    targets_ids = batch.input_ids[0, positions]
+    if with_entropy:
+        selected, row_entropy = selected_logprobs_and_entropy(logits, targets_ids)
+    else:
+        selected, row_entropy = selected_logprobs(logits, targets_ids), None
+    return _laid_out(batch, positions, selected, row_entropy, with_entropy, value_head, hidden)
 
 
 def _laid_out(batch: PackedBatch, positions: torch.Tensor, selected: torch.Tensor, row_entropy: torch.Tensor | None,
@@ -105,13 +108,16 @@ def _laid_out(batch: PackedBatch, positions: torch.Tensor, selected: torch.Tenso
     return (values, entropy) if with_entropy else values
 
 
-def token_entropy_from_rows(logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
-    """Entropy of each row's distribution, logits [N, V] -> [N], one fp32 chunk at a time."""
-    pieces = []
-    for start in range(0, logits.shape[0], chunk_size):
-        logp = logits[start : start + chunk_size].float().log_softmax(-1)
-        pieces.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(pieces)
+def selected_logprobs_and_entropy(logits: torch.Tensor, ids: torch.Tensor,
+                                  chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """`selected_logprobs` and the entropy of each row's distribution ([N, V] -> [N], [N]) from one fp32 log-softmax
+    per chunk: the [N, V] softmax is the costliest non-matmul work of an RL update, so it is computed once."""
+    selected, entropy = [], []
+    for rows, targets in zip(logits.split(chunk_size), ids.split(chunk_size)):
+        logp = rows.float().log_softmax(-1)
+        selected.append(logp.gather(-1, targets[:, None])[:, 0])
+        entropy.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(selected), torch.cat(entropy)
 
 
 def sequence_sums(values: torch.Tensor, batch: PackedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
