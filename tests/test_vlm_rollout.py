@@ -147,6 +147,21 @@ def test_engine_logprobs_equal_trainer_logprobs_on_image_prompts(vlm):
     assert max(float((torch.tensor(c.logprobs) - t).abs().max()) for c, t in zip(single, trainer)) < 1e-4
 
 
+@torch.no_grad()
+def test_a_bf16_copy_samples_image_prompts_close_to_the_trainer(vlm):
+    """The `hf` engine's bf16 copy (eager attention on CPU) decodes image prompts; its log-probs stay within bf16
+    rounding of the fp32 trainer's."""
+    family, model, processor = vlm
+    prompts = [RLPrompt(messages=question(i), images=[image(i)]) for i in range(len(IMAGES))]
+    batch = encode_prompts(prompts, processor.tokenizer, processor=processor)
+    torch.manual_seed(0)
+    completions = HFEngine(model, processor.tokenizer, sample_in_bf16=True).generate(
+        batch.prompt_ids, SamplingParams(n=2, max_new_tokens=6), batch.vision)
+    trainer = score_logprobs(model, completions, micro_size=4, temperature=1.0)
+    gap = torch.cat([torch.tensor(c.logprobs) - t for c, t in zip(completions, trainer)]).abs()
+    assert 0 < gap.mean() < 0.1, (family, gap)  # bf16 rounding: not zero (it is the copy), not a different network
+
+
 def test_image_prompts_render_with_their_expanded_image_tokens(vlm):
     family, model, processor = vlm
     batch = encode_prompts([RLPrompt(messages=question(i), images=[image(i)]) for i in range(len(IMAGES))],

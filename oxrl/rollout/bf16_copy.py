@@ -19,11 +19,16 @@ import torch
 
 
 def bf16_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen, eval-mode copy of `model` whose floating-point parameters are bf16 (tied weights stay tied)."""
+    """A frozen, eval-mode copy of `model` whose floating-point parameters are bf16 (tied weights stay tied). On a CPU
+    it attends with transformers' `eager` attention: one query row per decoding step against a short cache runs
+    faster as plain matmuls than through the CPU's SDPA kernels (SmolLM2-135M, 32 rows x 64 tokens: 5.8-6.3 s against
+    6.9-7.4 s). Its cost grows with prompt length squared in the prefill, which reads each prompt once."""
     replica = copy.deepcopy(model).eval().requires_grad_(False)
     for parameter in replica.parameters():
         if parameter.is_floating_point():
             parameter.data = parameter.data.to(torch.bfloat16)
+    if next(replica.parameters()).device.type == "cpu":
+        replica.set_attn_implementation("eager")
     return replica
 
 
