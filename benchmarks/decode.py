@@ -5,8 +5,9 @@
 
 What is measured. SmolLM2-135M-Instruct (the bundled alias), CPU, `HFEngine.generate` on one arithmetic prompt
 (`n` = batch samples of it, temperature 1) with its end-of-sequence ids emptied, so every row decodes exactly
-`--new-tokens` tokens. fp32 = the weights as they are; bf16 = under the trainer's bf16 autocast, as the engine samples
-when `train.mixed_precision: bf16`.
+`--new-tokens` tokens. fp32 = the weights as they are; bf16 autocast = under the trainer's bf16 autocast, as the
+engine samples from the training model when `train.mixed_precision: bf16`; bf16 copy = the engine's own bf16 copy
+(`rl.rollout.precision: bf16`, the default on a CPU with native bf16; eager attention).
 
 The bound. Decoding one token for a batch reads every weight once (the KV cache is small next to 135M weights at
 these lengths), so a step takes at least weight bytes / memory bandwidth, and tokens/s <= batch x bandwidth / weight
@@ -52,6 +53,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="glibc malloc keeps freed memory, as `oxrl train` does on a CPU (default: on)")
     args = parser.parse_args()
 
     from oxrl.config.schema import ModelConfig
@@ -59,6 +62,7 @@ def main() -> None:
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.rollout.base import SamplingParams
     from oxrl.rollout.hf import HFEngine
+    from oxrl.training.allocator import keep_freed_memory
     from oxrl.training.precision import autocast_for
 
     torch.set_num_threads(args.threads)
@@ -71,9 +75,11 @@ def main() -> None:
     print("machine:", machine_summary())
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s; {weights / 1e6:.1f}M weights; prompt {len(prompt[0])} tokens")
     rows = []
-    for precision, weight_bytes in (("fp32", 4), ("bf16", 2)):
+    if args.keep_freed_memory:
+        keep_freed_memory()  # what `oxrl train` does on a CPU (run.keep_freed_memory)
+    for precision, weight_bytes in (("fp32", 4), ("bf16 autocast", 2), ("bf16 copy", 2)):
         engine = HFEngine(model, tokenizer, max_batch_size=max(args.batch), autocast=autocast_for(
-            "bf16" if precision == "bf16" else "no", "cpu"))
+            "bf16" if precision == "bf16 autocast" else "no", "cpu"), sample_in_bf16=precision == "bf16 copy")
         engine.eos_ids = {-1}  # no token ends a row: every row decodes exactly --new-tokens tokens
         for batch in args.batch:
             params = SamplingParams(n=batch, temperature=1.0, max_new_tokens=args.new_tokens)

@@ -123,6 +123,7 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
     from oxrl.config.schema import OptimConfig, PreferenceConfig
     from oxrl.data.types import Example, Sequence
     from oxrl.training.optim import build_optimizer, build_scheduler
+    from oxrl.training.allocator import keep_freed_memory
     from oxrl.training.strategy import SingleDevice
     from oxrl.loops.objectives import get_objective
     from oxrl.loops.sl import run_micro_batches
@@ -131,6 +132,7 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
     model = _load_policy(spec.threads)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
+    keep_freed_memory()  # as `oxrl train` does on a CPU (run.keep_freed_memory)
     strategy = SingleDevice(torch.device("cpu"), mixed_precision=PRECISIONS[spec.precision], max_grad_norm=1.0)
     strategy.prepare(model, optimizer, build_scheduler(optimizer, len(spec.steps), optim_cfg))
     reference = build_reference("frozen_copy", model, [], 1, strategy)

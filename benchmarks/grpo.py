@@ -118,8 +118,9 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
         "rl": {
             "task": "arithmetic", "task_size": prompts_per_step * steps, "validation_size": 0,
             "prompts_per_step": prompts_per_step,
+            # equal precision: fp32 samples from the fp32 weights (TRL's sampler), bf16 from the engine's bf16 copy
             "rollout": {"engine": engine, "n": n, "temperature": 1.0, "max_new_tokens": max_new_tokens,
-                        "max_batch_size": completions},
+                        "max_batch_size": completions, "precision": "trainer" if precision == "fp32" else "bf16"},
             "kl_coef": 0.0, "epochs": 1, "mini_batches": 1,
         },
         "train": {
@@ -135,6 +136,7 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
 def run_oxrl(spec: RunSpec) -> RunResult:
     import torch
 
+    from oxrl.training.allocator import keep_freed_memory
     from oxrl.training.strategy import SingleDevice
     from oxrl.logging.metrics import read_metrics
     from oxrl.data.types import RLPromptBatch
@@ -153,6 +155,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     tokenizer = load_tokenizer(cfg.model)
     train = encode_prompts(spec.prompts, tokenizer)
     model = load_model(cfg.model, device)
+    keep_freed_memory()  # as `oxrl train` does on a CPU (run.keep_freed_memory)
     strategy = SingleDevice(device, cfg.train.mixed_precision, cfg.train.optim.max_grad_norm)
     engine = build_engine(rl.rollout, model, tokenizer, strategy, cfg.run.seed)
     no_validation = RLPromptBatch([], [], [], [])

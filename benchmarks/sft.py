@@ -135,6 +135,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     from oxrl.config.schema import ModelConfig, OptimConfig
     from oxrl.data.types import Example, Sequence
     from oxrl.training.optim import build_optimizer, build_scheduler
+    from oxrl.training.allocator import keep_freed_memory
     from oxrl.training.strategy import SingleDevice
     from oxrl.loops.objectives import get_objective
     from oxrl.loops.sl import run_micro_batches
@@ -145,6 +146,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     model = load_model(ModelConfig(name_or_path=MODEL, dtype="float32"), device)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
+    keep_freed_memory()  # as `oxrl train` does on a CPU (run.keep_freed_memory)
     strategy = SingleDevice(device, mixed_precision=PRECISIONS[spec.precision], max_grad_norm=optim_cfg.max_grad_norm)
     strategy.prepare(model, optimizer, build_scheduler(optimizer, len(spec.steps), optim_cfg))
     objective = get_objective("sft")

@@ -79,6 +79,13 @@ def test_a_sleeping_vllm_shares_the_device_with_the_dynamic_memory_only():
     assert asleep.total == 12000 + max(10120, 50_000)
 
 
+def test_the_hf_engines_bf16_copy_is_two_bytes_a_parameter():
+    plain = estimate_memory(SHAPE, TrainingPlan(tokens_per_micro_batch=3))
+    copied = estimate_memory(SHAPE, TrainingPlan(tokens_per_micro_batch=3, rollout_copy=True))
+    assert copied.rollout_copy == 2 * 1000 and copied.total == plain.total + 2000
+    assert "rollout_copy 0.00 GiB" in copied.lines()[0]
+
+
 def measured_peak(tokens: int, lora: bool, checkpointing: bool) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
     out = subprocess.run([sys.executable, "-m", "tests.memory_probe", str(tokens), str(int(lora)), str(int(checkpointing))],

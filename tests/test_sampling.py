@@ -12,6 +12,7 @@ from oxrl.rollout import build
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.bf16_copy import bf16_copy, refresh
 from oxrl.rollout.hf import HFEngine
+from oxrl.training import precision
 from oxrl.rollout.sampling import InverseCDFDraw, inverse_cdf_draw, sampling_processors
 from tests.conftest import make_tiny_llama
 from tests.test_rollout_hf import TinyTokenizer
@@ -176,7 +177,7 @@ def strategy(device="cpu", shards=False):
     (True, "cpu", False, True), (False, "cpu", False, False), (True, "cuda", False, False), (True, "cpu", True, False),
 ])
 def test_auto_decodes_in_bf16_on_a_cpu_with_native_bf16_and_whole_weights(monkeypatch, native, device, shards, expected):
-    monkeypatch.setattr(build, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     assert build.samples_in_bf16(RolloutConfig(), strategy(device, shards)) is expected
     assert build.samples_in_bf16(RolloutConfig(precision="trainer"), strategy(device, shards)) is False
 

@@ -15,7 +15,7 @@ from oxrl.config.schema import Config, ModelConfig
 from oxrl.models.hardware import Devices, available_memory
 from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib
 from oxrl.models.shape import ModelShape
-from oxrl.training.precision import uses_bf16
+from oxrl.training.precision import samples_from_bf16_copy, uses_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,10 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         reference=needs_reference(cfg),
         critic=rl and cfg.rl.advantage in NEEDS_VALUES and cfg.rl.critic_backbone == "separate",
         vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
-        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases)
+        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases,
+        rollout_copy=rl and cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
+            cfg.rl.rollout.precision, devices.kind,
+            strategy == "fsdp2" or (strategy == "deepspeed" and cfg.strategy.zero_stage == 3)))
 
 
 def fits(estimate: MemoryEstimate, devices: Devices) -> bool:

@@ -2,7 +2,7 @@
 
 Everything is bytes on ONE device (a GPU, or the CPU's RAM), for the layout oxRL would really build:
 
-    static   = weights + optimizer state [+ reference model] [+ autocast weight copies]
+    static   = weights + optimizer state [+ reference model] [+ autocast weight copies] [+ rollout copy]
     dynamic  = gradients + activations + logits
     peak     = static + dynamic                                   (no colocated vLLM)
              = static + max(dynamic, vLLM share)                  (vLLM colocated and asleep while training)
@@ -44,6 +44,7 @@ weights; `single` shards nothing):
   base model with the adapters switched off: no second copy).
 - critic (PPO with a separate critic): a full fine-tune's weights, gradients and AdamW moments of a model
   of the same shape, 4*P*b / D; its activations come at another time than the policy's.
+- rollout copy: the `hf` engine's bf16 copy of the policy (`rl.rollout.precision`), 2*P.
 - vLLM share: `gpu_memory_utilization` x the device's memory, the pool vLLM claims for its weights and
   KV cache when colocated; asleep (`sleep_between_phases`) it frees it while the trainer runs.
 
@@ -85,6 +86,7 @@ class TrainingPlan:
     dense_attention_mask: bool = False  # CUDA sdpa over packed rows (module docstring)
     vllm_share_bytes: int = 0  # memory a colocated vLLM claims on the device
     vllm_sleeps: bool = True
+    rollout_copy: bool = False  # the `hf` engine samples from a bf16 copy of the policy (rl.rollout.precision)
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,11 @@ class MemoryEstimate:
     critic: int
     vllm: int
     vllm_sleeps: bool = True
+    rollout_copy: int = 0
 
     @property
     def static(self) -> int:
-        return self.weights + self.optimizer + self.reference + self.critic + self.autocast_copies
+        return self.weights + self.optimizer + self.reference + self.critic + self.autocast_copies + self.rollout_copy
 
     @property
     def dynamic(self) -> int:
@@ -153,7 +156,8 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
     return MemoryEstimate(
         weights=weights, gradients=gradients, optimizer=optimizer, autocast_copies=autocast_copies,
         activations=activation_bytes(shape, plan, compute), logits=logit_bytes(shape, plan, compute),
-        reference=reference, critic=critic, vllm=plan.vllm_share_bytes, vllm_sleeps=plan.vllm_sleeps)
+        reference=reference, critic=critic, vllm=plan.vllm_share_bytes, vllm_sleeps=plan.vllm_sleeps,
+        rollout_copy=2 * shape.parameters if plan.rollout_copy else 0)
 
 
 def layer_activation_bytes(shape: ModelShape, compute: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oxrl.config.names import ROLLOUT_ENGINES
 from oxrl.config.schema import RolloutConfig
-from oxrl.training.precision import cpu_has_native_bf16
+from oxrl.training.precision import samples_from_bf16_copy
 
 VLLM_INSTALL_HINT = (
     "install it with `pip install 'oxrl[vllm]'` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` "
@@ -42,16 +42,14 @@ def build_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int =
 
 
 def samples_in_bf16(rollout: RolloutConfig, strategy) -> bool:
-    """Whether the `hf` engine decodes from a bf16 copy (`rl.rollout.precision`): the one home of `auto`'s rule."""
-    if rollout.precision == "auto":
-        return strategy.device.type == "cpu" and cpu_has_native_bf16() and not strategy.shards_parameters
+    """Whether the `hf` engine samples from a bf16 copy (the rule: `precision.samples_from_bf16_copy`)."""
     if rollout.precision == "bf16" and strategy.shards_parameters:
         raise ValueError(
             "rl.rollout.precision `bf16` keeps a whole bf16 copy of the weights in each process, but this strategy "
             "shards them (fsdp2, deepspeed): use rl.rollout.precision `trainer`, or train.mixed_precision `bf16`, "
             "under which the `hf` engine decodes in bf16 autocast"
         )
-    return rollout.precision == "bf16"
+    return samples_from_bf16_copy(rollout.precision, strategy.device.type, strategy.shards_parameters)
 
 
 def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):

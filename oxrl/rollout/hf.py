@@ -161,7 +161,9 @@ class HFEngine:
             attention_mask=attention,
             past_key_values=prefix,
             max_new_tokens=params.max_new_tokens,
-            do_sample=False,  # sampling draws in `processors` (oxrl/rollout/sampling.py); the greedy pick is the draw
+            # Sampling draws in `processors` (oxrl/rollout/sampling.py) and the greedy pick is the draw; the model's own
+            # generation-config warpers are switched off so that none runs twice.
+            do_sample=False, temperature=None, top_p=None, top_k=None,
             stop_strings=params.stop or None,
             tokenizer=self.tokenizer if params.stop else None,
             pad_token_id=self.pad_id,
