@@ -242,7 +242,8 @@ def _engine(cfg: Config, model, tokenizer, strategy, remote, processor=None):
     from oxrl.rollout.build import build_engine
 
     if remote is None:
-        return build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed, processor)
+        rollout = cfg.rl.rollout.model_copy(update={"precision": cfg.rl.engine_precision})
+        return build_engine(rollout, model, tokenizer, strategy, cfg.run.seed, processor)
     from oxrl.training.precision import uses_bf16
 
     # The probe's tolerance is that of the precision the trainers compute in (bf16 rounds the probe too).

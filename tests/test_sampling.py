@@ -186,3 +186,12 @@ def test_bf16_with_sharded_weights_is_refused():
     assert build.samples_in_bf16(RolloutConfig(precision="bf16"), strategy()) is True
     with pytest.raises(ValueError, match="rl.rollout.precision `bf16`.*shards"):
         build.samples_in_bf16(RolloutConfig(precision="bf16"), strategy(shards=True))
+
+
+def test_strict_on_policy_samples_from_the_trained_weights():
+    from oxrl.config.schema import RLConfig
+
+    assert RLConfig(strict_on_policy=True).engine_precision == "trainer"  # auto gives way
+    assert RLConfig().engine_precision == "auto"
+    with pytest.raises(ValueError, match="strict_on_policy.*bf16"):
+        RLConfig(strict_on_policy=True, rollout={"precision": "bf16"})

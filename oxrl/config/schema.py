@@ -529,6 +529,19 @@ class RLConfig(Section):
             raise ValueError("rl.env supplies the reward (its step's `reward`, summed over turns): leave rl.rewards empty")
         return self
 
+    @model_validator(mode="after")
+    def _strict_sampling_is_exact(self) -> "RLConfig":
+        if self.strict_on_policy and self.rollout.precision == "bf16":
+            raise ValueError("rl.strict_on_policy needs the engine's log-probs to equal the trainer's, but "
+                             "rl.rollout.precision `bf16` samples from a bf16 copy: set it to `trainer` or `auto` (which "
+                             "then samples from the trained weights)")
+        return self
+
+    @property
+    def engine_precision(self) -> str:
+        """`rollout.precision` as the engine takes it: `auto` samples from the trained weights under strict_on_policy."""
+        return "trainer" if self.strict_on_policy and self.rollout.precision == "auto" else self.rollout.precision
+
 
 class OnlineConfig(Section):
     loss: Literal[ONLINE_PAIR_LOSSES] = Field(

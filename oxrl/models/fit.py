@@ -86,7 +86,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
         vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases,
         rollout_copy=rl and cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
-            cfg.rl.rollout.precision, devices.kind,
+            cfg.rl.engine_precision, devices.kind,
             strategy == "fsdp2" or (strategy == "deepspeed" and cfg.strategy.zero_stage == 3)))
 
 
