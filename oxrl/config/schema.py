@@ -15,8 +15,8 @@ from oxrl.config.names import (
     ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
-    RL_ALGORITHMS, ROLLOUT_ENGINES,
-    ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES, canonical_algorithm, check_trackers,
+    RL_ALGORITHMS, ROLLOUT_ENGINES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
+    canonical_algorithm, check_trackers,
 )
 from oxrl.config.rl_presets import resolve, resolve_online
 
@@ -367,9 +367,11 @@ class RolloutConfig(Section):
         "auto",
         description="`hf` engine: the weights it decodes from. `trainer`: the training model itself, in the trainer's "
         "precision (its log-probs equal the trainer's to ~1e-6). `bf16`: a bf16 copy refreshed at every weight sync "
-        "(about 2x faster decoding on a CPU with native bf16; the engine/trainer gap is reported every step as "
+        "(1.85x the fp32 sampling speed at batch 32 on a 2-core CPU with native bf16, eager attention there; the "
+        "engine/trainer gap is reported every step as "
         "`logprob_mismatch/*`, and `rl.tis_cap` corrects for it). `auto`: `bf16` on a CPU with native bf16 when the "
-        "weights are not sharded, else `trainer`.",
+        "weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy decoding (held-out accuracy) "
+        "always runs on the trained weights.",
     )
 
 
