@@ -75,6 +75,12 @@ def test_sgrpo_is_grpo_with_the_papers_kl_term_and_grpo_has_none(tmp_path):
     assert resolve("sgrpo", load_config(tmp_path / "saved.yaml").rl).kl_coef == 0.04
 
 
+def share_of_low_ids(prompt: str, completion: str) -> float:
+    """The fraction of completion tokens with an id below 64 (TinyTokenizer decodes ids as numbers)."""
+    words = completion.split()
+    return sum(int(w) < 64 for w in words) / max(1, len(words))
+
+
 def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
     from oxrl.training.strategy import SingleDevice
     from oxrl.data.types import RLPromptBatch
@@ -90,7 +96,8 @@ def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
     torch.manual_seed(0)
     model = make_tiny_llama()
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    # a dense reward: every group's completions score differently from the first step, so the policy moves at once
+    reward = build_reward_fn([{"name": "tests.test_algorithm_names:share_of_low_ids"}])
 
     def train(reference, run_dir):
         h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward,
