@@ -60,7 +60,7 @@ def config(tmp_path_factory, smollm2_tokenizer, head) -> Path:
                "rewards": [{"name": f"{tmp / 'reward.py'}:lower_half"}]},
         # fp32: the trainers' and workers' probes then agree to 1e-4 (bf16 compute rounds them differently).
         "train": {"max_steps": STEPS, "micro_batch_size_per_device": 8, "mixed_precision": "no",
-                  "optim": {"lr": 1e-1, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
+                  "optim": {"lr": 2e-1, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
         "ray": {"address": head, "trainers": {"count": 2, "cpus": 1}, "rollout": {"count": 2, "cpus": 0.5},
                 "reward": {"count": 1, "cpus": 0.5}},
         "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
