@@ -81,12 +81,12 @@ class RLResult:
 def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
     """Optimizers and schedules for the policy (and critic), handed to their strategies; resume. Returns the first step."""
     cfg = h.cfg
-    optimizer = build_optimizer(h.model, cfg.train.optim)
+    optimizer = build_optimizer(h.model, cfg.train.optim, fused=h.strategy.fused_optimizer)
     h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
     h.policy.train()
     if isinstance(h.critic, Critic):  # (a shared value head is one of the policy's parameters)
         critic_optim = cfg.train.optim.model_copy(update={"lr": cfg.rl.critic_lr})
-        optimizer = build_optimizer(h.critic.model, critic_optim)
+        optimizer = build_optimizer(h.critic.model, critic_optim, fused=h.critic.strategy.fused_optimizer)
         h.critic.model = h.critic.strategy.prepare(h.critic.model, optimizer,
                                                    build_scheduler(optimizer, total_updates, critic_optim))
         h.strategy.attach("critic", h.critic.strategy)  # checkpointed together

@@ -92,7 +92,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
         )
     sampler = StepSampler(len(train_set), tc.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(tc.epochs, tc.max_steps)
-    optimizer = build_optimizer(model, tc.optim)
+    optimizer = build_optimizer(model, tc.optim, fused=strategy.fused_optimizer)
     scheduler = build_scheduler(optimizer, total_steps, tc.optim)
     model = strategy.prepare(model, optimizer, scheduler)  # the object to call (a DeepSpeed engine wraps it)
     model.train()

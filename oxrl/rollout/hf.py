@@ -35,7 +35,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from oxrl.data.types import VisionInputs, batch_vision
 from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner, token_type_inputs
@@ -44,6 +45,18 @@ from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.bf16_copy import bf16_copy, refresh
 from oxrl.rollout.probe import trainer_probe_logprobs
 from oxrl.rollout.sampling import sampling_processors
+
+
+# Tokens a row decodes between checks for finished rows (`HFEngine._decode`): a check costs one `generate` call, and a
+# finished row decodes at most this many steps past its end.
+ROUND_TOKENS = 8
+
+
+def rows_can_leave(cache) -> bool:
+    """Whether rows can be dropped from `cache` (`batch_select_indices`): a dynamic cache of key/value layers only.
+    A layer that also keeps other per-row state (linear attention, indexed chunks) would be cut wrongly."""
+    return isinstance(cache, DynamicCache) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer)
+                                                    for layer in cache.layers)
 
 
 class FiniteLogits(LogitsProcessor):
@@ -156,35 +169,92 @@ class HFEngine:
         processors = [FiniteLogits()]
         if sampling:
             processors += sampling_processors(params.temperature, params.top_k, params.top_p)
-        generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            past_key_values=prefix,
-            max_new_tokens=params.max_new_tokens,
-            # Sampling draws in `processors` (oxrl/rollout/sampling.py) and the greedy pick is the draw; the model's own
-            # generation-config warpers are switched off so that none runs twice.
-            do_sample=False, temperature=None, top_p=None, top_k=None,
-            stop_strings=params.stop or None,
-            tokenizer=self.tokenizer if params.stop else None,
-            pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids),
-            output_logits=True,
-            return_dict_in_generate=True,
-            synced_gpus=self.synced,
-            logits_processor=LogitsProcessorList(processors),
-            suppress_tokens=self.never_sampled,
-            **extra,
-        )
+        # Finished rows leave between rounds only for text rows of a plain KV cache on one process: image rows carry
+        # positions and image inputs of their own length, and sharded weights need every rank decoding every step.
+        if prefix is None and not images and not self.synced:
+            empty = DynamicCache(config=model.config)  # what `generate` would make, made here to check its layers
+            prefix = empty if rows_can_leave(empty) else None
+        rounds = not images and positions is None and not self.synced and rows_can_leave(prefix)
+        new_tokens, token_logprobs = self._decode(model, input_ids, attention, prefix, params, processors, extra, rounds)
         model.train(was_training)
-        new_tokens = generated.sequences[:, width:]  # [B, L]
-        # Raw logits of each step -> log-prob of the sampled token under softmax(logits / T), one step at a time
-        # where the logits are: no [B, L, V] stack, no copy of it to the CPU.
-        scale = params.temperature if sampling else 1.0
-        token_logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, new_tokens[:, t, None])[:, 0]
-                                      for t, step in enumerate(generated.logits)], dim=1).cpu()
-        new_tokens = new_tokens.cpu()
         return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, vision[index])
                 for row, (index, ids) in enumerate(requests)]
+
+    def _decode(self, model, input_ids: torch.Tensor, attention: torch.Tensor, cache, params: SamplingParams,
+                processors: list[LogitsProcessor], extra: dict[str, torch.Tensor],
+                rounds: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's new tokens [B, L] (pad after its end) and their log-probs [B, L] (0 after it), from `generate`.
+
+        With `rounds`, `generate` runs `ROUND_TOKENS` at a time and the rows that finished leave the batch (and the
+        KV cache) before the next round: a batch decodes as many steps as its longest row, and on a CPU a step costs
+        in proportion to its rows, so a few long rows no longer keep every finished one decoding. Greedy decoding
+        gives exactly the tokens of one call; sampling draws from the same distributions."""
+        rows = input_ids.shape[0]
+        tokens: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        logprobs: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        alive = torch.arange(rows)
+        scale = params.temperature if params.temperature > 0 else 1.0
+        per_round = ROUND_TOKENS if rounds else params.max_new_tokens
+        decoded = 0
+        while decoded < params.max_new_tokens and alive.numel():
+            budget = min(per_round, params.max_new_tokens - decoded)
+            generated = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                past_key_values=cache,
+                max_new_tokens=budget,
+                # Sampling draws in `processors` (oxrl/rollout/sampling.py) and the greedy pick is the draw; the
+                # model's own generation-config warpers are switched off so that none runs twice.
+                do_sample=False, temperature=None, top_p=None, top_k=None,
+                stop_strings=params.stop or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                pad_token_id=self.pad_id,
+                eos_token_id=sorted(self.eos_ids),
+                output_logits=True,
+                return_dict_in_generate=True,
+                synced_gpus=self.synced,
+                logits_processor=LogitsProcessorList(processors),
+                suppress_tokens=self.never_sampled,
+                **extra,
+            )
+            new = generated.sequences[:, input_ids.shape[1]:]  # [alive, <= budget]
+            # Raw logits of each step -> log-prob of the drawn token under softmax(logits / T), one step at a time
+            # where the logits are: no [B, L, V] stack, no copy of it to the CPU.
+            new_logprobs = torch.stack([torch.log_softmax(step.float() / scale, -1).gather(-1, new[:, t, None])[:, 0]
+                                        for t, step in enumerate(generated.logits)], dim=1)
+            for position, row in enumerate(alive.tolist()):
+                tokens[row].append(new[position].cpu())
+                logprobs[row].append(new_logprobs[position].cpu())
+            decoded += new.shape[1]
+            if new.shape[1] < budget:  # `generate` stopped early: every row has finished
+                break
+            going = torch.nonzero(~self._finished([torch.cat(tokens[row]) for row in alive.tolist()], params))[:, 0]
+            cache = generated.past_key_values
+            cache.batch_select_indices(going.to(new.device))
+            input_ids = generated.sequences[going]
+            attention = torch.cat([attention, attention.new_ones(attention.shape[0], new.shape[1])], 1)[going]
+            extra = token_type_inputs(model, input_ids)
+            alive = alive[going]
+        width = max(sum(piece.numel() for piece in row) for row in tokens)
+        out_tokens = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        out_logprobs = torch.zeros(rows, width)
+        for row in range(rows):
+            ids, values = torch.cat(tokens[row]), torch.cat(logprobs[row])
+            out_tokens[row, : ids.numel()], out_logprobs[row, : values.numel()] = ids, values
+        return out_tokens, out_logprobs
+
+    def _stop_end(self, ids: list[int], stops: list[str]) -> int | None:
+        """The length of the shortest prefix of `ids` whose text holds one of `stops` (None: none does)."""
+        if not stops or not any(stop in self.tokenizer.decode(ids) for stop in stops):
+            return None
+        return next(end for end in range(1, len(ids) + 1) if any(stop in self.tokenizer.decode(ids[:end]) for stop in stops))
+
+    def _finished(self, rows: list[torch.Tensor], params: SamplingParams) -> torch.Tensor:
+        """[B] whether each row's tokens so far end its completion: an EOS among them, or a stop string in its text
+        (`generate` pads a row after its stop string, and one that ends a round is caught here)."""
+        eos = torch.tensor(sorted(self.eos_ids))
+        return torch.tensor([bool(torch.isin(ids, eos).any()) or self._stop_end(ids.tolist(), params.stop) is not None
+                             for ids in rows], dtype=torch.bool)
 
     @staticmethod
     def _shared_prefix(model, input_ids: torch.Tensor, attention: torch.Tensor, n: int, images: dict[str, torch.Tensor],
@@ -210,11 +280,11 @@ class HFEngine:
             if token in self.eos_ids:
                 length, reason = position + 1, "eos"
                 break
+        # A row ended by a stop string is padded while others finish, and the pad token may be an EOS token: the
+        # stop string's end comes first, and nothing after it was sampled.
+        stop_end = self._stop_end(ids[:length], params.stop)
+        if stop_end is not None:
+            length, reason = stop_end, "stop"
         ids = ids[:length]
-        if reason == "length":
-            while ids and ids[-1] == self.pad_id:  # a row ended by a stop string is padded while others finish
-                ids.pop()
-            if params.stop and any(stop in self.tokenizer.decode(ids) for stop in params.stop):
-                reason = "stop"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(index, list(prompt_ids), ids, logprobs[: len(ids)].tolist(), reason, text, vision=vision)

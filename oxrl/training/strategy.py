@@ -68,6 +68,9 @@ class Strategy:
     # True when parameters live in shards that every forward gathers: then every rank must run
     # the same number of forward passes (generation included, see `HFEngine(synced=...)`).
     shards_parameters: bool = False
+    # Whether the optimizer may be torch's fused AdamW (oxrl/training/optim.py): parameters that are plain tensors on
+    # one device. Sharded parameters (DTensors, DeepSpeed's flat partitions) keep torch's default implementation.
+    fused_optimizer: bool = False
 
     nonfinite: NonFiniteGuard  # skipped-step counts; set by each subclass from train.max_nonfinite_steps
     max_grad_norm: float | None = None  # clip the global gradient norm to this (None: no clipping)
@@ -262,6 +265,8 @@ class Strategy:
 
 class SingleDevice(Strategy):
     """One process, CPU or one GPU."""
+
+    fused_optimizer = True
 
     def __init__(self, device: torch.device, mixed_precision: str = "auto", max_grad_norm: float | None = None,
                  max_nonfinite_steps: int = 3):
