@@ -13,6 +13,11 @@ forward per prompt instead of n (27% of a GRPO step's generation for SmolLM2 at 
 Sampling draws one uniform number per row (oxrl/rollout/sampling.py) instead of `generate`'s `torch.multinomial`,
 which draws one per vocabulary entry: the same distribution, a sixth of a CPU decoding step less.
 
+Rows that finished leave the batch: `generate` runs `ROUND_TOKENS` tokens at a time, and between rounds the finished
+rows are dropped from the batch and from the KV cache (`batch_select_indices`), so a few long rows no longer keep
+every finished one decoding to the longest. On 2 CPU cores, 64 held-out arithmetic prompts decoded greedily to at most
+64 tokens (most rows end within 22) took 21.6 s in one call and 13.4-14.5 s in rounds, with the same tokens.
+
 From the training model it computes in the trainer's precision (`autocast`, the strategy's: bf16 autocast where
 `train.mixed_precision` says so), so the log-probs it reports are of the numbers the trainer recomputes; from the
 bf16 copy the log-probs are the copy's, and the RL loop reports their gap to the trainer's every step.
