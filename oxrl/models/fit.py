@@ -13,7 +13,7 @@ import torch
 from oxrl.config.names import PREFERENCE, REWARD_MODEL
 from oxrl.config.schema import Config, ModelConfig
 from oxrl.models.hardware import Devices, available_memory
-from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib
+from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib, weights_sharded
 from oxrl.models.shape import ModelShape
 from oxrl.training.precision import samples_from_bf16_copy, uses_bf16
 
@@ -86,8 +86,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
         vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases,
         rollout_copy=rl and cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
-            cfg.rl.engine_precision, devices.kind,
-            strategy == "fsdp2" or (strategy == "deepspeed" and cfg.strategy.zero_stage == 3)))
+            cfg.rl.engine_precision, devices.kind, weights_sharded(strategy, cfg.strategy.zero_stage)))
 
 
 def fits(estimate: MemoryEstimate, devices: Devices) -> bool:

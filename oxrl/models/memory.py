@@ -65,6 +65,11 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SHARDING_STRATEGIES = ("fsdp2", "deepspeed")
 
 
+def weights_sharded(strategy: str, zero_stage: int) -> bool:
+    """Whether `strategy` keeps only a shard of the weights on each rank (FSDP2, ZeRO-3), gathering them per layer."""
+    return strategy == "fsdp2" or (strategy == "deepspeed" and zero_stage == 3)
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
     """What the run will do, in the terms the estimate needs (built from a Config by `oxrl.models.fit.training_plan`)."""
@@ -133,7 +138,7 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
     compute = 2 if plan.bf16_autocast or plan.dtype != "float32" else 4
     sharded = plan.strategy in SHARDING_STRATEGIES and plan.devices > 1
     shards = plan.devices if sharded else 1
-    weight_shards = shards if plan.strategy == "fsdp2" or (plan.strategy == "deepspeed" and plan.zero_stage == 3) else 1
+    weight_shards = shards if weights_sharded(plan.strategy, plan.zero_stage) else 1
     deepspeed_bf16 = plan.strategy == "deepspeed" and plan.bf16_autocast
 
     weights = shape.parameters * b // weight_shards
