@@ -15,8 +15,9 @@ which draws one per vocabulary entry: the same distribution, a sixth of a CPU de
 
 Rows that finished leave the batch: `generate` runs `ROUND_TOKENS` tokens at a time, and between rounds the finished
 rows are dropped from the batch and from the KV cache (`batch_select_indices`), so a few long rows no longer keep
-every finished one decoding to the longest. On 2 CPU cores, 64 held-out arithmetic prompts decoded greedily to at most
-64 tokens (most rows end within 22) took 21.6 s in one call and 13.4-14.5 s in rounds, with the same tokens.
+every finished one decoding to the longest. On 2 CPU cores the GRPO demo's 64 held-out prompts, decoded greedily by
+the untrained model (rows of 41 tokens on average, up to 64), took 16.4 s in rounds against 20.0 s in one call, with
+the same tokens; shorter rows save more (benchmarks/rows_leave.py, docs/benchmarks.md).
 
 From the training model it computes in the trainer's precision (`autocast`, the strategy's: bf16 autocast where
 `train.mixed_precision` says so), so the log-probs it reports are of the numbers the trainer recomputes; from the
