@@ -249,17 +249,21 @@ class HFEngine:
             out_tokens[row, : ids.numel()], out_logprobs[row, : values.numel()] = ids, values
         return out_tokens, out_logprobs
 
+    def _holds_stop(self, ids: list[int], stops: list[str]) -> bool:
+        """Whether the text of `ids` holds one of `stops`."""
+        return bool(stops) and any(stop in self.tokenizer.decode(ids) for stop in stops)
+
     def _stop_end(self, ids: list[int], stops: list[str]) -> int | None:
         """The length of the shortest prefix of `ids` whose text holds one of `stops` (None: none does)."""
-        if not stops or not any(stop in self.tokenizer.decode(ids) for stop in stops):
+        if not self._holds_stop(ids, stops):
             return None
-        return next(end for end in range(1, len(ids) + 1) if any(stop in self.tokenizer.decode(ids[:end]) for stop in stops))
+        return next(end for end in range(1, len(ids) + 1) if self._holds_stop(ids[:end], stops))
 
     def _finished(self, rows: list[torch.Tensor], params: SamplingParams) -> torch.Tensor:
         """[B] whether each row's tokens so far end its completion: an EOS among them, or a stop string in its text
         (`generate` pads a row after its stop string, and one that ends a round is caught here)."""
         eos = torch.tensor(sorted(self.eos_ids))
-        return torch.tensor([bool(torch.isin(ids, eos).any()) or self._stop_end(ids.tolist(), params.stop) is not None
+        return torch.tensor([bool(torch.isin(ids, eos).any()) or self._holds_stop(ids.tolist(), params.stop)
                              for ids in rows], dtype=torch.bool)
 
     @staticmethod
