@@ -281,6 +281,30 @@ def scenario_deepspeed_sft(out: Path) -> dict:
     return results
 
 
+def chunk_every_row() -> None:
+    """Send every row down oxrl/algorithms/lm_head.py's chunked path, 3 positions a chunk (the tiny vocabulary's
+    logits would otherwise always be held whole), so the sharded output layer runs once per chunk and again in its
+    recomputed backward."""
+    from oxrl.algorithms import lm_head
+
+    lm_head.FULL_LOGITS_ELEMENTS = 0
+    lm_head.CHUNK_ELEMENTS = 3 * make_tiny_llama().config.vocab_size
+
+
+def scenario_fsdp2_chunked_sft(out: Path) -> dict:
+    chunk_every_row()
+    cfg = config(out, strategy={"name": "fsdp2"})
+    _, losses = train_sft(cfg, build_strategy(cfg), out / "run")
+    return {"losses": losses, "grad_norms": grad_norms(out / "run")}
+
+
+def scenario_deepspeed_chunked_sft(out: Path) -> dict:
+    chunk_every_row()
+    cfg = config(out, strategy={"name": "deepspeed", "zero_stage": 3})
+    _, losses = train_sft(cfg, build_strategy(cfg), out / "run")
+    return {"losses": losses, "grad_norms": grad_norms(out / "run")}
+
+
 def train_with_a_nan_step(cfg: Config, run_dir: Path) -> dict:
     """SFT where rank 1 alone gets NaN losses at step 2 (2 micro-batches per rank per step): every rank
     must skip that update, and the run goes on."""

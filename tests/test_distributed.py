@@ -262,6 +262,19 @@ def test_deepspeed_zero2_and_zero3_match_one_rank_and_resume(tmp_path_factory, s
         assert_close(loaded(input_ids=ids).logits.tolist(), sft_baseline["model"].eval()(input_ids=ids).logits.tolist())
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", ["fsdp2_chunked_sft",
+                                      pytest.param("deepspeed_chunked_sft", marks=pytest.mark.skipif(
+                                          not HAS_DEEPSPEED, reason="deepspeed is not installed"))])
+def test_chunked_output_layer_on_sharded_weights_matches_the_whole_logits_on_one_rank(scenario, tmp_path_factory,
+                                                                                      sft_baseline):
+    # The sharded output layer is called once per chunk outside the model's forward, and again when its chunk is
+    # recomputed in the backward: FSDP2 and ZeRO-3 must gather its weights both times and reduce its gradient.
+    result, _ = run_scenario(scenario, tmp_path_factory)
+    assert_close(result["losses"], sft_baseline["losses"])
+    assert_close(result["grad_norms"], sft_baseline["grad_norms"])
+
+
 # ----------------------------------------------------------------------------- the CLI under torchrun
 
 

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # 1000 parameters, 2 layers of width 10, an MLP of width 20, 10 query and 5 key/value channels, 50 tokens of
 # vocabulary; q_proj (10 -> 10) in each layer is the only linear layer.
-SHAPE = ModelShape(model_type="made_up", parameters=1000, largest_layer_parameters=100, layers=2, hidden=10, mlp_width=20,
-                   attention_width=10, kv_width=5, vocab=50, context=None, linears=(Linear("q_proj", 10, 10, 2),))
+SHAPE = ModelShape(model_type="made_up", parameters=1000, largest_layer_parameters=100, outside_layers_parameters=800,
+                   layers=2, hidden=10, mlp_width=20, attention_width=10, kv_width=5, vocab=50, context=None,
+                   linears=(Linear("q_proj", 10, 10, 2),))
 
 
 def test_a_full_fine_tune_in_fp32_on_one_device():
@@ -40,7 +41,8 @@ def test_a_full_fine_tune_in_fp32_on_one_device():
 def test_fsdp2_shards_the_states_and_gathers_two_layers():
     plan = TrainingPlan(tokens_per_micro_batch=3, dtype="bfloat16", bf16_autocast=True, strategy="fsdp2", devices=4)
     estimate = estimate_memory(SHAPE, plan)
-    assert estimate.weights == 1000 * 2 // 4 + 2 * 100 * 2  # a quarter of the bf16 weights + two gathered layers
+    # A quarter of the bf16 weights + two gathered layers + the root unit (the 800 parameters outside the layers).
+    assert estimate.weights == 1000 * 2 // 4 + 2 * 100 * 2 + 800 * 2
     assert estimate.gradients == 500
     assert estimate.optimizer == 1000
     assert estimate.autocast_copies == 0  # bf16 weights need no bf16 copy
@@ -65,6 +67,15 @@ def test_lora_trains_only_the_adapters_and_needs_no_reference_copy():
     assert estimate.gradients == 4 * adapters and estimate.optimizer == 8 * adapters
     assert estimate.reference == 0  # the reference is the base model with the adapters off
     assert estimate_memory(SHAPE, TrainingPlan(tokens_per_micro_batch=3, reference=True)).reference == 4000
+
+
+def test_a_reference_is_sharded_by_fsdp2_with_its_root_gathered_and_whole_under_deepspeed():
+    fsdp2 = estimate_memory(SHAPE, TrainingPlan(tokens_per_micro_batch=3, reference=True, strategy="fsdp2", devices=4))
+    assert fsdp2.reference == 4000 // 4 + 800 * 4  # a quarter of the fp32 weights + the 800 outside the layers
+    for stage in (2, 3):
+        zero = estimate_memory(SHAPE, TrainingPlan(tokens_per_micro_batch=3, reference=True, strategy="deepspeed",
+                                                   zero_stage=stage, devices=4))
+        assert zero.reference == 4000  # oxrl/training/deepspeed_strategy.py: frozen models stay whole
 
 
 def test_checkpointing_keeps_each_layer_input_and_one_layer():

@@ -13,6 +13,12 @@ hooks gather its weights and LoRA on it applies) followed by the family's own st
 Gemma's final soft-capping, Cohere's and Falcon-H1's scale, Granite's division. Each forward also asks the model
 for its real logits at one kept position and checks that this head reproduces them, so a family that does
 something else is an error naming it, never silently different log-probs.
+
+Sharded weights: FSDP2 keeps its root unit (which holds the output layer) gathered from the forward to the end of
+the backward (oxrl/training/fsdp.py), so the chunks are plain matmuls. DeepSpeed ZeRO-3 instead gathers a module's
+partitioned weights on every call, a collective that every rank must join: there the choice to chunk and the
+number of chunks are agreed across ranks (the maximum), and a rank with fewer rows makes empty calls, which stay
+in the loss's graph so that their recomputation in the backward gathers in step with the other ranks' too.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from oxrl.algorithms.model_inputs import hf_config
+from oxrl.training.distributed import all_reduce_max
 
 # N x V above which logits are never held whole (512 MiB in fp32), and the size of one chunk (128 MiB).
 FULL_LOGITS_ELEMENTS = 2**27
@@ -37,6 +44,7 @@ class OutputHead:
     model_type: str
     multiplier: float = 1.0  # Cohere `logit_scale`, Falcon-H1 `lm_head_multiplier`, 1 / Granite `logits_scaling`
     softcap: float | None = None  # Gemma `final_logit_softcapping`: logits = cap * tanh(logits / cap)
+    gathers_per_call: bool = False  # each call is a collective (ZeRO-3): every rank makes as many
 
     @property
     def vocab_size(self) -> int:
@@ -80,12 +88,22 @@ def output_head(model) -> OutputHead:
     if isinstance(scaling, (int, float)):
         multiplier /= float(scaling)
     return OutputHead(inner.get_output_embeddings(), config.model_type, multiplier,
-                      getattr(text, "final_logit_softcapping", None) or None)
+                      getattr(text, "final_logit_softcapping", None) or None, gathers_per_call(model))
+
+
+def gathers_per_call(model) -> bool:
+    """Whether each call of the model's modules gathers their weights: a DeepSpeed engine at ZeRO stage 3."""
+    partitioned = getattr(model, "zero_optimization_partition_weights", None)
+    return callable(partitioned) and bool(partitioned())
 
 
 def should_chunk(model, rows: int) -> bool:
-    """Whether `rows` positions' logits would be too large to hold whole."""
-    return rows * int(hf_config(model).get_text_config().vocab_size) > FULL_LOGITS_ELEMENTS
+    """Whether `rows` positions' logits would be too large to hold whole (on any rank, where weights are gathered
+    per call: every rank must then take the chunked path together)."""
+    chunk = rows * int(hf_config(model).get_text_config().vocab_size) > FULL_LOGITS_ELEMENTS
+    if gathers_per_call(model):
+        chunk = bool(all_reduce_max(int(chunk), next(model.parameters()).device))
+    return chunk
 
 
 def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -101,6 +119,10 @@ def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tens
 
     # Without a graph (reference models, scoring) there is nothing to recompute, so no checkpoint.
     run = (lambda *args: checkpoint(chunk, *args, use_reentrant=False)) if torch.is_grad_enabled() else chunk
-    pieces = [run(states, ids) for states, ids in zip(hidden.split(rows), targets.split(rows))]
+    states, ids = list(hidden.split(rows)), list(targets.split(rows))
+    if head.gathers_per_call:  # as many calls as the rank with the most chunks (module docstring)
+        missing = all_reduce_max(len(states), hidden.device) - len(states)
+        states, ids = states + [hidden[:0]] * missing, ids + [targets[:0]] * missing
+    pieces = [run(chunk_states, chunk_ids) for chunk_states, chunk_ids in zip(states, ids)]
     logprobs = torch.cat([logp for logp, _ in pieces])
     return logprobs, torch.cat([entropy for _, entropy in pieces]) if with_entropy else None

@@ -65,11 +65,13 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         keep = torch.tensor([0], device=positions.device)
     else:  # the position whose logits predict each target: the one before it, or a shared prefix's end
         keep = positions - 1 if batch.predictor is None else batch.predictor[positions]
-    if positions.numel() and should_chunk(model, positions.numel()):  # long row: never the whole [N, V] (lm_head.py)
+    if should_chunk(model, positions.numel()):  # long row: never the whole [N, V] (lm_head.py)
         head = output_head(model)
         check_logits, hidden = row_forward(model, batch, keep, hidden=True, logits_at=0)
         head.check(hidden[:1], check_logits)
-        selected, row_entropy = chunked_logprobs(head, hidden, batch.input_ids[0, positions], temperature, with_entropy)
+        # With no target (a rank that chunks only because another does), no row: `keep`'s one is not scored.
+        selected, row_entropy = chunked_logprobs(head, hidden[:positions.numel()], batch.input_ids[0, positions],
+                                                 temperature, with_entropy)
         return _laid_out(batch, positions, selected, row_entropy, with_entropy, value_head, hidden)
     logits, hidden = row_forward(model, batch, keep, hidden=value_head is not None)  # [N, V]: row i predicts positions[i]
     if temperature != 1.0:

@@ -12,7 +12,10 @@ sharding the states (FSDP2 and ZeRO-3 shard weights, gradients and optimizer sta
 weights; `single` shards nothing):
 
 - weights: P*b / D, plus under FSDP2/ZeRO-3 two gathered decoder layers (the one computing and the one
-  prefetched) in the compute dtype. LoRA adds L*b.
+  prefetched) and the parameters outside the layers (embeddings, final norm, output layer) in the compute
+  dtype: FSDP2 keeps that root unit gathered from the forward to the end of the backward, and ZeRO-3 gathers
+  the output layer at the peak, where the logits are computed (for ZeRO-3 this term is an upper bound).
+  LoRA adds L*b.
 - gradients: P*b / D (full fine-tune), L*b (LoRA). Counted in full: with gradient accumulation the
   second micro-batch's backward starts with every gradient of the first already held.
 - optimizer: AdamW's two moments in the parameter dtype, 2*P*b / D (torch AdamW keeps them in the
@@ -40,8 +43,9 @@ weights; `single` shards nothing):
   [T, T] mask for a packed row of T tokens; the memory-efficient kernel keeps it as a compute-dtype bias
   in every layer: compute x T^2 x layers (one layer under checkpointing), plus the boolean mask, T^2.
   Measured on an H100 (docs/models.md); on CPU the packed kernel runs each sequence alone, with no mask.
-- reference model: P*b / D for the objectives that need one, except under LoRA (the reference is the
-  base model with the adapters switched off: no second copy).
+- reference model: P*b for the objectives that need one, except under LoRA (the reference is the
+  base model with the adapters switched off: no second copy). FSDP2 shards it like the policy, P*b / D,
+  and keeps its root unit gathered after its first forward (in b); DeepSpeed keeps it whole on every rank.
 - critic (PPO with a separate critic): a full fine-tune's weights, gradients and AdamW moments of a model
   of the same shape, 4*P*b / D; its activations come at another time than the policy's.
 - rollout copy: the `hf` engine's bf16 copy of the policy (`rl.rollout.precision`), 2*P.
@@ -143,7 +147,7 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
 
     weights = shape.parameters * b // weight_shards
     if weight_shards > 1:
-        weights += 2 * shape.largest_layer_parameters * compute
+        weights += (2 * shape.largest_layer_parameters + shape.outside_layers_parameters) * compute
     if plan.lora:
         trainable = shape.lora_parameters(plan.lora_rank, plan.lora_targets)
         weights += trainable * b
@@ -156,7 +160,10 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
         weights -= shape.parameters * b // weight_shards  # on the host; the gathered layers stay
         gradients, optimizer = 0, 0
     autocast_copies = 2 * shape.parameters if plan.bf16_autocast and b == 4 and not plan.lora and not sharded else 0
-    reference = shape.parameters * b // weight_shards if plan.reference and not plan.lora else 0
+    reference = 0
+    if plan.reference and not plan.lora:
+        fsdp2 = plan.strategy == "fsdp2" and sharded
+        reference = shape.parameters * b // shards + shape.outside_layers_parameters * b if fsdp2 else shape.parameters * b
     critic = shape.parameters * b * 4 // shards if plan.critic else 0
     return MemoryEstimate(
         weights=weights, gradients=gradients, optimizer=optimizer, autocast_copies=autocast_copies,

@@ -27,6 +27,7 @@ class ModelShape:
     model_type: str
     parameters: int  # all of them, a tied embedding counted once
     largest_layer_parameters: int  # one decoder layer: FSDP2 / ZeRO-3 gather one at a time
+    outside_layers_parameters: int  # embeddings, final norm, output layer: FSDP2's root unit
     layers: int
     hidden: int
     mlp_width: int  # intermediate width a token passes through (MoE: routed experts per token + shared)
@@ -52,6 +53,7 @@ class ModelShape:
             model_type=config.model_type,
             parameters=sum(p.numel() for p in model.parameters()),
             largest_layer_parameters=max(layer_sizes),
+            outside_layers_parameters=sum(p.numel() for p in model.parameters()) - sum(layer_sizes),
             layers=config.num_hidden_layers,
             hidden=config.hidden_size,
             mlp_width=_mlp_width(config),

@@ -87,6 +87,14 @@ def all_reduce_sum(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
+def all_reduce_max(value: int, device: torch.device) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def all_gather_objects(value: object) -> list[object]:
     """Every rank's `value`, in rank order (a one-element list in a single process)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -2,7 +2,10 @@
 and its optimizer state; a layer's full weights exist only while that layer runs.
 
 Sharding units: each decoder layer (the classes a Hugging Face model lists in `_no_split_modules`),
-then the root (embeddings, final norm, LM head; tied embeddings stay in one unit). Mixed
+then the root (embeddings, final norm, LM head; tied embeddings stay in one unit). The root stays
+gathered after its forward: until the end of the backward in training, and after a forward without
+gradient (a frozen reference, scoring, sampling) until the next backward, so a frozen model keeps its
+root whole. Mixed
 precision (`train.mixed_precision: bf16`, or `auto` on GPU) computes in bf16 and reduces gradients
 in fp32; the stored parameters keep `model.dtype`. Activation checkpointing is the model's own
 (`model.gradient_checkpointing`), applied before sharding; a recomputed layer gathers its weights
@@ -89,7 +92,10 @@ class FSDP2Strategy(MultiProcessStrategy):
                            "unit, so every forward gathers all of it", type(model).__name__)
         for layer in layers:
             fully_shard(layer, **options)
-        fully_shard(model, **options)
+        # The root unit (embeddings, final norm, output layer) stays gathered from its forward to the end of its
+        # backward, as torch does for a root by default: the chunked log-probs (oxrl/algorithms/lm_head.py) call
+        # the output layer after the forward, and again when a chunk is recomputed in the backward.
+        fully_shard(model, **{**options, "reshard_after_forward": False})
         return model
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
