@@ -29,7 +29,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from oxrl.algorithms.model_inputs import hf_config
-from oxrl.training.distributed import all_reduce_max
 
 # N x V above which logits are never held whole (512 MiB in fp32), and the size of one chunk (128 MiB).
 FULL_LOGITS_ELEMENTS = 2**27
@@ -97,12 +96,19 @@ def gathers_per_call(model) -> bool:
     return callable(partitioned) and bool(partitioned())
 
 
+def most_over_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` any rank holds (ZeRO-3 runs in an initialised process group)."""
+    tensor = torch.tensor([value], device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def should_chunk(model, rows: int) -> bool:
     """Whether `rows` positions' logits would be too large to hold whole (on any rank, where weights are gathered
     per call: every rank must then take the chunked path together)."""
     chunk = rows * int(hf_config(model).get_text_config().vocab_size) > FULL_LOGITS_ELEMENTS
     if gathers_per_call(model):
-        chunk = bool(all_reduce_max(int(chunk), next(model.parameters()).device))
+        chunk = bool(most_over_ranks(int(chunk), next(model.parameters()).device))
     return chunk
 
 
@@ -121,7 +127,7 @@ def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tens
     run = (lambda *args: checkpoint(chunk, *args, use_reentrant=False)) if torch.is_grad_enabled() else chunk
     states, ids = list(hidden.split(rows)), list(targets.split(rows))
     if head.gathers_per_call:  # as many calls as the rank with the most chunks (module docstring)
-        missing = all_reduce_max(len(states), hidden.device) - len(states)
+        missing = most_over_ranks(len(states), hidden.device) - len(states)
         states, ids = states + [hidden[:0]] * missing, ids + [targets[:0]] * missing
     pieces = [run(chunk_states, chunk_ids) for chunk_states, chunk_ids in zip(states, ids)]
     logprobs = torch.cat([logp for logp, _ in pieces])

@@ -79,19 +79,11 @@ def init_distributed(device_name: str = "auto", process_group: bool = False, tim
 
 
 def all_reduce_sum(value: float, device: torch.device) -> float:
-    return _all_reduce(value, device, dist.ReduceOp.SUM)
-
-
-def all_reduce_max(value: int, device: torch.device) -> int:
-    return int(_all_reduce(value, device, dist.ReduceOp.MAX))
-
-
-def _all_reduce(value: float, device: torch.device, op) -> float:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     # float64 so that token counts and loss sums add exactly on every backend.
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=op)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return float(tensor.item())
 
 
