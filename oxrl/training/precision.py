@@ -6,8 +6,10 @@
 
 On a CPU that multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm's BF16 extension) `bf16` is the faster
 choice (SmolLM2-135M forward+backward on 2,048 tokens: 13-15 s against 21-26 s in fp32 on 2 cores), and the
-run's log and `oxrl doctor` say so; `auto` does not choose it there yet, because every GRPO demo trained under
-bf16 (46.9%, 48.4%, 53.1% held-out) ended below every fp32 one (62.5-71.9%; one seed each: docs/benchmarks.md).
+run's log and `oxrl doctor` say so. `auto` does not choose it on a CPU: a config that leaves the precision unset
+would then compute differently depending on the CPU's flags, and whether bf16 costs the GRPO demo learning is not
+settled: over three seeds its trained models scored 49-66% on a common set of 256 held-out prompts against 62-65%
+in fp32, with gradients that agree closely (docs/benchmarks.md, "the demo over three seeds").
 
 It is also the home of the `hf` rollout engine's precision rule (`rl.rollout.precision`): sampling from a bf16 copy
 did not cost the demo its learning, so `auto` samples from one on such CPUs while training stays fp32.
