@@ -298,6 +298,12 @@ def scenario_fsdp2_chunked_sft(out: Path) -> dict:
     return {"losses": losses, "grad_norms": grad_norms(out / "run")}
 
 
+def scenario_fsdp2_chunked_dpo(out: Path) -> dict:
+    chunk_every_row()  # the frozen reference too: sharded, scored without gradient through the chunked path
+    cfg = config(out, "dpo", {"name": "fsdp2"}, max_steps=3)
+    return {"losses": train_dpo(cfg, build_strategy(cfg), out / "dpo")}
+
+
 def scenario_deepspeed_chunked_sft(out: Path) -> dict:
     chunk_every_row()
     cfg = config(out, strategy={"name": "deepspeed", "zero_stage": 3})

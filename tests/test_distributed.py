@@ -189,6 +189,15 @@ def test_fsdp2_dpo_two_ranks_match_one(tmp_path_factory):
     assert result["losses"][-1] < result["losses"][0]
 
 
+@pytest.mark.distributed
+def test_fsdp2_dpo_through_the_chunked_output_layer_matches_one_rank(tmp_path_factory):
+    # Policy and frozen reference both sharded, every row's log-probs from the chunked output layer.
+    result, _ = run_scenario("fsdp2_chunked_dpo", tmp_path_factory)
+    out = tmp_path_factory.mktemp("dpo_single")
+    baseline = worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
+    assert_close(result["losses"], baseline)
+
+
 @pytest.fixture(scope="module")
 def fsdp2_grpo(tmp_path_factory):
     return run_scenario("fsdp2_grpo", tmp_path_factory)
