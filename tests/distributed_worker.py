@@ -291,24 +291,24 @@ def chunk_every_row() -> None:
     lm_head.CHUNK_ELEMENTS = 3 * make_tiny_llama().config.vocab_size
 
 
-def scenario_fsdp2_chunked_sft(out: Path) -> dict:
+def chunked_sft(out: Path, strategy: dict) -> dict:
     chunk_every_row()
-    cfg = config(out, strategy={"name": "fsdp2"})
+    cfg = config(out, strategy=strategy)
     _, losses = train_sft(cfg, build_strategy(cfg), out / "run")
     return {"losses": losses, "grad_norms": grad_norms(out / "run")}
+
+
+def scenario_fsdp2_chunked_sft(out: Path) -> dict:
+    return chunked_sft(out, {"name": "fsdp2"})
+
+
+def scenario_deepspeed_chunked_sft(out: Path) -> dict:
+    return chunked_sft(out, {"name": "deepspeed", "zero_stage": 3})
 
 
 def scenario_fsdp2_chunked_dpo(out: Path) -> dict:
     chunk_every_row()  # the frozen reference too: sharded, scored without gradient through the chunked path
-    cfg = config(out, "dpo", {"name": "fsdp2"}, max_steps=3)
-    return {"losses": train_dpo(cfg, build_strategy(cfg), out / "dpo")}
-
-
-def scenario_deepspeed_chunked_sft(out: Path) -> dict:
-    chunk_every_row()
-    cfg = config(out, strategy={"name": "deepspeed", "zero_stage": 3})
-    _, losses = train_sft(cfg, build_strategy(cfg), out / "run")
-    return {"losses": losses, "grad_norms": grad_norms(out / "run")}
+    return scenario_fsdp2_dpo(out)
 
 
 def train_with_a_nan_step(cfg: Config, run_dir: Path) -> dict:

@@ -180,22 +180,19 @@ def test_fsdp2_vision_language_sft_two_ranks_match_one(tmp_path_factory):
     assert_close(result["grad_norms"], worker.grad_norms(out / "vlm_sft"), rtol=3e-5)
 
 
-@pytest.mark.distributed
-def test_fsdp2_dpo_two_ranks_match_one(tmp_path_factory):
-    result, _ = run_scenario("fsdp2_dpo", tmp_path_factory)
+@pytest.fixture(scope="module")
+def dpo_baseline(tmp_path_factory):
     out = tmp_path_factory.mktemp("dpo_single")
-    baseline = worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
-    assert_close(result["losses"], baseline)
+    return worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
+
+
+# fsdp2_chunked_dpo: policy and frozen reference both sharded, every row's log-probs from the chunked output layer.
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", ["fsdp2_dpo", "fsdp2_chunked_dpo"])
+def test_fsdp2_dpo_two_ranks_match_one(scenario, tmp_path_factory, dpo_baseline):
+    result, _ = run_scenario(scenario, tmp_path_factory)
+    assert_close(result["losses"], dpo_baseline)
     assert result["losses"][-1] < result["losses"][0]
-
-
-@pytest.mark.distributed
-def test_fsdp2_dpo_through_the_chunked_output_layer_matches_one_rank(tmp_path_factory):
-    # Policy and frozen reference both sharded, every row's log-probs from the chunked output layer.
-    result, _ = run_scenario("fsdp2_chunked_dpo", tmp_path_factory)
-    out = tmp_path_factory.mktemp("dpo_single")
-    baseline = worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
-    assert_close(result["losses"], baseline)
 
 
 @pytest.fixture(scope="module")
