@@ -54,7 +54,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     # The GGUF loader marks the config as quantised; the de-quantised copy is a plain model.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # `from_config` initialises weights at random before the GGUF's overwrite them; forking the generator keeps
+    # that draw out of the run's seeded stream, so a machine's first run samples what every later run samples.
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     # A tied lm_head is absent from the state dict; anything else missing is a real problem.
     missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
