@@ -8,6 +8,7 @@ from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import run_micro_batches
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.hf import HFEngine
+from oxrl.training import precision
 from oxrl.training.precision import autocast_for, cpu_has_native_bf16, describe, uses_bf16
 from oxrl.training.strategy import SingleDevice
 from tests.conftest import make_tiny_llama
@@ -34,14 +35,23 @@ def test_no_cpuinfo_means_no_native_bf16(tmp_path):
     assert cpu_has_native_bf16(str(tmp_path / "absent")) is False
 
 
-def test_the_auto_rule():
+@pytest.mark.parametrize("native", [True, False], ids=["native_bf16_cpu", "other_cpu"])
+def test_the_auto_rule(monkeypatch, native):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     assert uses_bf16("bf16", "cpu") and uses_bf16("auto", "cuda")
     assert not uses_bf16("no", "cuda") and not uses_bf16("no", "cpu")
-    assert not uses_bf16("auto", "cpu")  # (bf16 is opt-in on CPUs: oxrl/training/precision.py says why)
+    assert uses_bf16("auto", "cpu") is native
     assert not uses_bf16("auto", "mps")
     assert describe("no", "cuda") == "train.mixed_precision=no: fp32 (set)"
     assert describe("auto", "cuda") == "train.mixed_precision=auto: bf16 autocast, fp32 master weights (a GPU)"
+    if native:
+        assert describe("auto", "cpu") == ("train.mixed_precision=auto: bf16 autocast, fp32 master weights "
+                                           "(auto: this CPU has native bf16)")
+        assert describe("no", "cpu").endswith("train.mixed_precision=bf16 computes about 1.6x faster")
+    else:
+        assert describe("auto", "cpu") == "train.mixed_precision=auto: fp32 (auto: this CPU has no native bf16)"
     assert SingleDevice(CPU, "bf16").use_bf16_autocast and not SingleDevice(CPU, "no").use_bf16_autocast
+    assert SingleDevice(CPU, "auto").use_bf16_autocast is native
 
 
 def _sft_losses(mixed_precision: str, steps: int = 12) -> tuple[list[float], torch.nn.Module]:

@@ -215,7 +215,8 @@ class TrainConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
     mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
         "auto", description="`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: "
-        "bf16 on a GPU, fp32 on CPU (`oxrl doctor` says whether this CPU has native bf16, where `bf16` is faster)."
+        "bf16 on a GPU and on a CPU with native bf16 (AVX512-BF16, AMX or Arm BF16), fp32 on other CPUs; the run's log "
+        "and `oxrl doctor` say which it chose."
     )
     max_nonfinite_steps: int = Field(
         3, gt=0,
