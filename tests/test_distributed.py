@@ -23,6 +23,7 @@ import yaml
 
 from oxrl.data.sampler import balanced_split
 from oxrl.training.build import resolve_strategy_name
+from oxrl.training.precision import cpu_has_native_bf16
 from oxrl.training.strategy import SingleDevice
 from tests import distributed_worker as worker
 from tests.conftest import make_tiny_llama
@@ -284,14 +285,12 @@ def test_chunked_output_layer_on_sharded_weights_matches_the_whole_logits_on_one
 # ----------------------------------------------------------------------------- the CLI under torchrun
 
 
-@pytest.mark.distributed
-def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
-    from oxrl.cli import main
-
-    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
-    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
+def cli_sft_config(tmp_path: Path, tokenizer, mixed_precision: str) -> Path:
+    """A 3-step SFT config of a tiny Llama with the bundled tokenizer, for `oxrl train` in one process or under torchrun."""
+    model = make_tiny_llama(vocab_size=len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(tmp_path / "model")
-    smollm2_tokenizer.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
     rows = [{"messages": [{"role": "user", "content": f"What is {i}+{i * 3}?"},
                           {"role": "assistant", "content": "The answer is " + str(4 * i) + "." * (1 + i % 4)}]} for i in range(20)]
     (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -301,16 +300,27 @@ def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
         "data": {"train": [{"path": str(tmp_path / "chat.jsonl")}], "validation_fraction": 0.2, "max_length": 64},
         "algorithm": {"name": "sft"},
         "train": {"global_batch_size": 4, "micro_batch_size_per_device": 1, "max_steps": 3, "eval_every": 3,
-                  "mixed_precision": "no", "optim": {"lr": 1e-3}},  # fp32: the two layouts agree to 1e-5
+                  "mixed_precision": mixed_precision, "optim": {"lr": 1e-3}},
         "checkpoint": {"every": 3},
         "logging": {"progress_bar": False, "plot": False},
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_metrics(tmp_path: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.distributed
+def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
+    from oxrl.cli import main
+
+    path = cli_sft_config(tmp_path, smollm2_tokenizer, "no")  # fp32: the two layouts agree to 1e-5
     torchrun(["-m", "oxrl", "train", str(path), "run.name=two", "strategy.name=auto"])
     assert main(["train", str(path), "run.name=one"]) == 0
-    two = [json.loads(line) for line in (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()]
-    one = [json.loads(line) for line in (tmp_path / "runs" / "one" / "metrics.jsonl").read_text().splitlines()]
+    two, one = run_metrics(tmp_path, "two"), run_metrics(tmp_path, "one")
     assert [r["step"] for r in two] == [1, 2, 3]  # written once, by rank 0
     for key in ("loss", "val/loss"):
         assert_close([r[key] for r in two if key in r], [r[key] for r in one if key in r])
@@ -319,6 +329,28 @@ def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "two" / "final")
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="`auto` is bf16 only on a CPU with native bf16")
+@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("deepspeed", marks=pytest.mark.skipif(
+    not HAS_DEEPSPEED, reason="deepspeed is not installed"))])
+def test_torchrun_with_the_default_precision_trains_in_bf16_like_one_process(strategy, tmp_path, smollm2_tokenizer):
+    # `train.mixed_precision: auto` is bf16 on this CPU: FSDP2's bf16 parameter policy and DeepSpeed's bf16 mode over
+    # gloo follow one process under bf16 autocast to bf16's rounding (measured: losses 7e-5, gradient norms 4e-4
+    # relative).
+    from oxrl.cli import main
+
+    path = cli_sft_config(tmp_path, smollm2_tokenizer, "auto")
+    torchrun(["-m", "oxrl", "train", str(path), "run.name=two", f"strategy.name={strategy}"])
+    assert main(["train", str(path), "run.name=one"]) == 0
+    assert main(["train", str(path), "run.name=fp32", "train.mixed_precision=no"]) == 0
+    two, one, fp32 = run_metrics(tmp_path, "two"), run_metrics(tmp_path, "one"), run_metrics(tmp_path, "fp32")
+    for key in ("loss", "val/loss", "grad_norm"):
+        assert_close([r[key] for r in two if key in r], [r[key] for r in one if key in r], tol=0.0, rtol=2e-3)
+    # It really computed in bf16: fp32 layouts agree to TOL (above), bf16 moves step 1's loss by ~7e-5.
+    assert abs(two[0]["loss"] - fp32[0]["loss"]) > TOL
+    assert two[-1]["loss"] < two[0]["loss"]
 
 
 # ----------------------------------------------------------------------------- non-finite steps, lost ranks
