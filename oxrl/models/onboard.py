@@ -231,8 +231,8 @@ def check_lora_targets(folder: Path, trust_remote_code: bool) -> CheckResult:
 
 def check_memory(shape) -> CheckResult:
     """Full fine-tuning and LoRA estimates against this machine's memory, at oxRL's defaults here (bf16 weights
-    and autocast on a GPU, bf16 autocast on a CPU with native bf16, else fp32) and 2,048 tokens a micro-batch; not fitting here is a warning (the run
-    may be meant for a bigger machine), not a failure."""
+    and autocast on a GPU, bf16 autocast on a CPU with native bf16, else fp32) and 2,048 tokens a micro-batch; not
+    fitting here is a warning (the run may be meant for a bigger machine), not a failure."""
     from oxrl.models.fit import describe_fit, fits
     from oxrl.models.hardware import available_memory
     from oxrl.models.memory import TrainingPlan, estimate_memory

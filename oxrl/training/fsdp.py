@@ -5,9 +5,8 @@ Sharding units: each decoder layer (the classes a Hugging Face model lists in `_
 then the root (embeddings, final norm, LM head; tied embeddings stay in one unit). The root stays
 gathered after its forward: until the end of the backward in training, and after a forward without
 gradient (a frozen reference, scoring, sampling) until the next backward, so a frozen model keeps its
-root whole. Mixed
-precision (`train.mixed_precision: bf16`, or `auto` on a GPU or a CPU with native bf16) computes in bf16 and reduces gradients
-in fp32; the stored parameters keep `model.dtype`. Activation checkpointing is the model's own
+root whole. Mixed precision (`train.mixed_precision: bf16`, or `auto` on a GPU or a CPU with native
+bf16) computes in bf16 and reduces gradients in fp32; the stored parameters keep `model.dtype`. Activation checkpointing is the model's own
 (`model.gradient_checkpointing`), applied before sharding; a recomputed layer gathers its weights
 again.
 
