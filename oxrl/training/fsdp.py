@@ -6,9 +6,9 @@ then the root (embeddings, final norm, LM head; tied embeddings stay in one unit
 gathered after its forward: until the end of the backward in training, and after a forward without
 gradient (a frozen reference, scoring, sampling) until the next backward, so a frozen model keeps its
 root whole. Mixed precision (`train.mixed_precision: bf16`, or `auto` on a GPU or a CPU with native
-bf16) computes in bf16 and reduces gradients in fp32; the stored parameters keep `model.dtype`. Activation checkpointing is the model's own
-(`model.gradient_checkpointing`), applied before sharding; a recomputed layer gathers its weights
-again.
+bf16) computes in bf16 and reduces gradients in fp32; the stored parameters keep `model.dtype`.
+Activation checkpointing is the model's own (`model.gradient_checkpointing`), applied before
+sharding; a recomputed layer gathers its weights again.
 
 Checkpoints (see oxrl/training/checkpoint.py for the folder): the HF folder is written by rank 0
 from a full state dict gathered to its CPU; the resumable state is a sharded torch DCP checkpoint
