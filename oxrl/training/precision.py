@@ -40,17 +40,22 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
+def native_bf16_cpu(device_type: str) -> bool:
+    """Whether a device of `device_type` is a CPU with bf16 instructions: where `auto` computes and samples in bf16."""
+    return device_type == "cpu" and cpu_has_native_bf16()
+
+
 def uses_bf16(mixed_precision: str, device_type: str) -> bool:
     """Whether `train.mixed_precision` computes in bf16 on a device of `device_type` ("cuda", "cpu", ...)."""
     if mixed_precision != "auto":
         return mixed_precision == "bf16"
-    return device_type == "cuda" or (device_type == "cpu" and cpu_has_native_bf16())
+    return device_type == "cuda" or native_bf16_cpu(device_type)
 
 
 def describe(mixed_precision: str, device_type: str) -> str:
     """One line for the run's log and `oxrl doctor`."""
     bf16 = uses_bf16(mixed_precision, device_type)
-    native = device_type == "cpu" and cpu_has_native_bf16()
+    native = native_bf16_cpu(device_type)
     if mixed_precision != "auto":
         why = "set"
     elif device_type == "cuda":
@@ -70,7 +75,7 @@ def samples_from_bf16_copy(rollout_precision: str, device_type: str, shards_para
     CPU with native bf16, weights not sharded): 1.85x the speed of fp32 decoding at the demo's batch of 32, and
     faster than decoding under autocast, which re-casts every weight at every token."""
     if rollout_precision == "auto":
-        return device_type == "cpu" and cpu_has_native_bf16() and not shards_parameters
+        return native_bf16_cpu(device_type) and not shards_parameters
     return rollout_precision == "bf16"
 
 
