@@ -9,8 +9,8 @@ On such a CPU bf16 is the faster choice (SmolLM2-135M forward+backward on 2,048 
 in fp32 on 2 cores), a short run's loss curve stays within 2% of fp32's (tests/test_precision.py), and the GRPO
 demo learns as much: over six seeds its trained models average 55.8% on a common set of 256 held-out prompts
 against 56.1% in fp32 (each scored in its own precision; scoring in bf16 reads ~1.5 points higher), while the
-seed moves either by over 20 points (docs/benchmarks.md, "bf16 by default on CPUs with native bf16"). The run's log and `oxrl doctor` say which precision `auto` chose and why; `no` keeps
-fp32 everywhere.
+seed moves either by over 20 points (docs/benchmarks.md, "bf16 by default on CPUs with native bf16"). The
+run's log and `oxrl doctor` say which precision `auto` chose and why; `no` keeps fp32 everywhere.
 
 It is also the home of the `hf` rollout engine's precision rule (`rl.rollout.precision`): on such CPUs `auto`
 samples from a bf16 copy of the policy, which decodes faster than autocast does.
