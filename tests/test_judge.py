@@ -43,13 +43,18 @@ def fresh_judges():
 # --- pure parts, by hand ---------------------------------------------------------------------------------
 
 
-def test_the_last_score_in_range_wins():
+def test_the_verdict_is_the_last_line_alone():
     assert parse_score("Score: 3\nOn reflection, better.\nScore: 7", 10) == 7
-    assert parse_score("The response is fine.\n**Score:** 8/10", 10) == 8
-    assert parse_score("final score = 4.", 5) == 4
+    assert parse_score("The response is fine.\n**Score:** 8/10\n\n", 10) == 8
+    assert parse_score("Fine.\nScore: [[4]].", 5) == 4
+    assert parse_score("Fine.\nＳｃｏｒｅ：９", 10) == 9  # full-width, as NFKC reads it
     assert parse_score("Score: 11", 10) is None  # out of range: unparseable, not clipped
     assert parse_score("Score: 0", 10) is None
-    assert parse_score("Score: 5\nScore: 12", 10) is None  # the last one counts, even when it is invalid
+    assert parse_score("Score: 8/9", 10) is None  # another scale than asked
+    assert parse_score("Score: 5\nScore: 12", 10) is None  # the last line counts, even when it is invalid
+    assert parse_score("final score = 4.", 5) is None  # not the format: the line must be the verdict alone
+    assert parse_score("Score: 4\nThanks for reading.", 5) is None  # anything after the verdict: no verdict
+    assert parse_score("Score: ٩", 10) is None  # digits other than 0-9 are not read
     assert parse_score("I would give it a seven.", 10) is None
     assert parse_score("Score: N", 10) is None
 
@@ -61,6 +66,7 @@ def test_verdicts_parse_a_b_and_tie():
     assert parse_verdict("Verdict: A\nWait, no.\nVerdict: tie") == "tie"
     assert parse_verdict("Verdict: a tie") is None  # lower-case `a` is an article, not response A
     assert parse_verdict("Verdict: both") is None
+    assert parse_verdict("Verdict: B\nA quoted: 'Verdict: A'") is None
     assert parse_verdict("B is better") is None
 
 

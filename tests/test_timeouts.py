@@ -10,7 +10,8 @@ import pytest
 
 from oxrl.config.schema import Config
 from oxrl.rewards import RewardSpec, batched, build_reward_fn
-from oxrl.rewards.base import RewardTimeoutError
+from oxrl.rewards.base import RewardTimeoutError, time_limit
+from oxrl.rewards.math_reward import math_reward
 
 TIMEOUT_S = 0.5
 
@@ -68,11 +69,24 @@ def test_rewards_within_the_timeout_score_and_fail_as_before():
     assert out.failures["fails"] == 2  # the worker thread's KeyError reached on_error, as without a timeout
 
 
-def test_built_in_rewards_keep_running_in_the_calling_thread():
-    # math-verify's own time limits use signal.alarm, which works only in the main thread.
+def test_math_keeps_running_in_the_main_thread_under_its_own_alarms():
+    # math-verify's own time limits use signal.alarm, which works only in the main thread: there it cuts a
+    # pathological expression after seconds and scores it 0, where a worker thread would hang until the limit.
     reward_fn = build_reward_fn([RewardSpec("math", timeout_s=TIMEOUT_S)])
-    assert reward_fn.rewards[0].timeout_s is None
+    assert reward_fn.rewards[0].timeout_s == TIMEOUT_S
+    assert time_limit(math_reward, TIMEOUT_S) is None
     assert reward_fn(["What is 12+7?"], ["\\boxed{19}"], [{"answer": "19"}]).totals == [1.0]
+    limits = []  # called from any other thread, it is bounded like every reward
+    worker = threading.Thread(target=lambda: limits.append(time_limit(math_reward, TIMEOUT_S)))
+    worker.start()
+    worker.join()
+    assert limits == [TIMEOUT_S]
+
+
+def test_built_in_rewards_are_bounded_by_the_timeout_too():
+    reward_fn = build_reward_fn([RewardSpec("format", timeout_s=TIMEOUT_S)])
+    assert reward_fn.rewards[0].timeout_s == TIMEOUT_S
+    assert time_limit(reward_fn.rewards[0].fn, TIMEOUT_S) == TIMEOUT_S
 
 
 def test_rl_reward_timeout_s_reaches_the_reward_function():

@@ -2,7 +2,10 @@
 
 It holds the versions of oxRL and its dependencies, the hardware, the run's config (`config.yaml`), the
 last lines of its log (`train.log`) and the traceback that stopped it (`failure.txt`), all read from this
-machine and the run directory. Nothing is sent anywhere and no token or environment variable is read.
+machine and the run directory. Nothing is sent anywhere and the environment is not included. Secrets are
+redacted before the file is written (`oxrl.logging.redaction`): the values of environment variables named like
+secrets (`HF_TOKEN`, `*_API_KEY`, ...) and of those the config names as holding one (a judge's `api_key_env`),
+even where an older run's log or traceback holds them.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
+from oxrl.logging.redaction import redact
 from oxrl.logging.report import fenced
 from oxrl.logging.run_log import FAILURE_FILE, LOG_FILE
 
@@ -20,6 +25,8 @@ REPORT_FILE = "bug_report.md"
 PACKAGES = ("oxrl", "torch", "transformers", "peft", "datasets", "accelerate", "safetensors", "deepspeed", "vllm",
             "ray", "math-verify", "reasoning-gym", "mlflow")
 LOG_LINES = 60
+# A config key whose value names the environment variable holding a secret, as config.yaml spells it.
+SECRET_NAMED_BY = re.compile(r"\bapi_key_env:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def write_bug_report(run_dir: Path) -> Path:
@@ -33,8 +40,14 @@ def write_bug_report(run_dir: Path) -> Path:
     sections += _file_section(f"Last {LOG_LINES} log lines (`{LOG_FILE}`)", run_dir / LOG_FILE, "text", LOG_LINES)
     sections += _file_section(f"Traceback (`{FAILURE_FILE}`)", run_dir / FAILURE_FILE, "text")
     path = run_dir / REPORT_FILE
-    path.write_text("\n".join(sections), encoding="utf-8")
+    path.write_text(redact("\n".join(sections), _named_secrets(run_dir / "config.yaml")), encoding="utf-8")
     return path
+
+
+def _named_secrets(config_path: Path) -> list[str]:
+    """The values of the environment variables that the run's config names as holding a secret (`api_key_env`)."""
+    text = config_path.read_text(encoding="utf-8", errors="replace") if config_path.is_file() else ""
+    return [os.environ[name] for name in SECRET_NAMED_BY.findall(text) if name in os.environ]
 
 
 def versions() -> list[str]:

@@ -2,6 +2,8 @@
 
     <run>/train.log      every log line of rank 0 for this run (appended to on resume)
     <run>/failure.txt    the traceback of the exception that stopped the run (removed by a run that ends well)
+
+Both are redacted as they are written (`oxrl.logging.redaction`): no API key or token reaches either file.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from oxrl.logging.redaction import RedactingFilter, redact
 
 LOG_FILE, FAILURE_FILE = "train.log", "failure.txt"
 logger = logging.getLogger(__name__)
@@ -27,12 +31,13 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
     root = logging.getLogger("oxrl")
     handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(RedactingFilter())
     root.addHandler(handler)
     try:
         yield
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # an earlier failure of this run was resumed past
     except BaseException as error:
-        (run_dir / FAILURE_FILE).write_text("".join(traceback.format_exception(error)), encoding="utf-8")
+        (run_dir / FAILURE_FILE).write_text(redact("".join(traceback.format_exception(error))), encoding="utf-8")
         # The error itself is reported once, by whoever handles it (the CLI); this line says where to go next.
         logger.info("the run stopped with %s; its traceback is in %s, and `oxrl report %s` writes a bug report to "
                     "paste into an issue", type(error).__name__, run_dir / FAILURE_FILE, run_dir)

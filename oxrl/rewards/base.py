@@ -25,10 +25,12 @@ the completion's summed reward:
 A reward is named in a config by a built-in name (`math`), a dotted path
 (`my_pkg.rewards:exact` or `my_pkg.rewards.exact`) or a file path (`rewards/exact.py:exact`).
 
-A user reward runs under a time limit (`rl.reward_timeout_s`, see `call_with_timeout`): each call
-runs in a worker thread, so signal-based timeouts inside it (math-verify's defaults use
+Every reward, built-in or not, runs under a time limit (`rl.reward_timeout_s`, see `call_with_timeout`):
+each call runs in a worker thread, so signal-based timeouts inside it (math-verify's defaults use
 `signal.alarm`) do not work there; turn them off (math-verify: `parsing_timeout=None`,
-`timeout_seconds=None`) and let the time limit bound the call.
+`timeout_seconds=None`) and let the time limit bound the call. The one exception is a reward marked
+`@signal_timed` (the built-in `math`) called from the main thread: it runs there, under its own alarms,
+which cut a pathological expression after seconds and score it 0 instead of stopping the run.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from typing import Any, TypeVar
 
 RewardFn = Callable[..., Any]  # per sample -> float (or one float per token); @batched -> a list of those
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 BATCHED_ATTRIBUTE = "__oxrl_batched__"
+SIGNAL_TIMED_ATTRIBUTE = "__oxrl_signal_timed__"
 
 
 def batched(fn: F) -> F:
@@ -56,6 +60,21 @@ def batched(fn: F) -> F:
 
 def is_batched(fn: RewardFn) -> bool:
     return bool(getattr(fn, BATCHED_ATTRIBUTE, False))
+
+
+def signal_timed(fn: F) -> F:
+    """Mark a reward that bounds its own time with `signal.alarm`, which works only in the main thread: called
+    from the main thread it runs there, not in a worker thread under the time limit (see `time_limit`)."""
+    setattr(fn, SIGNAL_TIMED_ATTRIBUTE, True)
+    return fn
+
+
+def time_limit(fn: RewardFn, timeout_s: float | None) -> float | None:
+    """The limit to call `fn` under now: None (in this thread) for a `@signal_timed` reward in the main thread,
+    whose alarms bound it there; `timeout_s` otherwise."""
+    if getattr(fn, SIGNAL_TIMED_ATTRIBUTE, False) and threading.current_thread() is threading.main_thread():
+        return None
+    return timeout_s
 
 
 class RewardError(RuntimeError):
@@ -71,21 +90,22 @@ class RewardTimeoutError(RewardError):
     call cannot be stopped, only abandoned, and it keeps its thread and CPU."""
 
 
-def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, what: str, *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)`, or `RewardTimeoutError` naming `what` if it has not returned within `timeout_s`
-    seconds (None: no limit, called in this thread).
+def call_with_timeout(call: Callable[[], T], timeout_s: float | None, what: str) -> T:
+    """`call()`, or `RewardTimeoutError` naming `what` if it has not returned within `timeout_s` seconds (None:
+    no limit, called in this thread). `call` takes no arguments (bind them with `functools.partial`), so that no
+    argument of a reward can ever collide with this function's own.
 
     A Python thread cannot be killed, so the call runs in a daemon thread that is abandoned when it
     overruns: the run can stop (the interpreter does not wait for daemon threads at exit) even while
     the call sleeps or loops forever. Whatever the call raises is raised here, in the caller's thread.
     """
     if timeout_s is None:
-        return fn(*args, **kwargs)
+        return call()
     outcome: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            outcome["value"] = fn(*args, **kwargs)
+            outcome["value"] = call()
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread, raised there
             outcome["error"] = error
 

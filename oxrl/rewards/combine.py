@@ -7,17 +7,23 @@
     out.metrics()     # {"reward/total": mean, "reward/math": mean, "reward/math/failures": 0, ...}
 
 Spec `kwargs` are passed unchanged to every call (e.g. `{"cpu_seconds": 2}` for `code`); row fields
-are passed per sample (as lists for `@batched` rewards). A name that is both a kwarg and a row field
-is an error, not a silent override.
+are passed per sample (as lists for `@batched` rewards). They are checked when the reward is built, before
+any model loads: a kwarg the function does not take (it has no `**kwargs`), or one named like an argument
+oxRL passes itself (the prompt and completion parameters, `completion_ids`), is an error naming the reward,
+the key and the names it takes; then the reward's own `preflight` runs (`code`, `judge`, `reward_model`). A
+name that is both a kwarg and a row field is an error, not a silent override.
 
-Each call of a user reward is bounded by the spec's `timeout_s` (`rl.reward_timeout_s`); a call
-that overruns stops the run with a `RewardTimeoutError` (see `oxrl.rewards.base.call_with_timeout`).
-Built-in rewards run without it: they bound their own time (math-verify's alarms, which work only
-in the main thread; the code sandbox's limits).
+Each call of every reward, built-in or not, is bounded by the spec's `timeout_s` (`rl.reward_timeout_s`); a
+call that overruns stops the run with a `RewardTimeoutError` (see `oxrl.rewards.base.call_with_timeout`).
+The limit is per call, and a call of a `@batched` reward scores the whole batch: it must exceed what the
+reward legitimately needs for one (for `code`, up to ceil(batch / max_workers) x tests x wall_seconds; for an
+HTTP `judge`, up to ceil(batch / concurrency) x (retries + 1) x timeout_s plus the backoffs). Only `math` in
+the main thread runs without it, under math-verify's own alarms (`oxrl.rewards.base.signal_timed`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -35,6 +41,7 @@ from oxrl.rewards.base import (
     call_with_timeout,
     is_batched,
     load_reward_fn,
+    time_limit,
 )
 from oxrl.rewards.code_reward import code_reward
 from oxrl.rewards.format_reward import format_reward
@@ -71,7 +78,7 @@ class RewardSpec:
     # "zero": it scores 0 for that sample; failures are counted in the metrics and logged.
     on_error: Literal["raise", "zero"] = "raise"
     label: str | None = None  # metric name; default: the built-in name or the function's name
-    # Seconds one call of a user reward may take (None: no limit); built-ins ignore it.
+    # Seconds one call of the reward may take (None: no limit).
     timeout_s: float | None = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -214,20 +221,18 @@ class BoundReward:
     batched: bool
     takes_all_fields: bool  # the function has **fields
     field_names: frozenset[str]  # the keyword parameters it names
-    timeout_s: float | None = None  # per call; None for built-ins, which bound their own time
+    timeout_s: float | None = None  # per call (None: no limit)
 
     @classmethod
     def from_spec(cls, spec: RewardSpec) -> BoundReward:
         fn = resolve_reward(spec.name)
         label = spec.label or (spec.name if spec.name in REWARDS else getattr(fn, "__name__", spec.name))
-        takes_all, names = _keyword_parameters(fn, spec.name)
-        unknown = sorted(set(spec.kwargs) - names) if not takes_all else []
-        if unknown:
-            raise RewardLoadError(f"reward {spec.name!r} takes no argument(s) {unknown}; it takes {sorted(names)}")
+        takes_all, names, passed = _keyword_parameters(fn, spec.name)
+        check_kwargs(spec.name, spec.kwargs, takes_all, names, passed)
         if hasattr(fn, "preflight"):  # e.g. `code` checks its kwargs and its sandbox now, before the model loads
             fn.preflight(**spec.kwargs)
-        timeout = None if spec.name in REWARDS else spec.timeout_s
-        return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names, timeout)
+        return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names,
+                   spec.timeout_s)
 
     def score(self, batch: _Batch) -> tuple[list[float | list[float]], int]:
         """Scores for the batch and the number of samples that failed (scored 0, only with on_error="zero")."""
@@ -278,8 +283,9 @@ class BoundReward:
         if self.batched:
             per_field = {key: [row.get(key) for row in rows] for key in passed}
             what = f"reward {self.label!r} on a batch of {len(indices)}"
-            values = call_with_timeout(self.fn, self.timeout_s, what, [batch.prompts[i] for i in indices],
-                                       [batch.completions[i] for i in indices], **per_field, **self.kwargs)
+            call = functools.partial(self.fn, [batch.prompts[i] for i in indices],
+                                     [batch.completions[i] for i in indices], **per_field, **self.kwargs)
+            values = call_with_timeout(call, time_limit(self.fn, self.timeout_s), what)
             if not isinstance(values, Sequence) or len(values) != len(indices):
                 raise TypeError(f"a @batched reward must return a list of {len(indices)} scores, got {values!r:.100}")
         else:
@@ -287,8 +293,8 @@ class BoundReward:
             selected = {key: row[key] for key in passed}
             origin = f" ({batch.origins[index]})" if batch.origins else ""
             what = f"reward {self.label!r} on sample {index + 1} of {len(batch.prompts)}{origin}"
-            values = [call_with_timeout(self.fn, self.timeout_s, what, batch.prompts[index], batch.completions[index],
-                                        **selected, **self.kwargs)]
+            call = functools.partial(self.fn, batch.prompts[index], batch.completions[index], **selected, **self.kwargs)
+            values = [call_with_timeout(call, time_limit(self.fn, self.timeout_s), what)]
         return [_as_score(value) for value in values]
 
     def _describe(self, error: BaseException, batch: _Batch, index: int, where: str) -> str:
@@ -306,17 +312,30 @@ class BoundReward:
 
 
 _THREAD_HINT = (
-    "  (a user reward runs in a worker thread under rl.reward_timeout_s, where signal-based timeouts fail: turn them "
+    "  (a reward runs in a worker thread under rl.reward_timeout_s, where signal-based timeouts fail: turn them "
     "off, e.g. math-verify's `parsing_timeout=None, timeout_seconds=None`)\n"
 )
 
 
-def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozenset[str]]:
-    """(takes **kwargs, names of the keyword parameters after prompt and completion)."""
+def check_kwargs(name: str, kwargs: dict[str, Any], takes_all: bool, names: frozenset[str],
+                 passed: frozenset[str]) -> None:
+    """A reward's kwargs, before it is ever called: each one a parameter it takes, none one that oxRL passes."""
+    reserved = sorted(set(kwargs) & passed)
+    if reserved:
+        raise RewardLoadError(f"reward {name!r}: kwarg(s) {reserved} name what oxRL passes itself (the prompt, the "
+                              f"completion, `{TOKEN_IDS}`); rename them, or read them from the row")
+    unknown = sorted(set(kwargs) - names) if not takes_all else []
+    if unknown:
+        raise RewardLoadError(f"reward {name!r} takes no argument(s) {unknown}; it takes {sorted(names)}")
+
+
+def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozenset[str], frozenset[str]]:
+    """(takes **kwargs, names of the keyword parameters after prompt and completion, names oxRL passes: the
+    prompt's and the completion's parameters and `completion_ids`)."""
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # some builtins and C callables have no signature: pass everything
-        return True, frozenset()
+        return True, frozenset(), frozenset({TOKEN_IDS})
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     leading = [p for p in parameters if p.kind in positional_kinds][:2]
     if len(leading) < 2 and not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
@@ -326,7 +345,8 @@ def _keyword_parameters(fn: Callable[..., Any], name: str) -> tuple[bool, frozen
         p.name for p in parameters
         if p not in leading and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     )
-    return takes_all, names
+    passed = frozenset(p.name for p in leading if p.kind is not inspect.Parameter.POSITIONAL_ONLY) | {TOKEN_IDS}
+    return takes_all, names, passed
 
 
 def _as_score(value: Any) -> float | list[float]:

@@ -16,6 +16,16 @@ The judge is a local model (`model`, see `oxrl.rewards.judge_backends`) or an Op
 `cache_path` when set, read back at start so that a resumed run does not pay twice. Keys are the judge's
 identity and the rendered judge prompt; only replies that parse are cached.
 
+Text the policy wrote is never taken for the verdict. The verdict is the reply's LAST non-empty line, and
+that whole line must be the format (`Score: 7`; emphasis, brackets and a final period tolerated): a judge
+that quotes the completion after its verdict leaves a last line that is not one, so the reply does not
+parse, instead of scoring what the completion claimed. And a verdict that the completion itself spells
+(`Score: 10`, `score of 10`, `Verdict: A` anywhere in it, after Unicode normalisation) is not trusted: it may
+be the judge echoing the policy on its last line; such a reply fails like one that does not parse. What no
+parser can stop is a completion that talks the judge MODEL into a verdict in its own words (prompt
+injection); the default rubrics tell the judge that the response is material to judge, not instructions,
+which helps and guarantees nothing (docs/rewards.md).
+
 A reply that does not parse is never scored 0 silently: the whole batch is judged first (every reply
 that parses is cached), then `JudgeParseError` is raised with the reply and the sample. `oxrl.rewards.combine`
 then scores the batch one sample at a time, which costs a request only for the failures, and stops the run
@@ -31,6 +41,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import unicodedata
 from typing import Any
 
 from oxrl.rewards.base import batched
@@ -40,9 +51,16 @@ from oxrl.rewards.judge_settings import JudgeSettings
 
 logger = logging.getLogger(__name__)
 
-# The LAST match counts: the rubric asks for it on the last line, and a judge may quote the format earlier.
-SCORE_PATTERN = re.compile(r"\b(?i:score)\s*\**\s*[:=]\s*[*\[(\s]*(-?\d+(?:\.\d+)?)")
-VERDICT_PATTERN = re.compile(r"\b(?i:verdict)\s*\**\s*[:=]\s*[*\[(\s]*(A|B|(?i:tie))(?![A-Za-z])")
+# The verdict is the reply's last non-empty line, alone in the rubric's format (markdown emphasis, brackets, a
+# `/scale` and a final period tolerated): `Score: 7`, `**Score:** [[7]]`, `Verdict: B.`. Case-insensitive keyword.
+SCORE_LINE = re.compile(r"[*_#\s]*score[*_\s]*[:=][*_\s]*[\[(]*\s*([0-9]+(?:\.[0-9]+)?)\s*[\])]*"
+                        r"(?:\s*/\s*([0-9]+))?[*_\s]*\.?[*_\s]*", re.IGNORECASE | re.ASCII)
+VERDICT_LINE = re.compile(r"[*_#\s]*(?i:verdict)[*_\s]*[:=][*_\s]*[\[(]*\s*(A|B|(?i:tie))\s*[\])]*[*_\s]*\.?[*_\s]*",
+                          re.ASCII)
+# Verdict-like text anywhere in a completion, loosely: the keyword, then the value within a few non-alphanumeric
+# characters and at most one short word ("score of 10", "Verdict -> B"). Read from the lower-cased text.
+SCORE_MENTION = re.compile(r"score[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?([0-9]+(?:\.[0-9]+)?)", re.ASCII)
+VERDICT_MENTION = re.compile(r"verdict[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?(a|b|tie)(?![a-z0-9])", re.ASCII)
 # The completion's share of one verdict, by the position it was shown in.
 COMPLETION_AS_A = {"A": 1.0, "B": 0.0, "tie": 0.5}
 COMPLETION_AS_B = {"A": 0.0, "B": 1.0, "tie": 0.5}
@@ -54,20 +72,40 @@ class JudgeParseError(ValueError):
 
 
 def parse_score(reply: str, scale: int) -> float | None:
-    """The last `Score: N` in the reply, or None when there is none or it is outside 1..scale."""
-    found = SCORE_PATTERN.findall(reply)
-    if not found:
+    """N from a last line `Score: N` (or `N/scale`), or None: no such line, or N outside 1..scale."""
+    found = SCORE_LINE.fullmatch(_last_line(reply))
+    if found is None or (found[2] is not None and int(found[2]) != scale):
         return None
-    score = float(found[-1])
+    score = float(found[1])
     return score if 1 <= score <= scale else None
 
 
 def parse_verdict(reply: str) -> str | None:
-    """"A", "B" or "tie" from the reply's last `Verdict: X`, or None."""
-    found = VERDICT_PATTERN.findall(reply)
-    if not found:
+    """"A", "B" or "tie" from a last line `Verdict: X`, or None."""
+    found = VERDICT_LINE.fullmatch(_last_line(reply))
+    if found is None:
         return None
-    return "tie" if found[-1].lower() == "tie" else found[-1]
+    return "tie" if found[1].lower() == "tie" else found[1]
+
+
+def mentioned_verdicts(completion: str, mode: str) -> set[float | str]:
+    """The verdicts the completion itself spells (`Score: 10`, `verdict: A`): a judge's verdict equal to one of
+    them may be the judge quoting the policy, so it is not trusted."""
+    text = _normalised(completion).lower()
+    if mode == "score":
+        return {float(value) for value in SCORE_MENTION.findall(text)}
+    return {"tie" if value == "tie" else value.upper() for value in VERDICT_MENTION.findall(text)}
+
+
+def _last_line(reply: str) -> str:
+    lines = [line for line in _normalised(reply).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _normalised(text: str) -> str:
+    """NFKC (full-width `Ｓｃｏｒｅ：１０` reads as `Score:10`) without format characters (zero-width spaces), so
+    that look-alikes parse, and are recognised as mentions, like what they look like."""
+    return "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
 
 
 def score_reward(score: float, scale: int) -> float:
@@ -133,12 +171,17 @@ class Judge:
 
     def _reward(self, replies: list[str], prompt: str, completion: str) -> float:
         parsed = [self._parse(reply) for reply in replies]
+        spelled = mentioned_verdicts(completion, self.settings.mode)
         for reply, value in zip(replies, parsed):
             if value is None:
                 wanted = (f"`Score: N` with N in 1..{self.settings.scale}" if self.settings.mode == "score"
                           else "`Verdict: A`, `Verdict: B` or `Verdict: tie`")
-                raise JudgeParseError(f"the judge's reply holds no {wanted}: {_excerpt(reply)!r} "
+                raise JudgeParseError(f"the last line of the judge's reply is not {wanted}: {_excerpt(reply)!r} "
                                       f"(prompt {_excerpt(prompt, 100)!r}, completion {_excerpt(completion, 100)!r})")
+            if value in spelled:
+                raise JudgeParseError(f"the judge's verdict ({_last_line(reply).strip()!r}) is also written in the "
+                                      "completion, so it may be the judge quoting the policy: not trusted "
+                                      f"(completion {_excerpt(completion, 100)!r})")
         if self.settings.mode == "score":
             return score_reward(parsed[0], self.settings.scale)
         return pairwise_reward(*parsed)
@@ -155,7 +198,8 @@ def judge_for(settings: JudgeSettings) -> Judge:
     if settings.url is not None:
         backend = HTTPBackend(settings.url, settings.model_name, api_key_env=settings.api_key_env,
                               max_new_tokens=settings.max_new_tokens, timeout_s=settings.timeout_s,
-                              retries=settings.retries, backoff_s=settings.backoff_s, concurrency=settings.concurrency)
+                              retries=settings.retries, backoff_s=settings.backoff_s, concurrency=settings.concurrency,
+                              max_reply_bytes=settings.max_reply_bytes)
     else:
         backend = local_backend(settings.model, settings.device, settings.max_new_tokens)
     return Judge(settings, backend)

@@ -15,7 +15,15 @@ most `concurrency` requests in flight. Connection errors, timeouts, HTTP 429 and
 exponential backoff (`backoff_s`, 2x, 4x, ...): a server under load or restarting recovers; any other 4xx
 (a wrong model name, a prompt too long) cannot, so it fails at once with the server's own message. The API
 key is read from the environment variable `api_key_env` names, never from the config (configs are saved
-with the run and shared).
+with the run and shared), and registered as a secret (`oxrl.logging.redaction`): nothing the server sends
+back reaches an error, a log line or the judgement cache before the key is redacted from it.
+
+A request is bounded as a whole, not read by read: `timeout_s` is the wall time from connecting to the
+reply's last byte, after which the connection is shut down (a server that drips a byte at a time cannot
+hold the run), and a reply larger than `max_reply_bytes` is refused unread (by its Content-Length) or cut
+there. Redirects are never followed: a 3xx is an error naming its target's origin, so the key never goes
+to another host and no other host's reply is scored. The request goes to `url` directly (proxy variables
+in the environment are not used).
 
 `LocalBackend` loads a model with oxRL's own loaders and generates with the built-in rollout engine
 (`oxrl.rollout.hf.HFEngine`), rendering prompts through the judge tokenizer's chat template when it has
@@ -30,37 +38,54 @@ import http.client
 import json
 import logging
 import os
+import socket
+import ssl
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from urllib.parse import urlsplit
+
+from oxrl.logging.redaction import redact, register_secret
 
 logger = logging.getLogger(__name__)
 
 OnReply = Callable[[int, str], None]
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 MESSAGE_CHARS = 500  # of a server's error body, in our error
+ERROR_BODY_BYTES = 64 * 1024  # read of an error reply: enough for its message
+READ_CHUNK_BYTES = 64 * 1024
+MAX_REPLY_BYTES = 1024 * 1024  # `max_reply_bytes`' default: a chat completion of a few thousand tokens is ~20 KiB
 
 
 class JudgeRequestError(RuntimeError):
     """The judge server refused a request, or could not be reached within the retries."""
 
 
+class TransientError(Exception):
+    """A failure that another attempt may not meet: no connection, a timeout, HTTP 429 or 5xx."""
+
+
 class HTTPBackend:
     """An OpenAI-compatible chat endpoint, e.g. `vllm serve MODEL` at `http://127.0.0.1:8000/v1`."""
 
     def __init__(self, url: str, model_name: str, *, api_key_env: str | None = None, max_new_tokens: int = 512,
-                 timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0, concurrency: int = 8):
+                 timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0, concurrency: int = 8,
+                 max_reply_bytes: int = MAX_REPLY_BYTES):
         self.endpoint = url.rstrip("/") + "/chat/completions"
         self.model_name = model_name
-        self.api_key_env = api_key_env
         self.max_new_tokens = max_new_tokens
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.concurrency = concurrency
+        self.max_reply_bytes = max_reply_bytes
         self.identity = f"{self.endpoint}#{model_name}#max_new_tokens={max_new_tokens}"
+        self.headers = {"Content-Type": "application/json"}
+        if api_key_env:
+            key = os.environ[api_key_env]  # set and header-safe: checked by JudgeSettings
+            register_secret(key)
+            self.headers["Authorization"] = f"Bearer {key}"
 
     def complete(self, texts: list[str], on_reply: OnReply) -> None:
         errors: list[Exception] = []
@@ -88,36 +113,111 @@ class HTTPBackend:
                             self.endpoint, last, attempt, self.retries, delay)
                 time.sleep(delay)
             try:
-                with urllib.request.urlopen(self._request(body), timeout=self.timeout_s) as response:
-                    return _reply_text(response.read(), self.endpoint)
-            except urllib.error.HTTPError as error:  # before URLError: it is one
-                message = _excerpt(error.read().decode(errors="replace"))
-                if error.code not in RETRIED_STATUSES:
-                    raise JudgeRequestError(f"judge server {self.endpoint} answered HTTP {error.code}: {message}") from error
-                last = f"HTTP {error.code}: {message}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as error:
-                reason = getattr(error, "reason", error)
-                last = f"timed out after {self.timeout_s:g} s" if isinstance(reason, TimeoutError) else str(reason)
+                return self.post(body)
+            except TransientError as error:
+                last = str(error)
         raise JudgeRequestError(
             f"judge server {self.endpoint} failed {self.retries + 1} times (timeout_s={self.timeout_s:g}, "
             f"retries={self.retries}); the last: {last}. Is the server up, and is `url` right?"
         )
 
-    def _request(self, body: bytes) -> urllib.request.Request:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key_env:
-            headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"  # checked at preflight
-        return urllib.request.Request(self.endpoint, data=body, headers=headers, method="POST")
+    def post(self, body: bytes) -> str:
+        """One request, bounded as a whole by `timeout_s`: the reply's text, or TransientError / JudgeRequestError."""
+        connection = self._connection()
+        cut = threading.Event()
+
+        def cut_off() -> None:  # runs in the timer's thread; shutting the socket down wakes a blocked read
+            cut.set()
+            if connection.sock is not None:
+                try:
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # closed already: the request ended as the deadline came
+                    pass
+
+        deadline = threading.Timer(self.timeout_s, cut_off)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            connection.connect()
+            if cut.is_set():  # the deadline passed while connecting, before there was a socket to shut down
+                raise TimeoutError
+            connection.request("POST", urlsplit(self.endpoint).path, body=body, headers=self.headers)
+            response = connection.getresponse()
+            status = response.status
+            if status == 200:
+                raw = self._read(response, self.max_reply_bytes, refuse_more=True)
+            else:
+                raw = self._read(response, ERROR_BODY_BYTES, refuse_more=False)
+            if cut.is_set():
+                raise TimeoutError
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            # A shut-down socket surfaces as any of these; a server's malformed reply as the latter two.
+            if cut.is_set() or isinstance(error, TimeoutError):
+                raise TransientError(f"timed out: no complete reply within timeout_s={self.timeout_s:g} s") from None
+            raise TransientError(redact(f"{type(error).__name__}: {error}")) from None
+        finally:
+            deadline.cancel()
+            connection.close()
+        return self._reply(status, response, raw)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urlsplit(self.endpoint)
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self.timeout_s,
+                                               context=ssl.create_default_context())
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout_s)
+
+    def _read(self, response: http.client.HTTPResponse, limit: int, refuse_more: bool) -> bytes:
+        """At most `limit` bytes of the body, read in chunks; with `refuse_more`, a longer body is an error."""
+        declared = response.getheader("Content-Length", "")
+        if refuse_more and declared.isdigit() and int(declared) > limit:
+            raise JudgeRequestError(f"judge server {self.endpoint} sent a reply of {int(declared)} bytes, more than "
+                                    f"max_reply_bytes={limit}; it was not read")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = response.read(min(READ_CHUNK_BYTES, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit and refuse_more:
+            raise JudgeRequestError(f"judge server {self.endpoint} sent a reply of more than max_reply_bytes={limit} "
+                                    "bytes; it was cut there")
+        if declared.isdigit() and size < min(int(declared), limit):
+            raise http.client.IncompleteRead(b"", int(declared) - size)  # the connection ended early
+        return b"".join(chunks)[:limit]
+
+    def _reply(self, status: int, response: http.client.HTTPResponse, raw: bytes) -> str:
+        message = _excerpt(redact(raw.decode(errors="replace")))
+        if status == 200:
+            return _reply_text(raw, self.endpoint)
+        if 300 <= status < 400:
+            raise JudgeRequestError(
+                f"judge server {self.endpoint} answered HTTP {status}, a redirect to "
+                f"{_origin(response.getheader('Location', ''))}; redirects are not followed (the request carries the "
+                "API key and its reply would be scored): set `url` to the address that serves the judge")
+        if status in RETRIED_STATUSES:
+            raise TransientError(f"HTTP {status}: {message}")
+        raise JudgeRequestError(f"judge server {self.endpoint} answered HTTP {status}: {message}")
+
+
+def _origin(location: str) -> str:
+    """scheme://host:port of a redirect's target: where it points, without a path or query that may hold anything."""
+    parts = urlsplit(location)
+    if not parts.netloc:
+        return "the same server" if location else "nowhere (no Location header)"
+    return redact(f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else ""))
 
 
 def _reply_text(raw: bytes, endpoint: str) -> str:
     try:
         content = json.loads(raw)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise JudgeRequestError(f"judge server {endpoint} sent no chat completion: {_excerpt(raw.decode(errors='replace'))}") from error
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as error:
+        raise JudgeRequestError(f"judge server {endpoint} sent no chat completion: "
+                                f"{_excerpt(redact(raw.decode(errors='replace')))}") from error
     if not isinstance(content, str):
-        raise JudgeRequestError(f"judge server {endpoint} sent a reply without text: {content!r:.200}")
-    return content
+        raise JudgeRequestError(f"judge server {endpoint} sent a reply without text: {redact(repr(content)):.200}")
+    return redact(content)
 
 
 def _excerpt(text: str) -> str:

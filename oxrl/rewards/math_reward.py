@@ -16,12 +16,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from oxrl.rewards.base import signal_timed
 from oxrl.rewards.extract import final_answer
 
 MAX_ANSWER_CHARS = 1000
 TIMEOUT_SECONDS = 5  # math-verify's default, for parsing and for comparing
 
 
+@signal_timed  # called from the main thread, it runs there under math-verify's alarms (oxrl.rewards.base)
 def math_reward(
     prompt: str,
     completion: str,
