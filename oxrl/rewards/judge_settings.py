@@ -132,11 +132,11 @@ def check_url(url: str) -> None:
     """An http(s) endpoint with a host, and nothing that would be sent, logged or cached as part of an address
     while it holds a credential: no user:password@ and no query (a key goes in `api_key_env`)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"reward 'judge': url must be http://HOST... or https://HOST..., got {url!r}")
-    if parts.username is not None or parts.query or parts.fragment:
+    if "@" in parts.netloc or parts.query or parts.fragment:  # checked first: the message must not quote them
         raise ValueError(f"reward 'judge': url {parts.scheme}://{parts.hostname}/... may hold no user:password@, "
                          "?query or #fragment (an API key goes in an environment variable, named by `api_key_env`)")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"reward 'judge': url must be http://HOST... or https://HOST..., got {url!r}")
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
     except ValueError as error:
