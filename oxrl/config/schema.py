@@ -424,10 +424,11 @@ class RLConfig(Section):
     )
     reward_timeout_s: float | None = Field(
         300.0, gt=0,
-        description="Seconds one call of a user reward function (a `pkg.module:fn` or `file.py:fn` reward) may take; "
-        "a call that takes longer stops the run with an error naming the reward, whatever `on_reward_error` says "
-        "(a Python thread cannot be killed: the hung call is left behind in a daemon thread, still using CPU). "
-        "Built-in rewards bound their own time (math-verify's limits, the code sandbox's). null: no limit.",
+        description="Seconds one call of a reward, built-in or your own, may take; a call that takes longer stops the "
+        "run with an error naming the reward, whatever `on_reward_error` says (a Python thread cannot be killed: the "
+        "hung call is left behind in a daemon thread, still using CPU). A call of a batched reward (`code`, `judge`, "
+        "`reward_model`) scores a whole batch: keep the limit above what one batch legitimately needs "
+        "(docs/rewards.md). `math` called from the main thread runs under math-verify's own alarms instead. null: no limit.",
     )
     advantage: Literal[ADVANTAGE_ESTIMATORS] | None = Field(
         None,
