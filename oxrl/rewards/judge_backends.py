@@ -73,6 +73,7 @@ class HTTPBackend:
                  timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0, concurrency: int = 8,
                  max_reply_bytes: int = MAX_REPLY_BYTES):
         self.endpoint = url.rstrip("/") + "/chat/completions"
+        self.path = urlsplit(self.endpoint).path
         self.model_name = model_name
         self.max_new_tokens = max_new_tokens
         self.timeout_s = timeout_s
@@ -81,6 +82,7 @@ class HTTPBackend:
         self.concurrency = concurrency
         self.max_reply_bytes = max_reply_bytes
         self.identity = f"{self.endpoint}#{model_name}#max_new_tokens={max_new_tokens}"
+        self.tls = ssl.create_default_context() if urlsplit(self.endpoint).scheme == "https" else None  # verifies certificates
         self.headers = {"Content-Type": "application/json"}
         if api_key_env:
             key = os.environ[api_key_env]  # set and header-safe: checked by JudgeSettings
@@ -141,7 +143,7 @@ class HTTPBackend:
             connection.connect()
             if cut.is_set():  # the deadline passed while connecting, before there was a socket to shut down
                 raise TimeoutError
-            connection.request("POST", urlsplit(self.endpoint).path, body=body, headers=self.headers)
+            connection.request("POST", self.path, body=body, headers=self.headers)
             response = connection.getresponse()
             status = response.status
             if status == 200:
@@ -162,16 +164,16 @@ class HTTPBackend:
 
     def _connection(self) -> http.client.HTTPConnection:
         parts = urlsplit(self.endpoint)
-        if parts.scheme == "https":
-            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self.timeout_s,
-                                               context=ssl.create_default_context())
+        if self.tls is not None:
+            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self.timeout_s, context=self.tls)
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout_s)
 
     def _read(self, response: http.client.HTTPResponse, limit: int, refuse_more: bool) -> bytes:
         """At most `limit` bytes of the body, read in chunks; with `refuse_more`, a longer body is an error."""
-        declared = response.getheader("Content-Length", "")
-        if refuse_more and declared.isdigit() and int(declared) > limit:
-            raise JudgeRequestError(f"judge server {self.endpoint} sent a reply of {int(declared)} bytes, more than "
+        header = response.getheader("Content-Length", "")
+        declared = int(header) if header.isascii() and header.isdigit() else None
+        if refuse_more and declared is not None and declared > limit:
+            raise JudgeRequestError(f"judge server {self.endpoint} sent a reply of {declared} bytes, more than "
                                     f"max_reply_bytes={limit}; it was not read")
         chunks, size = [], 0
         while size <= limit:
@@ -183,8 +185,8 @@ class HTTPBackend:
         if size > limit and refuse_more:
             raise JudgeRequestError(f"judge server {self.endpoint} sent a reply of more than max_reply_bytes={limit} "
                                     "bytes; it was cut there")
-        if declared.isdigit() and size < min(int(declared), limit):
-            raise http.client.IncompleteRead(b"", int(declared) - size)  # the connection ended early
+        if declared is not None and size < min(declared, limit):
+            raise http.client.IncompleteRead(b"", declared - size)  # the connection ended early
         return b"".join(chunks)[:limit]
 
     def _reply(self, status: int, response: http.client.HTTPResponse, raw: bytes) -> str:
@@ -206,7 +208,7 @@ def _origin(location: str) -> str:
     parts = urlsplit(location)
     if not parts.netloc:
         return "the same server" if location else "nowhere (no Location header)"
-    return redact(f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else ""))
+    return redact(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")  # never a user:password@
 
 
 def _reply_text(raw: bytes, endpoint: str) -> str:
