@@ -5,14 +5,28 @@ The program is the completion's last ```python block (0.0 when there is none). T
 
 - stdin/stdout pairs: `{"inputs": [...], "outputs": [...]}` (APPS, TACO, PRIME) or
   `[{"input": ..., "output": ...}, ...]`; a test passes when the program exits 0 and its output
-  equals the expected one, up to trailing whitespace on each line and trailing blank lines;
-- assert-style tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP); each is
-  appended to the program and passes when that program exits 0;
+  equals the expected one, up to trailing whitespace on each line and trailing blank lines. The
+  program never sees the expected output: it is compared here, after the program ended;
+- assert-style tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP), each made
+  of `import` (standard library) and `assert` statements. They run in a harness the program cannot
+  reach (`oxrl.rewards.code_harness`): the program only computes the values the asserts ask of it
+  (`add(1, 2)`), in a sandbox that holds no assert and no expected value; the asserts run in another
+  sandboxed process, with the real builtins and modules and no program code, against those values
+  passed over as plain data. So a program that exits early (`raise SystemExit(0)`, `os._exit(0)`
+  in an `atexit` or `sys.excepthook`), reads its caller's frame or its own file, returns an object
+  whose `__eq__` is always true, or replaces `math.isclose` or a builtin, gains nothing: a test
+  passes only when the checker says so. What it asks of the tests: the values compared must be plain
+  data (numbers, strings, bytes, None and the builtin and `collections` containers; not an object of
+  the program's class), and builtin and standard-library names in a test mean those, even where the
+  program defines its own `sum` (`code_harness` says the rest). Another shape is a ValueError naming
+  the item before anything runs;
 - a JSON string of either of the above.
 
-Every test runs in its own sandboxed process (`oxrl.rewards.sandbox`), so a program cannot fake
-the results of the others. Once a test times out (wall clock or CPU limit), the program's remaining
-tests fail without being run: they would almost surely time out as well, each after the full limit.
+Every stdin/stdout test, and the program's part of every assert-style test, runs in its own
+sandboxed process (`oxrl.rewards.sandbox`), so one crashing test does not fail the others; a
+program's assert-style tests cost one more sandbox run, for the checker. Once a test times out
+(wall clock or CPU limit), the program's remaining tests fail without being run: they would almost
+surely time out as well, each after the full limit.
 Completions are scored in parallel by `max_workers` threads, each driving one subprocess at a time;
 results keep the input order, so they are deterministic.
 
@@ -26,25 +40,22 @@ model-written code, only for trusted code on a machine without bwrap (it logs a 
 from __future__ import annotations
 
 import json
-import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from oxrl.rewards.base import batched
+from oxrl.rewards.code_harness import AssertTest, count_passed, parse_assert_test, stopped_by_limit
 from oxrl.rewards.extract import extract_code
 from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
 
 
-# The kernel stops a program at its CPU limit with SIGXCPU (soft limit) or SIGKILL (hard limit).
-CPU_LIMIT_EXITS = (-signal.SIGXCPU, -signal.SIGKILL)
-
-
 @dataclass(frozen=True)
 class CodeTest:
-    stdin: str = ""
-    expected_stdout: str | None = None  # None: an assert-style test, judged by the exit status
-    appended_code: str = ""
+    """A stdin/stdout test."""
+
+    stdin: str
+    expected_stdout: str
 
 
 @batched
@@ -89,22 +100,24 @@ def check_code_reward(**kwargs: Any) -> None:
 code_reward.preflight = check_code_reward  # type: ignore[attr-defined]
 
 
-def score_program(completion: str, tests: list[CodeTest], limits: SandboxLimits) -> float:
+def score_program(completion: str, tests: list[CodeTest] | list[AssertTest], limits: SandboxLimits) -> float:
     program = extract_code(completion)
     if program is None:
         return 0.0
+    if isinstance(tests[0], AssertTest):
+        return count_passed(program, tests, limits) / len(tests)  # type: ignore[arg-type]
     passed = 0
     for test in tests:
-        result = run_python(program + test.appended_code, stdin=test.stdin, limits=limits)
-        if result.timed_out or result.returncode in CPU_LIMIT_EXITS:
+        result = run_python(program, stdin=test.stdin, limits=limits)
+        if stopped_by_limit(result):
             break
-        if result.ok and (test.expected_stdout is None or _same_output(result.stdout, test.expected_stdout)):
+        if result.ok and _same_output(result.stdout, test.expected_stdout):
             passed += 1
     return passed / len(tests)
 
 
-def parse_tests(tests: Any) -> list[CodeTest]:
-    """The row's `tests` field as a list of `CodeTest` (formats in the module docstring)."""
+def parse_tests(tests: Any) -> list[CodeTest] | list[AssertTest]:
+    """The row's `tests` field as stdin/stdout `CodeTest`s or `AssertTest`s (formats in the module docstring)."""
     if isinstance(tests, str):
         try:
             tests = json.loads(tests)
@@ -120,7 +133,7 @@ def parse_tests(tests: Any) -> list[CodeTest]:
             raise ValueError("field 'tests': each test dict needs 'input' and 'output'")
         parsed = [CodeTest(stdin=_text(t["input"]), expected_stdout=_text(t["output"])) for t in tests]
     elif isinstance(tests, list) and all(isinstance(t, str) for t in tests):
-        parsed = [CodeTest(appended_code="\n\n" + t + "\n") for t in tests]
+        parsed = [parse_assert_test(snippet, index) for index, snippet in enumerate(tests)]
     else:
         raise ValueError(
             "field 'tests' must be {'inputs': [...], 'outputs': [...]}, a list of {'input', 'output'} dicts "
