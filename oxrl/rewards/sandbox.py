@@ -14,18 +14,57 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
   tmpfs (`scratch_mb`): /tmp, which is the working directory, HOME and TMPDIR, and /dev/shm. It
   holds /usr (and /bin, /lib, /lib64 as the host has them), the real interpreter and its standard
   library at their host paths (the base installation's site-packages covered by an empty tmpfs),
-  the program, a /proc of its own PID namespace and a minimal /dev. Not the repository, not the
-  virtual environment, not /root, /home or /etc;
-- no network: the new network namespace has only a loopback interface, and it is down;
+  the program, and a /dev of its own: null, zero, full, random and urandom, for reading and
+  writing, and stdin (the input, read-only). Not the repository, not the virtual environment, not
+  /root, /home or /etc, and neither /proc nor /sys (below). Every mount is `nosuid`;
+- no network: the new network namespace has only a loopback interface, and it is down; sockets of
+  any family but AF_UNIX cannot even be created;
 - a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
-  new namespaces, no kernel keyrings, no ptrace, io_uring, bpf, mounts or module loading;
-- resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space,
-  file size (which also caps stdout/stderr: they are files outside the sandbox, read back up to
-  `max_output_bytes`), processes, open files, no core dumps;
-- a wall-clock timeout: bwrap is killed, `--die-with-parent` kills the program, and with the PID
-  namespace's init gone the kernel kills every process left in it, double-forked daemons included
-  (within moments of `run_python` returning); if the trainer dies, the same chain runs;
+  new namespaces, no SysV IPC, POSIX message queues or memfd, no clearing of the parent-death
+  signal, no sockets but AF_UNIX, no kernel keyrings, no ptrace, io_uring, bpf, mounts or module
+  loading;
+- resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space
+  (`memory_mb`), file size (which also caps stdout/stderr: they are files outside the sandbox, read
+  back up to `max_output_bytes`), tasks (RLIMIT_NPROC = `max_tasks`), open files, no core dumps;
+- a cgroup per call (`sandbox_cgroup`), where the trainer can create them (root, or a delegated
+  cgroup): at most `max_tasks` processes and threads together, and at most `memory_mb` + 2 x
+  `scratch_mb` + 32 MiB of memory for all of them, tmpfs, shared-memory and kernel memory included
+  (the 32 MiB are for the kernel's own objects: a program within its rlimits does not reach it);
+- a life no longer than the call (`sandbox_launch`). bwrap holds the program until it has been
+  moved into its cgroups. At the wall-clock timeout, and at the end of every call, the program,
+  the PID namespace's init, is killed through a pidfd; the kernel then kills everything else in
+  the namespace, threads and double-forked daemons included, before bwrap returns; whatever is
+  still in the cgroup is killed, and the cgroup removed. If the trainer dies, bwrap dies with it
+  and the program with bwrap (`--die-with-parent`): the program cannot clear that parent-death
+  signal, since the filter refuses `prctl(PR_SET_PDEATHSIG)`, the mounts are `nosuid` (no
+  set-uid exec) and changing its credentials needs capabilities it lacks. The next trainer
+  empties and removes the cgroups of trainers that died;
 - an environment built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0.
+
+Where no cgroup can be used (no write access to the trainer's cgroup, or `OXRL_SANDBOX_CGROUP=none`;
+`oxrl doctor` says which and why), each bound falls back to another, never to nothing:
+
+- tasks: RLIMIT_NPROC, which the kernel counts per user namespace, when the trainer is not root.
+  When it is root (RLIMIT_NPROC does not bind uid 0), the seccomp filter refuses every `clone`:
+  the program gets no threads, and `max_processes` above 1 raises `SandboxUnavailableError`;
+- memory: RLIMIT_AS per process, the tmpfs sizes, and the refusal of SysV IPC, message queues and
+  memfd, which RLIMIT_AS would not count. Kernel memory (tmpfs inodes, pipe and socket buffers) is
+  then bounded only through the CPU limit and the open-files limit.
+
+Device nodes. When the trainer is root, uid 65534 inside owns what root owns outside: the host's
+/dev/null bound writable could be chmod-ed by the program (and bwrap's read-only binds are
+`nodev`, so unusable). Each call gets private nodes instead, made with mknod in its temporary
+folder; a chmod of those harms nobody. That needs a temporary folder on a file system that allows
+device nodes (not mounted `nodev`); where it is not, the sandbox has no device nodes and `oxrl
+doctor` says so. When the trainer is not root, the host's nodes are bound: the program does not
+own them.
+
+No /proc. A /proc, even one of its own PID namespace, would show the program the host paths of
+every bind (mountinfo), the kernel command line and, when the trainer is root, the host's
+root-only files (/proc/slabinfo, timer_list, vmallocinfo, keys, whose owner uid it has); masking
+them one by one would leave every file nobody listed. CPython and its standard library run
+without it (`os.cpu_count()` falls back to the scheduler's CPU mask; subprocess closes descriptors
+with close_range). What needs it does not work: /dev/fd, /dev/stdout, /proc/self/...
 
 `sandbox_child.py` also installs a Python audit hook. It is defence in depth only: it lives in the
 program's own interpreter, so a program can switch it off, and nothing above depends on it.
@@ -33,18 +72,16 @@ program's own interpreter, so a program can switch it off, and nothing above dep
 Fail closed. Without a usable bwrap (not installed, too old, or unable to create namespaces here)
 every run raises `SandboxUnavailableError`, which says what to install and what the trial run
 printed; the check runs once per process (`require_sandbox`). `isolation="none"` runs programs
-without bwrap (a plain subprocess with the same limits, temporary directory, environment and audit
-hook): UNSAFE for model-written code, meant only for trusted code on a machine without bwrap; it
-logs a warning.
+without bwrap (a plain subprocess with the same rlimits, temporary directory, environment and
+audit hook, but no namespaces, filter or cgroup): UNSAFE for model-written code, meant only for
+trusted code on a machine without bwrap; it logs a warning.
 
 Limits, honestly. The sandbox shares the host's kernel, so a kernel exploit gets out of it (use a
 VM or gVisor against adversaries who have one). When the trainer runs as root, uid 65534 inside
 is root outside the namespaces: it has no capabilities, but it owns what root owns, which is why
-/proc, /dev and every bind are read-only (a writable /proc/sys would let it set the host's
-sysctls), and the kernel exempts it from RLIMIT_NPROC, which is why the seccomp filter refuses
-new processes (a `max_processes` above 1 as root leaves a fork bomb bounded by the wall clock
-only). Memory is capped per process (RLIMIT_AS); the tmpfs files count apart from it. The program
-can read the host paths of what is bound (in /proc/self/mountinfo), not anything else there.
+every bind is read-only, the device nodes are private and there is no /proc (a writable
+/proc/sys would let it set the host's sysctls). What the program writes to stdout and stderr
+stays in files of the trainer's temporary folder until the call returns.
 """
 
 from __future__ import annotations
@@ -54,7 +91,7 @@ import logging
 import os
 import platform
 import shutil
-import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -63,6 +100,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, CallCgroup, CgroupSetup, cgroup_setup
+from oxrl.rewards.sandbox_launch import Launched, launch_bwrap, wait_then_kill
 from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 logger = logging.getLogger(__name__)
@@ -72,7 +111,8 @@ MIN_BWRAP_VERSION = (0, 8)  # --disable-userns (0.8) and --size for tmpfs (0.7)
 ISOLATIONS = ("bwrap", "none")
 SANDBOX_ID = "65534"  # uid and gid inside the sandbox ("nobody")
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64")  # bound read-only (or re-created as the host's symlinks)
-DEVICE_NODES = ("null", "zero", "full", "random", "urandom", "tty")  # what `bwrap --dev` binds from the host
+DEVICE_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}  # (major, minor)
+KERNEL_SLACK_MB = 32  # the memory cgroup's allowance beyond memory_mb and the tmpfs: page tables, sockets, slab
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
 # Inside the sandbox: the program folder (child script and solution, read-only) and the working
 # directory, which is the /tmp tmpfs itself.
@@ -104,12 +144,18 @@ def check_isolation(isolation: str) -> None:
 class SandboxLimits:
     cpu_seconds: int = 5
     wall_seconds: float = 10.0  # also bounds programs that sleep or block without using CPU
-    memory_mb: int = 512  # address space (RLIMIT_AS), interpreter included
+    # Address space of each process (RLIMIT_AS), interpreter included. With a memory cgroup, also the
+    # memory of all its processes together with its tmpfs files: memory_mb + 2 * scratch_mb + 32 MiB.
+    memory_mb: int = 512
     file_size_mb: int = 16  # largest file it may write, stdout and stderr included
     scratch_mb: int = 64  # size of each private tmpfs: /tmp (the working directory) and /dev/shm
-    # Processes and threads, the program included (RLIMIT_NPROC; with 1 the seccomp filter also refuses
-    # every new process, which binds even when the trainer runs as root).
+    # 1: the program alone (the seccomp filter refuses new processes; threads are tasks, see max_tasks).
+    # Above 1: it may start processes, counted with its threads in max_tasks (the kernel keeps no
+    # separate count of processes).
     max_processes: int = 1
+    # Processes and threads together, the program included: the call's pids cgroup and RLIMIT_NPROC
+    # (module docstring: where neither binds, a root trainer's sandbox gets no threads at all).
+    max_tasks: int = 32
     open_files: int = 64
     max_output_bytes: int = 1 << 20  # how much of stdout/stderr we read back
     # "bwrap": the kernel sandbox (module docstring). "none": a plain subprocess with the same limits
@@ -118,10 +164,19 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         for name in ("cpu_seconds", "wall_seconds", "memory_mb", "file_size_mb", "scratch_mb", "max_processes",
-                     "open_files", "max_output_bytes"):
+                     "max_tasks", "open_files", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)}")
+        if self.max_processes > self.max_tasks:
+            raise ValueError(
+                f"SandboxLimits.max_processes ({self.max_processes}) cannot exceed max_tasks ({self.max_tasks}), "
+                "which counts the program's processes and threads together"
+            )
         check_isolation(self.isolation)
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        return (self.memory_mb + 2 * self.scratch_mb + KERNEL_SLACK_MB) << 20
 
 
 @dataclass
@@ -137,11 +192,38 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
+@dataclass(frozen=True)
+class KernelBounds:
+    """What bounds a program's tasks and memory on this machine (module docstring, the fallbacks)."""
+
+    cgroups: CgroupSetup
+    trainer_is_root: bool  # RLIMIT_NPROC does not bind the sandbox's uid, which is root outside
+
+    @property
+    def threads_allowed(self) -> bool:
+        """Whether the kernel bounds the number of tasks; if not, the seccomp filter refuses every clone."""
+        return self.cgroups.bounds("pids") or not self.trainer_is_root
+
+    def check(self, limits: SandboxLimits) -> None:
+        if limits.max_processes > 1 and not self.threads_allowed:
+            raise SandboxUnavailableError(
+                f"SandboxLimits(max_processes={limits.max_processes}) needs a pids cgroup when the trainer runs as "
+                f"root, which RLIMIT_NPROC does not bind, and there is none here ({self.cgroups.problems['pids']}): "
+                f"run the trainer with write access to its cgroup, point {CGROUP_ENV} at a delegated cgroup v2 "
+                "folder, or keep max_processes=1"
+            )
+
+
+def kernel_bounds() -> KernelBounds:
+    return KernelBounds(cgroup_setup(), os.getuid() == 0)
+
+
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `code` as a program in the sandbox, feeding it `stdin`; thread-safe (no preexec_fn).
 
     Raises `SandboxUnavailableError` when `limits.isolation` is "bwrap" (the default) and bwrap cannot
-    run here: a program is never run with less isolation than asked for.
+    run here, or cannot bound what the limits allow: a program is never run with less isolation
+    than asked for.
     """
     limits = limits or SandboxLimits()
     if limits.isolation == "none":
@@ -156,8 +238,6 @@ def require_sandbox(binary: str | None = None) -> str:
     if problem is not None:
         raise SandboxUnavailableError(problem)
     return path
-
-
 @functools.lru_cache(maxsize=None)
 def _probe(binary: str) -> tuple[str, str | None]:
     """(path, None) when a trivial program runs in the sandbox, else (binary, why not)."""
@@ -213,45 +293,64 @@ def _warn_unsandboxed() -> None:
 
 
 def _run(code: str, stdin: str, limits: SandboxLimits, bwrap: str | None) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="oxrl-sandbox-") as root:
+    with tempfile.TemporaryDirectory(prefix="oxrl-sandbox-") as folder:
         # program/ holds what the sandbox reads (bound read-only at /sandbox); the rest stays outside.
-        program = Path(root, "program")
+        root = Path(folder)
+        program = root / "program"
         program.mkdir()
-        Path(program, "child.py").write_text(_child_source(), encoding="utf-8")
-        Path(program, "solution.py").write_text(code, encoding="utf-8")
-        stdin_path, stdout_path, stderr_path = (Path(root, name) for name in ("stdin", "stdout", "stderr"))
-        stdin_path.write_text(stdin, encoding="utf-8")
-        seccomp_fd = _seccomp_fd(limits) if bwrap else None
-        try:
+        (program / "child.py").write_text(_child_source(), encoding="utf-8")
+        (program / "solution.py").write_text(code, encoding="utf-8")
+        (root / "stdin").write_text(stdin, encoding="utf-8")
+        start = time.monotonic()
+        with (root / "stdin").open("rb") as fin, (root / "stdout").open("wb") as fout, (root / "stderr").open("wb") as ferr:
+            streams = {"stdin": fin, "stdout": fout, "stderr": ferr}
             if bwrap:
-                command = bwrap_arguments(bwrap, program, limits, seccomp_fd)
-                home = INSIDE_WORK
+                returncode, timed_out = _run_sandboxed(bwrap, root, limits, streams)
             else:
-                home = str(Path(root, "work"))
-                os.mkdir(home)
-                command = [sys.executable, *INTERPRETER_FLAGS, str(program / "child.py"), home, str(program / "solution.py")]
-            start = time.monotonic()
-            with stdin_path.open("rb") as fin, stdout_path.open("wb") as fout, stderr_path.open("wb") as ferr:
-                process = subprocess.Popen(
-                    [*command, *_limit_arguments(limits)], stdin=fin, stdout=fout, stderr=ferr,
-                    cwd=root if bwrap else home, env=_scrubbed_env(home), start_new_session=True,
-                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                )
-                timed_out = _wait_then_kill_group(process, limits.wall_seconds)
-        finally:
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
-        elapsed = time.monotonic() - start
-        returncode = process.returncode
-        if bwrap and 128 < returncode <= 128 + 64:
-            returncode = 128 - returncode  # bwrap reports "killed by signal N" as 128 + N, like a shell
+                returncode, timed_out = _run_unsandboxed(root, limits, streams)
         return SandboxResult(
             returncode=returncode,
-            stdout=_read_head(stdout_path, limits.max_output_bytes),
-            stderr=_read_head(stderr_path, limits.max_output_bytes),
+            stdout=_read_head(root / "stdout", limits.max_output_bytes),
+            stderr=_read_head(root / "stderr", limits.max_output_bytes),
             timed_out=timed_out,
-            elapsed_seconds=elapsed,
+            elapsed_seconds=time.monotonic() - start,
         )
+
+
+def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, streams: dict) -> tuple[int, bool]:
+    """(exit status, timed out) of the program in `root`/program, run under bwrap in its own cgroups."""
+    start = time.monotonic()
+    bounds = kernel_bounds()
+    bounds.check(limits)
+    seccomp_fd = _seccomp_fd(limits, bounds)
+    try:
+        command = bwrap_arguments(bwrap, root, limits, seccomp_fd, _device_binds(root / "dev"))
+        with CallCgroup(bounds.cgroups, limits.max_tasks, limits.cgroup_memory_bytes) as cgroup:
+            launched = launch_bwrap(
+                [*command, *_limit_arguments(limits)], cgroup.attach, limits.wall_seconds, **streams, cwd=root,
+                env=_scrubbed_env(INSIDE_WORK), pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            )
+            timed_out = wait_then_kill(launched, limits.wall_seconds - (time.monotonic() - start))
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+    returncode = launched.process.returncode
+    if 128 < returncode <= 128 + 64:
+        returncode = 128 - returncode  # bwrap reports "killed by signal N" as 128 + N, like a shell
+    return returncode, timed_out
+
+
+def _run_unsandboxed(root: Path, limits: SandboxLimits, streams: dict) -> tuple[int, bool]:
+    """(exit status, timed out) of the program as a plain subprocess: isolation "none"."""
+    home, program = root / "work", root / "program"
+    home.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, *INTERPRETER_FLAGS, str(program / "child.py"), str(home), str(program / "solution.py"),
+         *_limit_arguments(limits)],
+        **streams, cwd=home, env=_scrubbed_env(str(home)), start_new_session=True, close_fds=True,
+    )
+    timed_out = wait_then_kill(Launched(process), limits.wall_seconds)
+    return process.returncode, timed_out
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,22 +361,25 @@ def _child_source() -> str:
 
 
 def _limit_arguments(limits: SandboxLimits) -> list[str]:
-    """The child script's last arguments: CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES."""
+    """The child script's last arguments: CPU MEMORY FILE_SIZE PROCESSES OPEN_FILES (PROCESSES: RLIMIT_NPROC)."""
     return [
         str(limits.cpu_seconds), str(limits.memory_mb << 20), str(limits.file_size_mb << 20),
-        str(limits.max_processes), str(limits.open_files),
+        str(limits.max_tasks), str(limits.open_files),
     ]
 
 
-def bwrap_arguments(bwrap: str, program: Path, limits: SandboxLimits, seccomp_fd: int | None) -> list[str]:
-    """The bwrap command line that runs `program`/solution.py, up to the child script's limit arguments."""
+def bwrap_arguments(bwrap: str, root: Path, limits: SandboxLimits, seccomp_fd: int | None, devices: list[str]) -> list[str]:
+    """The bwrap command line that runs `root`/program/solution.py, up to the child script's limit arguments.
+
+    `devices`: the arguments that bind /dev's nodes (`_device_binds`).
+    """
     python = interpreter_layout()
     scratch = str(limits.scratch_mb << 20)
     arguments = [
         bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", SANDBOX_ID, "--gid", SANDBOX_ID,
         "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv",
         # The program is the namespace's PID 1: no bwrap process shares the sandbox with it (whose
-        # memory it could write through /proc, since both are the same user).
+        # memory it could write, since both are the same user), and its death ends the namespace.
         "--as-pid-1",
     ]
     for key, value in _scrubbed_env(INSIDE_WORK).items():
@@ -291,15 +393,13 @@ def bwrap_arguments(bwrap: str, program: Path, limits: SandboxLimits, seccomp_fd
         arguments += ["--ro-bind", path, path]
     for path in python.hidden:
         arguments += ["--tmpfs", path, "--remount-ro", path]
-    # Read-only: /proc (when the trainer is root, so is the program to the kernel's sysctl permission
-    # checks), bwrap's device nodes (host inodes: a chmod would change the host's /dev/null), /dev and /.
-    arguments += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
-    for node in DEVICE_NODES:
-        arguments += ["--remount-ro", f"/dev/{node}"]
+    # No /proc and no /sys (module docstring). /dev: a tmpfs made read-only (not recursively: the
+    # nodes and /dev/shm are mounts of their own) holding the nodes and the input.
+    arguments += ["--tmpfs", "/dev", *devices, "--ro-bind", str(root / "stdin"), "/dev/stdin"]
     arguments += [
         "--size", scratch, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", scratch, "--tmpfs", INSIDE_WORK,
-        "--ro-bind", str(program), INSIDE_PROGRAM, "--remount-ro", "/", "--chdir", INSIDE_WORK,
+        "--ro-bind", str(root / "program"), INSIDE_PROGRAM, "--remount-ro", "/", "--chdir", INSIDE_WORK,
     ]
     if seccomp_fd is not None:
         arguments += ["--seccomp", str(seccomp_fd)]
@@ -307,6 +407,44 @@ def bwrap_arguments(bwrap: str, program: Path, limits: SandboxLimits, seccomp_fd
         *arguments, "--", python.executable, *INTERPRETER_FLAGS,
         f"{INSIDE_PROGRAM}/child.py", INSIDE_WORK, f"{INSIDE_PROGRAM}/solution.py",
     ]
+
+
+def private_devices() -> bool:
+    """Whether the sandbox needs device nodes of its own: the trainer owns the host's, so the program would too."""
+    return os.stat("/dev/null").st_uid == os.geteuid()
+
+
+@functools.lru_cache(maxsize=1)
+def device_problem() -> str | None:
+    """Why private device nodes cannot be made and used in the temporary folder, or None when they can."""
+    with tempfile.TemporaryDirectory(prefix="oxrl-sandbox-dev-") as folder:
+        node = os.path.join(folder, "null")
+        try:
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(*DEVICE_NODES["null"]))
+            with open(node, "wb") as handle:
+                handle.write(b"x")
+        except OSError as error:
+            return (
+                f"cannot make and open a device node in {tempfile.gettempdir()} ({error.strerror}): a file system "
+                "mounted nodev, or no CAP_MKNOD. Set TMPDIR to a folder where root can use device nodes"
+            )
+    return None
+
+
+def _device_binds(folder: Path) -> list[str]:
+    """bwrap arguments that put usable null, zero, full, random, urandom in /dev ([] where none can be made)."""
+    if not private_devices():
+        return [arg for name in DEVICE_NODES for arg in ("--dev-bind", f"/dev/{name}", f"/dev/{name}")]
+    if device_problem() is not None:
+        return []
+    folder.mkdir()
+    arguments = []
+    for name, (major, minor) in DEVICE_NODES.items():
+        node = folder / name
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.chmod(node, 0o666)  # mknod's mode went through the umask
+        arguments += ["--dev-bind", str(node), f"/dev/{name}"]
+    return arguments
 
 
 @dataclass(frozen=True)
@@ -343,12 +481,12 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def _seccomp_fd(limits: SandboxLimits) -> int | None:
+def _seccomp_fd(limits: SandboxLimits, bounds: KernelBounds) -> int | None:
     """A pipe's read end holding the seccomp program (bwrap reads it to the end), or None where there is none."""
-    program = seccomp_program(allow_new_processes=limits.max_processes > 1)
+    program = seccomp_program(allow_new_processes=limits.max_processes > 1, allow_threads=bounds.threads_allowed)
     if program is None:
         return None
-    read_fd, write_fd = os.pipe()  # the program is a few hundred bytes: far below the pipe's buffer
+    read_fd, write_fd = os.pipe()  # the program is under a kilobyte: far below the pipe's buffer
     try:
         os.write(write_fd, program)
     finally:
@@ -361,33 +499,6 @@ def _scrubbed_env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home, "PYTHONHASHSEED": "0"}
 
 
-def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> bool:
-    """Wait up to `timeout` s for the program, then SIGKILL its process group; True when it timed out.
-
-    `waitid(WNOWAIT)` sees the exit without reaping the process: until it is reaped its pid, hence
-    its process group id, cannot be reused, so `killpg` can only hit processes it started. Under
-    bwrap the group holds bwrap alone (the program runs in a session of its own): bwrap's death sends
-    the program SIGKILL (`--die-with-parent`), and the death of the program, the PID namespace's
-    init, makes the kernel kill everything else in the namespace, whatever session it moved to.
-    """
-    deadline = time.monotonic() + timeout
-    delay = 0.0005
-    timed_out = False
-    while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.02)
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the group is already empty: nothing left to kill
-    process.wait()
-    return timed_out
-
-
 def _read_head(path: Path, limit: int) -> str:
     with path.open("rb") as handle:
         return handle.read(limit).decode("utf-8", errors="replace")
@@ -397,15 +508,46 @@ def sandbox_protections(binary: str | None = None) -> list[str]:
     """What guards a program here, for `oxrl doctor`; raises `SandboxUnavailableError` where the sandbox cannot run."""
     path = require_sandbox(binary)
     layout = interpreter_layout()
+    bounds = kernel_bounds()
     seccomp = seccomp_program(allow_new_processes=False) is not None
     return [
         f"bubblewrap {'.'.join(map(str, _bwrap_version(path) or ('?',)))} at {path}: new user, PID, IPC, network, "
         "UTS, cgroup and mount namespaces",
         f"uid/gid {SANDBOX_ID}, no capabilities, no nested user namespaces, new session",
-        f"read-only {', '.join(SYSTEM_DIRS)}, {layout.executable} and its stdlib; private /tmp and /dev/shm; own /proc",
-        "seccomp: no new processes, keyrings, ptrace, io_uring, bpf, mounts" if seccomp
+        f"read-only {', '.join(SYSTEM_DIRS)}, {layout.executable} and its stdlib; private /tmp and /dev/shm; "
+        "no /proc, no /sys",
+        _devices_line(),
+        "seccomp: no new processes, SysV IPC, message queues, memfd, keyrings, ptrace, io_uring, bpf, mounts; "
+        "sockets AF_UNIX only; the parent-death signal stays" if seccomp
         else f"no seccomp filter: {platform.machine()} is not described in sandbox_seccomp",
-        "rlimits: CPU, address space, file size, processes, open files; the wall-clock timeout kills the namespace",
-        "trainer is root: uid 65534 is root outside its namespace; RLIMIT_NPROC does not bind, the seccomp filter does"
-        if os.geteuid() == 0 else "trainer is unprivileged: RLIMIT_NPROC binds as well",
+        "rlimits: CPU, address space, file size, tasks, open files",
+        *_bounds_lines(bounds),
+        "lifetime: the wall-clock timeout, the end of the call and the trainer's death kill the PID namespace",
     ]
+
+
+def _devices_line() -> str:
+    if not private_devices():
+        return "/dev/null, zero, full, random, urandom: the host's (the trainer does not own them)"
+    problem = device_problem()
+    if problem is None:
+        return "/dev/null, zero, full, random, urandom: private nodes per call (the trainer is root)"
+    return f"/dev/null, zero, full, random, urandom: NONE, programs that open them fail: {problem}"
+
+
+def _bounds_lines(bounds: KernelBounds) -> list[str]:
+    """How tasks and memory are bounded: a cgroup per call, or which fallback applies (module docstring)."""
+    cgroups = bounds.cgroups
+    if cgroups.bounds("pids"):
+        tasks = "tasks: a pids cgroup per call (max_tasks)"
+    elif bounds.trainer_is_root:
+        tasks = (f"tasks: NO pids cgroup ({cgroups.problems['pids']}) and the trainer is root, which RLIMIT_NPROC "
+                 "does not bind: the seccomp filter refuses every thread and process (max_processes > 1 is refused)")
+    else:
+        tasks = f"tasks: RLIMIT_NPROC (max_tasks; no pids cgroup: {cgroups.problems['pids']})"
+    if cgroups.bounds("memory"):
+        memory = "memory: a memory cgroup per call (memory_mb + 2 x scratch_mb + 32 MiB, all processes and tmpfs)"
+    else:
+        memory = (f"memory: RLIMIT_AS per process and the tmpfs sizes (no memory cgroup: {cgroups.problems['memory']}); "
+                  "kernel memory is bounded only through CPU time and open files")
+    return [tasks, memory]

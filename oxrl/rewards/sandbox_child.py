@@ -41,7 +41,9 @@ PATH_EVENTS = frozenset({
     "shutil.move", "shutil.copyfile", "sqlite3.connect", "dbm.open",
 })
 FORBIDDEN_IMPORTS = frozenset({"_posixsubprocess", "_ctypes", "ctypes", "_xxsubinterpreters", "_testcapi", "_testinternalcapi"})
-READABLE_FILES = frozenset({"/dev/null", "/dev/urandom", "/dev/zero"})
+READABLE_FILES = frozenset({"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero", "/dev/full", "/dev/stdin"})
+# Writable devices: an honest program sends what it does not want to os.devnull.
+WRITABLE_FILES = frozenset({"/dev/null", "/dev/zero", "/dev/full"})
 
 
 def set_limits(cpu_seconds: int, memory_bytes: int, file_size_bytes: int, processes: int, open_files: int) -> None:
@@ -98,6 +100,8 @@ def install_audit_hook(work_dir: str) -> None:
             if inside_work(path):
                 return
             resolved = resolve(path)
+            if writes and resolved in WRITABLE_FILES:
+                return
             if writes or isdir(resolved):
                 deny("writing outside the sandbox directory" if writes else "opening a directory", f": {resolved}")
             if resolved not in READABLE_FILES and not resolved.startswith(readable_roots):

@@ -2,11 +2,20 @@
 
 `bwrap --seccomp FD` loads this classic-BPF program into the sandboxed process just before it
 executes the interpreter; it stays in force for everything that process runs. It is a second
-kernel layer behind the namespaces, for what namespaces do not cover:
+kernel layer behind the namespaces, for what namespaces and rlimits do not cover:
 
-- new processes (`fork`, `vfork`, `clone` without `CLONE_THREAD`), when the limits allow only one.
-  RLIMIT_NPROC does the same job, but the kernel exempts uid 0, and when the trainer runs as root
-  the sandbox's uid 65534 is root outside its user namespace;
+- new processes (`fork`, `vfork`, `clone` without `CLONE_THREAD`), when the limits allow only one;
+  and every `clone`, threads too, when nothing else can bound the number of tasks
+  (`allow_threads=False`: the trainer is root, which RLIMIT_NPROC exempts, and no pids cgroup);
+- clearing the parent-death signal (`prctl(PR_SET_PDEATHSIG, ...)`): bwrap's `--die-with-parent`
+  sets it so that the program dies with the trainer, and a program that could clear it would
+  outlive it;
+- memory that RLIMIT_AS does not count: SysV shared memory, semaphores and message queues
+  (`shm*`, `sem*`, `msg*`), POSIX message queues (`mq_*`), `memfd_create` and `memfd_secret`
+  (POSIX shared memory is files in /dev/shm, a size-limited tmpfs);
+- sockets of any family but AF_UNIX (`socket`, `socketpair`: EAFNOSUPPORT). The network
+  namespace has no route out, but not every family is namespaced: AF_VSOCK reaches the host and
+  the hypervisor of a virtual machine;
 - new namespaces (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag): a nested user namespace
   would hand the program capabilities over whatever it creates inside it;
 - `clone3`, whose flags live in memory a filter cannot read: it answers ENOSYS, and the C library
@@ -17,16 +26,19 @@ kernel layer behind the namespaces, for what namespaces do not cover:
   `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*` (whose operations bypass seccomp), the
   mount calls, module and kexec loading.
 
-Refused calls fail with EPERM (the program sees an OSError); they do not kill it. A call through
-another ABI (32-bit x86 or x32 on x86-64) kills the process: its numbers differ, so the checks
-above would not apply. Only x86-64 and aarch64 are described; elsewhere `seccomp_program` returns
-None and the sandbox runs without a filter (`oxrl doctor` says so).
+Refused calls fail with EPERM (EAFNOSUPPORT for sockets; the program sees an OSError); they do not
+kill it. A call through another ABI (32-bit x86 or x32 on x86-64) kills the process: its numbers
+differ, so the checks above would not apply. Only x86-64 and aarch64 are described; elsewhere
+`seccomp_program` returns None and the sandbox runs without a filter (`oxrl doctor` says so).
+Arguments are compared in their low 32 bits, which is all the kernel reads of a socket family,
+a prctl option or legacy `clone` flags.
 """
 
 from __future__ import annotations
 
 import errno
 import platform
+import socket
 import struct
 from dataclasses import dataclass
 
@@ -43,6 +55,7 @@ NR_OFFSET, ARCH_OFFSET, ARG0_OFFSET = 0, 4, 16
 CLONE_THREAD = 0x00010000
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 CLONE_NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+PR_SET_PDEATHSIG = 1
 X32_SYSCALL_BIT = 0x40000000
 
 ALWAYS_REFUSED = (
@@ -50,6 +63,9 @@ ALWAYS_REFUSED = (
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount", "fspick", "mount_setattr",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semtimedop", "semctl",
+    "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr", "memfd_create", "memfd_secret",
 )
 PROCESS_CALLS = ("fork", "vfork")  # refused when only one process is allowed (aarch64 has neither)
 
@@ -70,6 +86,10 @@ ARCHES = {
         "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155, "open_tree": 428,
         "move_mount": 429, "fsopen": 430, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+        "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semtimedop": 220,
+        "semctl": 66, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
+        "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
+        "memfd_create": 319, "memfd_secret": 447, "socket": 41, "socketpair": 53, "prctl": 157,
     }, has_x32=True),
     "aarch64": Arch(0xC00000B7, {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
@@ -78,12 +98,19 @@ ARCHES = {
         "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41, "open_tree": 428,
         "move_mount": 429, "fsopen": 430, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semtimedop": 192,
+        "semctl": 191, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180, "mq_unlink": 181,
+        "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
+        "memfd_create": 279, "memfd_secret": 447, "socket": 198, "socketpair": 199, "prctl": 167,
     }),
 }
 
 
-def seccomp_program(allow_new_processes: bool, machine: str | None = None) -> bytes | None:
-    """The filter as the raw `struct sock_filter` array bwrap reads, or None on an undescribed architecture."""
+def seccomp_program(allow_new_processes: bool, allow_threads: bool = True, machine: str | None = None) -> bytes | None:
+    """The filter as the raw `struct sock_filter` array bwrap reads, or None on an undescribed architecture.
+
+    `allow_threads=False` refuses every `clone`, threads included (and so new processes too).
+    """
     arch = ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
@@ -96,19 +123,27 @@ def seccomp_program(allow_new_processes: bool, machine: str | None = None) -> by
     ]
     if arch.has_x32:
         code += [(JUMP_IF_AT_LEAST, 0, 1, X32_SYSCALL_BIT), (RETURN, 0, 0, KILL_PROCESS)]
-    refused = [*ALWAYS_REFUSED, *(() if allow_new_processes else PROCESS_CALLS)]
+    refused = [*ALWAYS_REFUSED, *(() if allow_new_processes else PROCESS_CALLS), *(() if allow_threads else ("clone",))]
     for name in refused:
         if name in arch.syscalls:
             code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls[name]), (RETURN, 0, 0, refuse)]
     code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls["clone3"]), (RETURN, 0, 0, ERRNO | errno.ENOSYS)]
-    # clone: never new namespaces; a new process only when allowed (a thread always).
-    thread_check = [] if allow_new_processes else [(JUMP_IF_ANY_BIT, 1, 0, CLONE_THREAD), (RETURN, 0, 0, refuse)]
-    clone_check = [
-        (LOAD_WORD, 0, 0, ARG0_OFFSET),  # clone's flags
-        (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEW_NAMESPACES),
-        (RETURN, 0, 0, refuse),
-        *thread_check,
-    ]
-    code += [(JUMP_IF_EQUAL, 0, len(clone_check), arch.syscalls["clone"]), *clone_check]
+    # Calls judged by their first argument. Each block ends by allowing the call, so the accumulator,
+    # which then holds the argument, is never compared with the syscall numbers that follow.
+    only_unix = [(JUMP_IF_EQUAL, 1, 0, socket.AF_UNIX), (RETURN, 0, 0, ERRNO | errno.EAFNOSUPPORT)]
+    blocks = {
+        "socket": only_unix,
+        "socketpair": only_unix,
+        "prctl": [(JUMP_IF_EQUAL, 0, 1, PR_SET_PDEATHSIG), (RETURN, 0, 0, refuse)],
+    }
+    if allow_threads:  # otherwise refused above
+        # clone: never new namespaces; a new process only when allowed (a thread always).
+        blocks["clone"] = [
+            (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEW_NAMESPACES), (RETURN, 0, 0, refuse),
+            *([] if allow_new_processes else [(JUMP_IF_ANY_BIT, 1, 0, CLONE_THREAD), (RETURN, 0, 0, refuse)]),
+        ]
+    for name, checks in blocks.items():
+        body = [(LOAD_WORD, 0, 0, ARG0_OFFSET), *checks, (RETURN, 0, 0, ALLOW)]
+        code += [(JUMP_IF_EQUAL, 0, len(body), arch.syscalls[name]), *body]
     code.append((RETURN, 0, 0, ALLOW))
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in code)
