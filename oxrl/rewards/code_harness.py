@@ -28,8 +28,15 @@ the test's `sum(...)` into a call to it. A probe cannot use a name the test bind
 (`all(f(i) == i * i for i in range(5))` would need the test's values in the program's process): that
 is a ValueError too; write one assert per case. Phase 1 evaluates every probe of a test, also those
 that `and`/`or` would have skipped. A probe whose value is not plain data (an object of the program's
-class, a numpy array, a function) fails, as does a test whose assert needs it. A test without probes
-(`assert True`) passes when the program runs to its end.
+class, a numpy array, a function), or whose encoding exceeds the sandbox's output limit
+(`max_output_bytes`), fails, as does a test whose assert needs it. A test without probes (`assert True`)
+passes when the program runs to its end.
+
+What it does not change: a probe's value is whatever the program makes it, method calls on what it
+returns included, so `assert is_valid(x)` or `assert f(x).startswith("a")` is won by anything that
+says True (tests need negative cases). And the probes of one test reach the program together: a test
+whose later call takes an earlier assert's expected value (`assert to_roman(4) == "IV"` then
+`assert from_roman("IV") == 4`) shows the program that value; give such asserts a test each.
 """
 
 from __future__ import annotations
