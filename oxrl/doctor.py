@@ -59,7 +59,7 @@ def _sandbox_lines() -> list[str]:
 
     try:
         protections = sandbox_protections()
-    except SandboxUnavailableError as error:
+    except (SandboxUnavailableError, ValueError) as error:  # ValueError: a bad OXRL_SANDBOX_CGROUP
         return [f"code sandbox   no: code rewards refuse to run. {error}"]
     return ["code sandbox   yes", *(f"  {line}" for line in protections)]
 

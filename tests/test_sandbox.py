@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import stat
 import time
@@ -15,6 +16,7 @@ from oxrl.rewards import sandbox
 from oxrl.rewards.code_reward import code_reward
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rewards.sandbox import SandboxLimits, SandboxUnavailableError, require_sandbox, run_python
+from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, cgroup_setup, find_parents
 from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 # Small limits keep every hostile test well under 5 s.
@@ -215,6 +217,8 @@ def test_doctor_says_whether_the_sandbox_works(monkeypatch):
     if SANDBOX_PROBLEM is None:
         lines = _sandbox_lines()
         assert lines[0] == "code sandbox   yes" and any("seccomp" in line for line in lines)
+        assert [line.split(":")[0].strip() for line in lines if line.strip().startswith(("tasks", "memory", "lifetime"))] == [
+            "tasks", "memory", "lifetime"]
     monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/oxrl-test/bwrap")
     (line,) = _sandbox_lines()
     assert line.startswith("code sandbox   no: code rewards refuse to run") and "apt-get install bubblewrap" in line
@@ -245,8 +249,68 @@ def test_an_unknown_isolation_lists_the_allowed_values():
 def test_seccomp_program_shape():
     strict = seccomp_program(allow_new_processes=False, machine="x86_64")
     lenient = seccomp_program(allow_new_processes=True, machine="x86_64")
-    assert strict is not None and lenient is not None and len(strict) % 8 == 0  # struct sock_filter: 8 bytes
+    threadless = seccomp_program(allow_new_processes=False, allow_threads=False, machine="x86_64")
+    assert strict is not None and lenient is not None and threadless is not None
+    assert len(strict) % 8 == 0  # struct sock_filter: 8 bytes
     # Refusing processes adds fork and vfork (2 instructions each) and the CLONE_THREAD check (2).
     assert len(strict) - len(lenient) == 6 * 8
+    # Refusing threads too: clone is refused outright (2) instead of checked (jump, load, 4 checks, allow).
+    assert len(strict) - len(threadless) == (7 - 2) * 8
     assert seccomp_program(allow_new_processes=False, machine="aarch64") is not None
     assert seccomp_program(allow_new_processes=False, machine="riscv64") is None  # undescribed: no filter
+
+
+def test_max_processes_cannot_exceed_max_tasks():
+    with pytest.raises(ValueError, match=r"max_processes \(8\) cannot exceed max_tasks \(4\)"):
+        SandboxLimits(max_processes=8, max_tasks=4)
+    with pytest.raises(ValueError, match="max_tasks must be positive"):
+        SandboxLimits(max_tasks=0)
+
+
+# --- cgroups: where they come from, and that each call removes its own -----------------------------
+
+
+def test_cgroup_v1_hierarchies_are_found_under_their_mount(tmp_path):
+    mountinfo = (
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        # a container's view: the hierarchy's root is the container's own cgroup
+        "39 31 0:36 /docker/abc /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+    )
+    proc_cgroup = "8:pids:/docker/abc/trainer\n4:memory:/process_api/f17d\n1:name=systemd:/\n0::/\n"
+    assert find_parents(proc_cgroup, mountinfo) == {
+        "pids": (1, "/sys/fs/cgroup/pids/trainer"), "memory": (1, "/sys/fs/cgroup/memory/process_api/f17d"),
+    }
+    # A cgroup outside what the mount shows cannot be used.
+    assert find_parents("8:pids:/elsewhere\n", mountinfo) == {}
+
+
+def test_cgroup_v2_counts_only_where_its_controllers_are_delegated(tmp_path):
+    (tmp_path / "trainer").mkdir()
+    mountinfo = f"41 31 0:38 / {tmp_path} rw,relatime - cgroup2 cgroup2 rw\n"
+    (tmp_path / "trainer" / "cgroup.subtree_control").write_text("cpu memory\n")
+    assert find_parents("0::/trainer\n", mountinfo) == {"memory": (2, str(tmp_path / "trainer"))}
+    (tmp_path / "trainer" / "cgroup.subtree_control").write_text("cpu pids memory\n")
+    assert find_parents("0::/trainer\n", mountinfo) == {
+        "pids": (2, str(tmp_path / "trainer")), "memory": (2, str(tmp_path / "trainer")),
+    }
+
+
+def test_a_cgroup_setting_that_cannot_be_used_says_why(tmp_path):
+    setup = cgroup_setup(str(tmp_path / "no-such-cgroup"))
+    assert setup.parents == {} and set(setup.problems) == {"pids", "memory"}
+    assert "no pids controller delegated" in setup.describe()
+    assert cgroup_setup("none").problems == {"pids": f"{CGROUP_ENV}=none", "memory": f"{CGROUP_ENV}=none"}
+
+
+@needs_sandbox
+def test_each_call_removes_its_cgroups():
+    setup = cgroup_setup()
+    if not setup.parents:
+        pytest.skip(f"no cgroups here: {setup.describe()}")
+    ours = lambda: [name for _, parent in setup.parents.values() for name in os.listdir(parent)  # noqa: E731
+                    if name.startswith(f"oxrl-sandbox-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-")]
+    assert run_python("import time\ntime.sleep(60)", limits=LIMITS).timed_out
+    assert run_python("print(1)", limits=LIMITS).ok
+    assert ours() == []

@@ -11,6 +11,7 @@ directory, /dev/shm) and that no process the program started is left.
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import socket
@@ -25,7 +26,8 @@ import pytest
 
 import oxrl
 from oxrl.rewards.code_reward import code_reward
-from oxrl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
+from oxrl.rewards.sandbox import SandboxLimits, SandboxResult, SandboxUnavailableError, run_python
+from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, cgroup_setup, remove_stale_cgroups
 from oxrl.rewards.sandbox_seccomp import ARCHES
 from tests.test_sandbox import FAST, LIMITS, fenced, needs_sandbox
 
@@ -422,3 +424,313 @@ for path in ("/dev/null", "/dev/urandom"):
     }
     contained(host, attempts[attempt])
     assert {path: os.stat(path).st_mode for path in modes} == modes
+
+
+# --- the kernel bounds every call: lifetime, memory, tasks, sockets, devices, /proc -----------------
+# Each runs with the call's cgroups ("auto") and with none (OXRL_SANDBOX_CGROUP=none), the fallback.
+
+ROOT = os.getuid() == 0
+CLONE_THREAD_FLAGS = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000  # VM FS FILES SIGHAND THREAD SYSVSEM
+
+
+@pytest.fixture(params=["auto", "none"])
+def cgroups(request, monkeypatch) -> str:
+    monkeypatch.setenv(CGROUP_ENV, request.param)
+    if request.param == "auto" and not cgroup_setup().bounds("pids"):
+        pytest.skip(f"no cgroups here: {cgroup_setup().describe()}")
+    return request.param
+
+
+def rexec_with_marker(host: Host, code: str) -> str:
+    """A program that replaces itself (it is PID 1: no fork needed) by `code` with the marker in its command line."""
+    return UNHOOK + f"""
+import os, sys
+os.execv(sys.executable, [sys.executable, "-S", "-c", {code!r}, {host.marker!r}])
+"""
+
+
+PDEATHSIG_CLEARER = """
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+refused = libc.prctl(1, 0, 0, 0, 0) == -1  # PR_SET_PDEATHSIG, 0: clear the signal bwrap set
+signal_now = ctypes.c_int()
+libc.prctl(2, ctypes.byref(signal_now), 0, 0, 0)  # PR_GET_PDEATHSIG
+print("refused" if refused else "cleared", signal_now.value, flush=True)
+time.sleep(600)
+"""
+
+
+def test_finding_4_a_program_that_clears_its_parent_death_signal_dies_at_the_timeout(host, cgroups):
+    limits = SandboxLimits(cpu_seconds=2, wall_seconds=1.5, memory_mb=256)
+    result = run_python(rexec_with_marker(host, PDEATHSIG_CLEARER), limits=limits)
+    assert result.timed_out and result.returncode == -9
+    assert result.stdout == "refused 9\n", result.stderr  # SIGKILL stays set
+    # The `host` fixture then checks that no process with the marker is left.
+
+
+def test_finding_4_the_program_dies_with_the_trainer(host, cgroups):
+    """kill -9 of the trainer (a wrapper process standing in for it) kills the sandboxed program too."""
+    program = rexec_with_marker(host, PDEATHSIG_CLEARER)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from oxrl.rewards.sandbox import SandboxLimits, run_python; "
+         "run_python(sys.argv[1], limits=SandboxLimits(cpu_seconds=60, wall_seconds=60.0, memory_mb=256))", program],
+        cwd=Path(oxrl.__file__).resolve().parents[1],
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not processes_with(host.marker) and time.monotonic() < deadline and trainer.poll() is None:
+            time.sleep(0.05)
+        assert processes_with(host.marker), "the program never started"
+        time.sleep(0.2)  # past its prctl
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 5
+    while processes_with(host.marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(host.marker) == []
+    # The dead trainer's cgroups are left behind, emptied; the next trainer's setup removes them.
+    setup = cgroup_setup()
+    parents = {parent for _, parent in setup.parents.values()}
+    left = lambda: [name for parent in parents for name in os.listdir(parent) if f"-{trainer.pid}-" in name]  # noqa: E731
+    assert len(left()) == len(parents)
+    remove_stale_cgroups(setup)
+    assert left() == []
+
+
+def test_finding_5_sysv_shared_memory_is_refused_and_host_memory_is_unchanged(host, cgroups):
+    before = shared_memory_kib()
+    result = contained(host, """
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+segment = libc.shmget(0, 1 << 30, 0o1600)  # IPC_PRIVATE, 1 GiB, IPC_CREAT | 0600
+print("shmget", segment, os.strerror(ctypes.get_errno()))
+if segment != -1:
+    address = libc.shmat(segment, None, 0)
+    if address not in (None, ctypes.c_void_p(-1).value):
+        ctypes.memset(address, 1, 1 << 30)  # touch it: the pages are allocated now
+        hits.append("1 GiB of SysV shared memory")
+for name, call in (("semget", lambda: libc.semget(0, 4, 0o1600)), ("msgget", lambda: libc.msgget(0, 0o1600))):
+    if call() != -1:
+        hits.append(name)
+""", limits=SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256))
+    assert "shmget -1 Operation not permitted" in result.stdout
+    assert shared_memory_kib() - before < 256 << 10  # other tests may add some; 1 GiB would show
+
+
+def shared_memory_kib() -> int:
+    """The host's shared memory (tmpfs, SysV and memfd pages) in KiB, from /proc/meminfo."""
+    with open("/proc/meminfo", encoding="ascii") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("Shmem:"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the raw clone below is written for x86-64")
+def test_finding_6_raw_clone_thread_storm_is_bounded(host, cgroups):
+    """3,000 clone(CLONE_THREAD) in 0.15 s without a bound: at most max_tasks now, or none (root, no cgroup)."""
+    result = contained(host, f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pause = ctypes.cast(libc.pause, ctypes.c_void_p).value
+stacks, started, error = [], 0, 0
+for _ in range(200):  # bounded: if the kernel let them through, 200 threads, not a storm
+    stack = ctypes.create_string_buffer(1 << 16)
+    top = (ctypes.addressof(stack) + (1 << 16) - 64) & ~15
+    ctypes.c_void_p.from_address(top).value = pause  # the new thread "returns" from syscall() into pause()
+    stacks.append(stack)
+    if libc.syscall(56, {CLONE_THREAD_FLAGS}, ctypes.c_void_p(top), None, None, None) <= 0:  # SYS_clone
+        error = ctypes.get_errno()
+        break
+    started += 1
+print("started", started, os.strerror(error))
+if started >= 32:  # max_tasks, the program included
+    hits.append(started)
+""", limits=SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256))
+    started = int(result.stdout.split("started ")[1].split()[0])
+    if cgroups == "none" and ROOT:
+        assert started == 0 and "Operation not permitted" in result.stdout  # the seccomp filter: no clone at all
+    else:
+        assert started == 31 and "Resource temporarily unavailable" in result.stdout  # pids.max (or RLIMIT_NPROC)
+
+
+def test_finding_6_python_thread_storm_is_bounded(host, cgroups):
+    result = contained(host, """
+import threading, time
+threading.stack_size(1 << 18)
+started = 0
+try:
+    for _ in range(300):
+        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+        started += 1
+except RuntimeError as error:
+    print(error)
+print("started", started)
+if started >= 32:
+    hits.append(started)
+""", limits=SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=2048))
+    expected = 0 if cgroups == "none" and ROOT else 31
+    assert f"can't start new thread\nstarted {expected}\n" in result.stdout
+
+
+def test_finding_7_only_unix_sockets(host, cgroups):
+    result = contained(host, """
+import socket
+for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_PACKET, 40):  # 40: AF_VSOCK
+    try:
+        socket.socket(family, socket.SOCK_DGRAM if family == socket.AF_NETLINK else socket.SOCK_STREAM).close()
+        hits.append(family)
+    except OSError as error:
+        print(family, error.errno)
+left, right = socket.socketpair()
+left.sendall(b"unix ok")
+print(right.recv(16).decode())
+server = socket.socket(socket.AF_UNIX)
+server.bind("/tmp/unix.sock")
+""")
+    assert result.stdout.count(f" {errno.EAFNOSUPPORT}\n") == 5 and "unix ok" in result.stdout
+
+
+HONEST_DEVICES = """
+import os, sys
+sys.stderr = open(os.devnull, "w")
+print("debugging noise", file=sys.stderr)
+with open("/dev/zero", "rb") as zero, open("/dev/urandom", "rb") as urandom:
+    assert zero.read(4) == bytes(4) and len(urandom.read(16)) == 16
+with open(os.devnull, "wb") as null:
+    null.write(b"x" * 100)
+print(int(open("/dev/stdin").read()) * 2)
+"""
+
+
+def test_finding_8_an_honest_program_may_use_dev_null_zero_urandom_and_stdin(cgroups):
+    (value,) = code_reward(["p"], [fenced(HONEST_DEVICES)], tests=[{"inputs": ["21\n"], "outputs": ["42\n"]}], **FAST)
+    assert value == 1.0, run_python(HONEST_DEVICES, stdin="21\n", limits=LIMITS).stderr
+    # /dev itself is read-only: nothing can be added to it.
+    result = run_python(UNHOOK + "open('/dev/new', 'w')", limits=LIMITS)
+    assert "Read-only file system" in result.stderr
+
+
+def test_finding_9_no_proc_no_sys(host, cgroups):
+    contained(host, """
+import os
+for path in ("/proc/self/mountinfo", "/proc/1/mountinfo", "/proc/mounts", "/proc/cmdline", "/proc/slabinfo",
+             "/proc/timer_list", "/proc/vmallocinfo", "/proc/keys", "/sys/fs/cgroup/pids/pids.max", "/sys/kernel/notes"):
+    try:
+        open(path, "rb").read(16)
+        hits.append(path)
+    except OSError as error:
+        print(path, error.strerror)
+for folder in ("/proc", "/sys"):
+    try:
+        hits.append((folder, os.listdir(folder)))
+    except OSError as error:
+        print(folder, error.strerror)
+""")
+
+
+# --- the fallbacks without cgroups, and attacks of our own ---------------------------------------
+
+
+def test_without_cgroups_a_root_trainer_refuses_more_processes_clearly(monkeypatch):
+    if not ROOT:
+        pytest.skip("RLIMIT_NPROC binds a trainer that is not root: processes are allowed")
+    monkeypatch.setenv(CGROUP_ENV, "none")
+    with pytest.raises(SandboxUnavailableError, match=rf"max_processes=4\) needs a pids cgroup .*{CGROUP_ENV}"):
+        run_python("print(1)", limits=SandboxLimits(max_processes=4))
+    from oxrl.doctor import _sandbox_lines
+
+    lines = "\n".join(_sandbox_lines())
+    assert "tasks: NO pids cgroup" in lines and "refuses every thread and process" in lines
+    assert "memory: RLIMIT_AS per process" in lines
+    assert run_python("print('still runs')", limits=LIMITS).stdout == "still runs\n"
+
+
+def test_an_unknown_cgroup_setting_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv(CGROUP_ENV, "sometimes")
+    with pytest.raises(ValueError, match=rf"{CGROUP_ENV} must be 'auto', 'none' or an absolute path .* got 'sometimes'"):
+        run_python("print(1)", limits=LIMITS)
+
+
+def test_a_process_tree_is_bounded_by_the_pids_cgroup_even_as_root(host):
+    """max_processes > 1: RLIMIT_NPROC does not bind root; the call's pids cgroup does."""
+    if not cgroup_setup().bounds("pids"):
+        pytest.skip(f"no pids cgroup here: {cgroup_setup().describe()}")
+    result = contained(host, """
+import os, time
+children = 0
+for _ in range(100):  # bounded: if the kernel let them through, 100 processes, not a bomb
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+    except OSError as error:
+        print("fork", error.strerror)
+        break
+print("children", children)
+if children >= 8:
+    hits.append(children)
+""", limits=SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256, max_processes=8, max_tasks=8))
+    assert "children 7\n" in result.stdout
+
+
+def test_the_memory_of_all_processes_is_bounded_together(host):
+    """Each process under its RLIMIT_AS, all of them over the call's memory cgroup: some are killed."""
+    if not cgroup_setup().bounds("memory"):
+        pytest.skip(f"no memory cgroup here: {cgroup_setup().describe()}")
+    limits = SandboxLimits(cpu_seconds=4, wall_seconds=8.0, memory_mb=256, scratch_mb=8, max_processes=4)
+    result = run_python(UNHOOK + """
+import os, time
+for _ in range(3):
+    if os.fork() == 0:
+        block = b"x" * (200 << 20)  # touched: 200 MiB resident, under the 256 MiB address-space limit
+        time.sleep(1)
+        print("survived", flush=True)
+        os._exit(0)
+for _ in range(3):
+    os.wait()
+""", limits=limits)
+    assert result.stdout.count("survived") < 3, result  # 600 MiB > 256 + 2 x 8 + 32 MiB
+
+
+def test_memfd_and_message_queues_are_refused(host, cgroups):
+    """Memory RLIMIT_AS does not count when it is not mapped: written to a memfd, or queued."""
+    contained(host, """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+try:
+    fd = os.memfd_create("hoard")
+    os.write(fd, b"x" * (1 << 20))
+    hits.append("memfd")
+except OSError as error:
+    print("memfd", error.strerror)
+if libc.mq_open(b"/hoard", os.O_CREAT | os.O_RDWR, 0o600, None) != -1:
+    hits.append("mq_open")
+""")
+
+
+def test_a_thread_that_outlives_the_main_thread_still_dies_at_the_timeout(host, cgroups):
+    """The init's main thread exits alone (SYS_exit): its namespace lives on in another thread, until the kill."""
+    if platform.machine() not in ARCHES:
+        pytest.skip("the raw exit below needs a described architecture")
+    if cgroups == "none" and ROOT:
+        pytest.skip("no threads without a pids cgroup when the trainer is root")
+    exit_thread = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+    code = f"""
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(600,)).start()
+print("main thread leaves", flush=True)
+ctypes.CDLL(None).syscall({exit_thread}, 0)  # SYS_exit: this thread only
+"""
+    result = run_python(rexec_with_marker(host, code), limits=SandboxLimits(cpu_seconds=2, wall_seconds=1.5))
+    assert result.timed_out and result.stdout == "main thread leaves\n", result.stderr
+
+
+def test_no_mount_lets_a_set_uid_program_clear_the_parent_death_signal(host):
+    """Exec of a set-uid file would clear the parent-death signal; every mount is nosuid."""
+    contained(host, """
+import os
+for path in ("/", "/usr", "/tmp", "/dev/shm", "/dev", "/dev/null", "/sandbox", os.path.dirname(os.__file__)):
+    if not os.statvfs(path).f_flag & os.ST_NOSUID:
+        hits.append(path)
+""")

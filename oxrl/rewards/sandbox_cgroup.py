@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 CGROUP_ENV = "OXRL_SANDBOX_CGROUP"
 CONTROLLERS = ("pids", "memory")
-PREFIX = "oxrl-sandbox-"  # then the trainer's pid, a dash and a random suffix
+PREFIX = "oxrl-sandbox-"  # then the trainer's identity (`_owner`), a dash and a random suffix
 EMPTY_WAIT_S = 5.0  # how long `close` waits for killed tasks to leave the cgroup
 
 
@@ -171,7 +171,7 @@ def _write(path: str, value: str) -> None:
 
 def _trial(controller: str, version: int, parent: str) -> str | None:
     """None when a child cgroup can be created, limited and removed under `parent`, else why not."""
-    folder = os.path.join(parent, f"{PREFIX}{os.getpid()}-trial-{uuid.uuid4().hex[:8]}")
+    folder = os.path.join(parent, f"{PREFIX}{_owner(os.getpid())}-trial{uuid.uuid4().hex[:8]}")
     try:
         os.mkdir(folder)
     except OSError as error:
@@ -204,7 +204,7 @@ class CallCgroup:
 
     def __init__(self, setup: CgroupSetup, max_tasks: int, memory_bytes: int):
         self.folders: list[str] = []
-        name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        name = f"{PREFIX}{_owner(os.getpid())}-{uuid.uuid4().hex[:12]}"
         limits = {"pids": max_tasks, "memory": memory_bytes}
         try:
             for controller, (version, parent) in setup.parents.items():
@@ -287,24 +287,38 @@ def remove_stale_cgroups(setup: CgroupSetup) -> None:
 
 
 def _remove_stale(parent: str) -> None:
-    """Empty and remove the call cgroups of trainers that died in a call (their pid no longer runs)."""
+    """Empty and remove the call cgroups under `parent` whose trainer has died."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
-        owner = name[len(PREFIX):].split("-", 1)[0]
-        if not name.startswith(PREFIX) or not owner.isdigit() or _alive(int(owner)):
-            continue
-        logger.info("code sandbox: removing %s, left by trainer process %s", os.path.join(parent, name), owner)
-        _empty(os.path.join(parent, name))
+        if name.startswith(PREFIX) and _owner_died(name[len(PREFIX):]):
+            logger.info("code sandbox: removing %s, left by a trainer that died", os.path.join(parent, name))
+            _empty(os.path.join(parent, name))
 
 
-def _alive(pid: int) -> bool:
+def _owner(pid: int) -> str:
+    """"<PID namespace>-<pid>-<start time>": names a process for good, across pid reuse, in names other trainers see."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{pid}-{_start_ticks(pid)}"
+
+
+def _owner_died(name: str) -> bool:
+    """Whether the trainer named at the start of a call cgroup's `name` has died (never for another PID namespace's)."""
+    parts = name.split("-")
+    if len(parts) < 4 or not all(part.isdigit() for part in parts[:3]):
+        return False  # not ours to judge
+    namespace, pid, started = parts[:3]
+    if int(namespace) != os.stat("/proc/self/ns/pid").st_ino:
+        return False  # its pid means another process here
+    return _start_ticks(int(pid)) != int(started)  # gone (None), or the pid now names another process
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None when it does not exist."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            after_name = handle.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(after_name[19])  # field 22, counting from the state (field 3)
