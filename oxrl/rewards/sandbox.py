@@ -91,10 +91,8 @@ import logging
 import os
 import platform
 import shutil
-import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -102,6 +100,9 @@ from pathlib import Path
 
 from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, CallCgroup, CgroupSetup, cgroup_setup
 from oxrl.rewards.sandbox_launch import Launched, launch_bwrap, wait_then_kill
+from oxrl.rewards.sandbox_mounts import (
+    INSIDE_PROGRAM, INSIDE_WORK, SYSTEM_DIRS, device_problem, interpreter_layout, mount_arguments, private_devices,
+)
 from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 logger = logging.getLogger(__name__)
@@ -110,13 +111,8 @@ BWRAP = "bwrap"  # the bubblewrap executable: a name looked up on PATH, or a pat
 MIN_BWRAP_VERSION = (0, 8)  # --disable-userns (0.8) and --size for tmpfs (0.7)
 ISOLATIONS = ("bwrap", "none")
 SANDBOX_ID = "65534"  # uid and gid inside the sandbox ("nobody")
-SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64")  # bound read-only (or re-created as the host's symlinks)
-DEVICE_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}  # (major, minor)
 KERNEL_SLACK_MB = 32  # the memory cgroup's allowance beyond memory_mb and the tmpfs: page tables, sockets, slab
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
-# Inside the sandbox: the program folder (child script and solution, read-only) and the working
-# directory, which is the /tmp tmpfs itself.
-INSIDE_PROGRAM, INSIDE_WORK = "/sandbox", "/tmp"
 # -s: no user site-packages; -S: no `site` (no site-packages at all, no .pth hooks); -B: no bytecode
 # files. Not -I: it implies -E, which would ignore the PYTHONHASHSEED we set for reproducible set/dict
 # orders; the environment is built from scratch, so there are no other PYTHON* variables to ignore.
@@ -324,7 +320,7 @@ def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, streams: dict)
     bounds.check(limits)
     seccomp_fd = _seccomp_fd(limits, bounds)
     try:
-        command = bwrap_arguments(bwrap, root, limits, seccomp_fd, _device_binds(root / "dev"))
+        command = bwrap_arguments(bwrap, root, limits, seccomp_fd)
         with CallCgroup(bounds.cgroups, limits.max_tasks, limits.cgroup_memory_bytes) as cgroup:
             launched = launch_bwrap(
                 [*command, *_limit_arguments(limits)], cgroup.attach, limits.wall_seconds, **streams, cwd=root,
@@ -368,13 +364,8 @@ def _limit_arguments(limits: SandboxLimits) -> list[str]:
     ]
 
 
-def bwrap_arguments(bwrap: str, root: Path, limits: SandboxLimits, seccomp_fd: int | None, devices: list[str]) -> list[str]:
-    """The bwrap command line that runs `root`/program/solution.py, up to the child script's limit arguments.
-
-    `devices`: the arguments that bind /dev's nodes (`_device_binds`).
-    """
-    python = interpreter_layout()
-    scratch = str(limits.scratch_mb << 20)
+def bwrap_arguments(bwrap: str, root: Path, limits: SandboxLimits, seccomp_fd: int | None) -> list[str]:
+    """The bwrap command line that runs `root`/program/solution.py, up to the child script's limit arguments."""
     arguments = [
         bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", SANDBOX_ID, "--gid", SANDBOX_ID,
         "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv",
@@ -384,101 +375,13 @@ def bwrap_arguments(bwrap: str, root: Path, limits: SandboxLimits, seccomp_fd: i
     ]
     for key, value in _scrubbed_env(INSIDE_WORK).items():
         arguments += ["--setenv", key, value]
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):  # e.g. /bin -> usr/bin on a merged-/usr system
-            arguments += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            arguments += ["--ro-bind", path, path]
-    for path in python.binds:
-        arguments += ["--ro-bind", path, path]
-    for path in python.hidden:
-        arguments += ["--tmpfs", path, "--remount-ro", path]
-    # No /proc and no /sys (module docstring). /dev: a tmpfs made read-only (not recursively: the
-    # nodes and /dev/shm are mounts of their own) holding the nodes and the input.
-    arguments += ["--tmpfs", "/dev", *devices, "--ro-bind", str(root / "stdin"), "/dev/stdin"]
-    arguments += [
-        "--size", scratch, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-        "--size", scratch, "--tmpfs", INSIDE_WORK,
-        "--ro-bind", str(root / "program"), INSIDE_PROGRAM, "--remount-ro", "/", "--chdir", INSIDE_WORK,
-    ]
+    arguments += mount_arguments(root, limits.scratch_mb << 20)
     if seccomp_fd is not None:
         arguments += ["--seccomp", str(seccomp_fd)]
     return [
-        *arguments, "--", python.executable, *INTERPRETER_FLAGS,
+        *arguments, "--", interpreter_layout().executable, *INTERPRETER_FLAGS,
         f"{INSIDE_PROGRAM}/child.py", INSIDE_WORK, f"{INSIDE_PROGRAM}/solution.py",
     ]
-
-
-def private_devices() -> bool:
-    """Whether the sandbox needs device nodes of its own: the trainer owns the host's, so the program would too."""
-    return os.stat("/dev/null").st_uid == os.geteuid()
-
-
-@functools.lru_cache(maxsize=1)
-def device_problem() -> str | None:
-    """Why private device nodes cannot be made and used in the temporary folder, or None when they can."""
-    with tempfile.TemporaryDirectory(prefix="oxrl-sandbox-dev-") as folder:
-        node = os.path.join(folder, "null")
-        try:
-            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(*DEVICE_NODES["null"]))
-            with open(node, "wb") as handle:
-                handle.write(b"x")
-        except OSError as error:
-            return (
-                f"cannot make and open a device node in {tempfile.gettempdir()} ({error.strerror}): a file system "
-                "mounted nodev, or no CAP_MKNOD. Set TMPDIR to a folder where root can use device nodes"
-            )
-    return None
-
-
-def _device_binds(folder: Path) -> list[str]:
-    """bwrap arguments that put usable null, zero, full, random, urandom in /dev ([] where none can be made)."""
-    if not private_devices():
-        return [arg for name in DEVICE_NODES for arg in ("--dev-bind", f"/dev/{name}", f"/dev/{name}")]
-    if device_problem() is not None:
-        return []
-    folder.mkdir()
-    arguments = []
-    for name, (major, minor) in DEVICE_NODES.items():
-        node = folder / name
-        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-        os.chmod(node, 0o666)  # mknod's mode went through the umask
-        arguments += ["--dev-bind", str(node), f"/dev/{name}"]
-    return arguments
-
-
-@dataclass(frozen=True)
-class InterpreterLayout:
-    executable: str  # the real interpreter, not a virtual environment's link to it
-    binds: tuple[str, ...]  # bound read-only at the same paths inside (beyond SYSTEM_DIRS)
-    hidden: tuple[str, ...]  # the base installation's site-packages inside those, covered by an empty tmpfs
-
-
-@functools.lru_cache(maxsize=1)
-def interpreter_layout() -> InterpreterLayout:
-    """What the sandbox binds so that the running Python (a venv's base interpreter) starts with its stdlib.
-
-    The interpreter finds its standard library relative to its real path; a shared libpython, and the
-    libraries that its extension modules link, sit in the base prefix's `lib` (pyenv, conda, uv).
-    """
-    executable = os.path.realpath(sys.executable)
-    base = os.path.realpath(sys.base_prefix)
-    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
-    wanted = [executable, os.path.join(base, "lib"), paths["stdlib"], paths["platstdlib"]]
-    covered = [os.path.realpath(path) for path in SYSTEM_DIRS if os.path.isdir(path)]
-    binds: list[str] = []
-    for path in sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)}, key=len):
-        if not _inside(path, covered + binds):
-            binds.append(path)
-    hidden = sorted({
-        os.path.realpath(paths[key]) for key in ("purelib", "platlib")
-        if os.path.isdir(paths[key]) and _inside(os.path.realpath(paths[key]), covered + binds)
-    })
-    return InterpreterLayout(executable, tuple(binds), tuple(hidden))
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def _seccomp_fd(limits: SandboxLimits, bounds: KernelBounds) -> int | None:
