@@ -15,8 +15,8 @@ import pytest
 from oxrl.rewards import sandbox
 from oxrl.rewards.code_reward import code_reward
 from oxrl.rewards.combine import build_reward_fn
-from oxrl.rewards.sandbox import SandboxLimits, SandboxUnavailableError, require_sandbox, run_python
-from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, cgroup_setup, find_parents
+from oxrl.rewards.sandbox import KernelBounds, SandboxLimits, SandboxUnavailableError, require_sandbox, run_python
+from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, CgroupSetup, cgroup_setup, find_parents
 from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 # Small limits keep every hostile test well under 5 s.
@@ -302,6 +302,18 @@ def test_a_cgroup_setting_that_cannot_be_used_says_why(tmp_path):
     assert setup.parents == {} and set(setup.problems) == {"pids", "memory"}
     assert "no pids controller delegated" in setup.describe()
     assert cgroup_setup("none").problems == {"pids": f"{CGROUP_ENV}=none", "memory": f"{CGROUP_ENV}=none"}
+
+
+def test_without_a_seccomp_filter_only_cgroups_can_bound_a_program():
+    """An undescribed architecture has no filter: SysV memory and, as root, threads would be unbounded."""
+    none = CgroupSetup(problems={"pids": "none here", "memory": "none here"})
+    with pytest.raises(SandboxUnavailableError, match=r"no seccomp filter .* bound a program's tasks and memory"):
+        KernelBounds(none, trainer_is_root=True, seccomp=False).check(SandboxLimits())
+    with pytest.raises(SandboxUnavailableError, match=r"bound a program's memory, and there are none"):
+        KernelBounds(none, trainer_is_root=False, seccomp=False).check(SandboxLimits())
+    memory_only = CgroupSetup(parents={"memory": (1, "/sys/fs/cgroup/memory")}, problems={"pids": "none here"})
+    KernelBounds(memory_only, trainer_is_root=False, seccomp=False).check(SandboxLimits())  # RLIMIT_NPROC binds
+    KernelBounds(none, trainer_is_root=True, seccomp=True).check(SandboxLimits())  # the filter refuses threads
 
 
 @needs_sandbox

@@ -29,7 +29,7 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
 - a cgroup per call (`sandbox_cgroup`), where the trainer can create them (root, or a delegated
   cgroup): at most `max_tasks` processes and threads together, and at most `memory_mb` + 2 x
   `scratch_mb` + 32 MiB of memory for all of them, tmpfs, shared-memory and kernel memory included
-  (the 32 MiB are for the kernel's own objects: a program within its rlimits does not reach it);
+  (the 32 MiB are for the kernel's objects: page tables, socket buffers, file metadata);
 - a life no longer than the call (`sandbox_launch`). bwrap holds the program until it has been
   moved into its cgroups. At the wall-clock timeout, and at the end of every call, the program,
   the PID namespace's init, is killed through a pidfd; the kernel then kills everything else in
@@ -41,8 +41,8 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
   empties and removes the cgroups of trainers that died;
 - an environment built from scratch: PATH, LANG, LC_ALL, HOME, TMPDIR and PYTHONHASHSEED=0.
 
-Where no cgroup can be used (no write access to the trainer's cgroup, or `OXRL_SANDBOX_CGROUP=none`;
-`oxrl doctor` says which and why), each bound falls back to another, never to nothing:
+Where a controller's cgroup cannot be used (no write access to the trainer's cgroup, or
+`OXRL_SANDBOX_CGROUP=none`; `oxrl doctor` says which and why), its bound falls back to another:
 
 - tasks: RLIMIT_NPROC, which the kernel counts per user namespace, when the trainer is not root.
   When it is root (RLIMIT_NPROC does not bind uid 0), the seccomp filter refuses every `clone`:
@@ -50,6 +50,11 @@ Where no cgroup can be used (no write access to the trainer's cgroup, or `OXRL_S
 - memory: RLIMIT_AS per process, the tmpfs sizes, and the refusal of SysV IPC, message queues and
   memfd, which RLIMIT_AS would not count. Kernel memory (tmpfs inodes, pipe and socket buffers) is
   then bounded only through the CPU limit and the open-files limit.
+
+The seccomp filter describes x86-64 and aarch64 only. Elsewhere nothing would refuse SysV shared
+memory, memfd or (as root) threads, so without a memory cgroup (and, as root, a pids cgroup) every
+run raises `SandboxUnavailableError`; with them, a program there can still clear its parent-death
+signal, so if the trainer dies it lives until the next trainer empties its cgroup.
 
 Device nodes. When the trainer is root, uid 65534 inside owns what root owns outside: the host's
 /dev/null bound writable could be chmod-ed by the program (and bwrap's read-only binds are
@@ -194,6 +199,7 @@ class KernelBounds:
 
     cgroups: CgroupSetup
     trainer_is_root: bool  # RLIMIT_NPROC does not bind the sandbox's uid, which is root outside
+    seccomp: bool = True  # whether this architecture has the filter (sandbox_seccomp)
 
     @property
     def threads_allowed(self) -> bool:
@@ -201,17 +207,29 @@ class KernelBounds:
         return self.cgroups.bounds("pids") or not self.trainer_is_root
 
     def check(self, limits: SandboxLimits) -> None:
+        """`SandboxUnavailableError` where nothing here would bound what `limits` allows."""
+        fix = f"run the trainer with write access to its cgroup, or point {CGROUP_ENV} at a delegated cgroup v2 folder"
+        if not self.seccomp:
+            # Without the filter, SysV shared memory and memfd escape RLIMIT_AS, and threads RLIMIT_NPROC as root.
+            missing = [name for name in ("pids", "memory") if not self.cgroups.bounds(name)
+                       and (name == "memory" or self.trainer_is_root)]
+            if missing:
+                raise SandboxUnavailableError(
+                    f"the code sandbox has no seccomp filter for {platform.machine()} (sandbox_seccomp describes "
+                    f"x86_64 and aarch64), so only cgroups could bound a program's "
+                    f"{' and '.join('tasks' if name == 'pids' else name for name in missing)}, and there are none: "
+                    f"{self.cgroups.describe()}. To fix: {fix}"
+                )
         if limits.max_processes > 1 and not self.threads_allowed:
             raise SandboxUnavailableError(
                 f"SandboxLimits(max_processes={limits.max_processes}) needs a pids cgroup when the trainer runs as "
-                f"root, which RLIMIT_NPROC does not bind, and there is none here ({self.cgroups.problems['pids']}): "
-                f"run the trainer with write access to its cgroup, point {CGROUP_ENV} at a delegated cgroup v2 "
-                "folder, or keep max_processes=1"
+                f"root, which RLIMIT_NPROC does not bind, and there is none here ({self.cgroups.problems['pids']}). "
+                f"To fix: {fix}, or keep max_processes=1"
             )
 
 
 def kernel_bounds() -> KernelBounds:
-    return KernelBounds(cgroup_setup(), os.getuid() == 0)
+    return KernelBounds(cgroup_setup(), os.getuid() == 0, seccomp_program(allow_new_processes=False) is not None)
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
@@ -412,6 +430,7 @@ def sandbox_protections(binary: str | None = None) -> list[str]:
     path = require_sandbox(binary)
     layout = interpreter_layout()
     bounds = kernel_bounds()
+    bounds.check(SandboxLimits())
     seccomp = seccomp_program(allow_new_processes=False) is not None
     return [
         f"bubblewrap {'.'.join(map(str, _bwrap_version(path) or ('?',)))} at {path}: new user, PID, IPC, network, "
@@ -434,7 +453,7 @@ def _devices_line() -> str:
         return "/dev/null, zero, full, random, urandom: the host's (the trainer does not own them)"
     problem = device_problem()
     if problem is None:
-        return "/dev/null, zero, full, random, urandom: private nodes per call (the trainer is root)"
+        return "/dev/null, zero, full, random, urandom: private nodes per call (the trainer owns the host's)"
     return f"/dev/null, zero, full, random, urandom: NONE, programs that open them fail: {problem}"
 
 
