@@ -461,6 +461,7 @@ refused = libc.prctl(1, 0, 0, 0, 0) == -1  # PR_SET_PDEATHSIG, 0: clear the sign
 signal_now = ctypes.c_int()
 libc.prctl(2, ctypes.byref(signal_now), 0, 0, 0)  # PR_GET_PDEATHSIG
 print("refused" if refused else "cleared", signal_now.value, flush=True)
+open("/tmp/ready", "w").write(f"{'refused' if refused else 'cleared'} {signal_now.value}")
 time.sleep(600)
 """
 
@@ -483,10 +484,9 @@ def test_finding_4_the_program_dies_with_the_trainer(host, cgroups):
     )
     try:
         deadline = time.monotonic() + 20
-        while not processes_with(host.marker) and time.monotonic() < deadline and trainer.poll() is None:
-            time.sleep(0.05)
-        assert processes_with(host.marker), "the program never started"
-        time.sleep(0.2)  # past its prctl
+        while not ready(host.marker) and time.monotonic() < deadline and trainer.poll() is None:
+            time.sleep(0.02)
+        assert ready(host.marker) == ["refused 9"], "the program never got past its prctl"
     finally:
         trainer.kill()
         trainer.wait()
@@ -501,6 +501,17 @@ def test_finding_4_the_program_dies_with_the_trainer(host, cgroups):
     assert len(left()) == len(parents)
     remove_stale_cgroups(setup)
     assert left() == []
+
+
+def ready(marker: str) -> list[str]:
+    """What the marked programs wrote to their /tmp/ready, read through /proc/PID/root (the trainer is their root)."""
+    said = []
+    for line in processes_with(marker):
+        try:
+            said.append(Path("/proc", line.split(":")[0], "root/tmp/ready").read_text())
+        except OSError:
+            continue  # not written yet, or the process ended
+    return said
 
 
 def test_finding_5_sysv_shared_memory_is_refused_and_host_memory_is_unchanged(host, cgroups):
