@@ -21,8 +21,8 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
   any family but AF_UNIX cannot even be created;
 - a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
   new namespaces, no SysV IPC, POSIX message queues or memfd, no clearing of the parent-death
-  signal, no sockets but AF_UNIX, no kernel keyrings, no ptrace, io_uring, bpf, mounts or module
-  loading;
+  signal, no sockets but AF_UNIX, no kernel keyrings or kernel log, no ptrace, io_uring, bpf,
+  mounts or module loading;
 - resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space
   (`memory_mb`), file size (which also caps stdout/stderr: they are files outside the sandbox, read
   back up to `max_output_bytes`), tasks (RLIMIT_NPROC = `max_tasks`), open files, no core dumps;
@@ -439,7 +439,7 @@ def sandbox_protections(binary: str | None = None) -> list[str]:
         f"read-only {', '.join(SYSTEM_DIRS)}, {layout.executable} and its stdlib; private /tmp and /dev/shm; "
         "no /proc, no /sys",
         _devices_line(),
-        "seccomp: no new processes, SysV IPC, message queues, memfd, keyrings, ptrace, io_uring, bpf, mounts; "
+        "seccomp: no new processes, SysV IPC, message queues, memfd, keyrings, kernel log, ptrace, io_uring, bpf, mounts; "
         "sockets AF_UNIX only; the parent-death signal stays" if seccomp
         else f"no seccomp filter: {platform.machine()} is not described in sandbox_seccomp",
         "rlimits: CPU, address space, file size, tasks, open files",

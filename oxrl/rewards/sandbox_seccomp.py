@@ -22,6 +22,7 @@ kernel layer behind the namespaces, for what namespaces and rlimits do not cover
   falls back to `clone`, which the filter can check;
 - the kernel keyrings (`keyctl`, `add_key`, `request_key`), which are not namespaced: the program
   would share the trainer's session keyring;
+- the kernel log (`syslog`, readable by anyone where `kernel.dmesg_restrict` is 0);
 - interfaces that only widen the kernel's attack surface: `ptrace`, `process_vm_readv/writev`,
   `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*` (whose operations bypass seccomp), the
   mount calls, module and kexec loading.
@@ -65,7 +66,7 @@ ALWAYS_REFUSED = (
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semtimedop", "semctl",
     "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
-    "mq_notify", "mq_getsetattr", "memfd_create", "memfd_secret",
+    "mq_notify", "mq_getsetattr", "memfd_create", "memfd_secret", "syslog",
 )
 PROCESS_CALLS = ("fork", "vfork")  # refused when only one process is allowed (aarch64 has neither)
 
@@ -89,7 +90,7 @@ ARCHES = {
         "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semtimedop": 220,
         "semctl": 66, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
         "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
-        "memfd_create": 319, "memfd_secret": 447, "socket": 41, "socketpair": 53, "prctl": 157,
+        "memfd_create": 319, "memfd_secret": 447, "socket": 41, "socketpair": 53, "prctl": 157, "syslog": 103,
     }, has_x32=True),
     "aarch64": Arch(0xC00000B7, {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
@@ -101,7 +102,7 @@ ARCHES = {
         "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semtimedop": 192,
         "semctl": 191, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180, "mq_unlink": 181,
         "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
-        "memfd_create": 279, "memfd_secret": 447, "socket": 198, "socketpair": 199, "prctl": 167,
+        "memfd_create": 279, "memfd_secret": 447, "socket": 198, "socketpair": 199, "prctl": 167, "syslog": 116,
     }),
 }
 
