@@ -51,12 +51,13 @@ from oxrl.rewards.judge_settings import JudgeSettings
 
 logger = logging.getLogger(__name__)
 
-# The verdict is the reply's last non-empty line, alone in the rubric's format (markdown emphasis, brackets, a
-# `/scale` and a final period tolerated): `Score: 7`, `**Score:** [[7]]`, `Verdict: B.`. Case-insensitive keyword.
-SCORE_LINE = re.compile(r"[*_#\s]*score[*_\s]*[:=][*_\s]*[\[(]*\s*([0-9]+(?:\.[0-9]+)?)\s*[\])]*"
-                        r"(?:\s*/\s*([0-9]+))?[*_\s]*\.?[*_\s]*", re.IGNORECASE | re.ASCII)
-VERDICT_LINE = re.compile(r"[*_#\s]*(?i:verdict)[*_\s]*[:=][*_\s]*[\[(]*\s*(A|B|(?i:tie))\s*[\])]*[*_\s]*\.?[*_\s]*",
-                          re.ASCII)
+# The verdict is the reply's last non-empty line, alone in the rubric's format: `Score: 7`, `**Score:** [[7]]`,
+# `Score: 7/10`, `Verdict: B.`. The line is matched after markdown emphasis and runs of spaces are collapsed to
+# one space (`_squeezed`), so that no two neighbouring parts of these patterns can match the same characters:
+# a line the policy padded (the judge may echo it) cannot make the match backtrack for minutes.
+SCORE_LINE = re.compile(r"score ?[:=] ?[\[(]{0,2} ?([0-9]{1,6}(?:\.[0-9]{1,6})?) ?[\])]{0,2}(?: ?/ ?([0-9]{1,6}))?",
+                        re.IGNORECASE | re.ASCII)
+VERDICT_LINE = re.compile(r"(?i:verdict) ?[:=] ?[\[(]{0,2} ?(A|B|(?i:tie)) ?[\])]{0,2}", re.ASCII)
 # Verdict-like text anywhere in a completion, loosely: the keyword, then the value within a few non-alphanumeric
 # characters and at most one short word ("score of 10", "Verdict -> B"). Read from the lower-cased text.
 SCORE_MENTION = re.compile(r"score[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?([0-9]+(?:\.[0-9]+)?)", re.ASCII)
@@ -73,7 +74,7 @@ class JudgeParseError(ValueError):
 
 def parse_score(reply: str, scale: int) -> float | None:
     """N from a last line `Score: N` (or `N/scale`), or None: no such line, or N outside 1..scale."""
-    found = SCORE_LINE.fullmatch(_last_line(reply))
+    found = SCORE_LINE.fullmatch(_squeezed(_last_line(reply)))
     if found is None or (found[2] is not None and int(found[2]) != scale):
         return None
     score = float(found[1])
@@ -82,7 +83,7 @@ def parse_score(reply: str, scale: int) -> float | None:
 
 def parse_verdict(reply: str) -> str | None:
     """"A", "B" or "tie" from a last line `Verdict: X`, or None."""
-    found = VERDICT_LINE.fullmatch(_last_line(reply))
+    found = VERDICT_LINE.fullmatch(_squeezed(_last_line(reply)))
     if found is None:
         return None
     return "tie" if found[1].lower() == "tie" else found[1]
@@ -100,6 +101,11 @@ def mentioned_verdicts(completion: str, mode: str) -> set[float | str]:
 def _last_line(reply: str) -> str:
     lines = [line for line in _normalised(reply).splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def _squeezed(line: str) -> str:
+    """The line without markdown emphasis (`*`, `_`, `#`), each run of spaces one space, and no final period."""
+    return re.sub(r"[*_#\s]+", " ", line).strip().removesuffix(".").strip()
 
 
 def _normalised(text: str) -> str:
