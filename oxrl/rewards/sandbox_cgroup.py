@@ -135,13 +135,11 @@ def find_parents(proc_cgroup: str, mountinfo: str) -> dict[str, tuple[int, str]]
 
 
 def _under_mount(path: str, root: str, point: str) -> str | None:
-    if path == root or root == "/":
-        relative = path if root == "/" else ""
-    elif path.startswith(root.rstrip("/") + "/"):
-        relative = path[len(root.rstrip("/")):]
-    else:
-        return None  # our cgroup is outside what this mount shows
-    return os.path.normpath(point + "/" + relative.lstrip("/"))
+    """Where cgroup `path` is under a mount of the hierarchy's `root` at `point`; None when the mount does not show it."""
+    root = root.rstrip("/")  # "/" becomes "", which every path starts with
+    if path != root and not path.startswith(root + "/"):
+        return None
+    return os.path.normpath(point + "/" + path[len(root):].lstrip("/"))
 
 
 def _unescape(text: str) -> str:
@@ -244,8 +242,10 @@ def _empty(folder: str) -> None:
             try:
                 os.rmdir(folder)
                 return
+            except FileNotFoundError:
+                return  # another trainer's sweep removed it (a stale one)
             except OSError as error:
-                if error.errno != errno.EBUSY:
+                if error.errno != errno.EBUSY:  # EBUSY: the last tasks are still leaving
                     raise
         elif os.path.exists(kill_file):
             _write(kill_file, "1")
