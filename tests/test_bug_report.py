@@ -1,16 +1,24 @@
 """A run keeps its log; a failed one keeps its traceback and says how to report it; `oxrl report` turns both,
-with versions, hardware and the config, into a Markdown bug report."""
+with versions, hardware and the config, into a Markdown bug report. None of them, nor the console, holds a
+secret (the judge's key end to end: tests/test_judge_hostile.py)."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from oxrl.cli import main
+from oxrl.logging.bug_report import write_bug_report
+from oxrl.logging.redaction import register_secret
+from oxrl.logging.run_log import run_logged
 from tests.conftest import save_tiny_model
 
+ROOT = Path(__file__).resolve().parents[1]
 FAILING_REWARD = '''
 def broken(prompt, completion):
     raise KeyError("answer_field_missing")
@@ -63,3 +71,38 @@ def test_a_run_that_ends_well_keeps_its_log_and_no_failure(tmp_path, smollm2_tok
 def test_report_refuses_a_folder_without_a_run(tmp_path, oxrl_log):
     assert main(["report", str(tmp_path)]) == 2
     assert "holds no oxRL run" in oxrl_log.text
+
+
+# --- secrets: redacted before anything is written ------------------------------------------------------
+
+
+def test_a_run_log_and_failure_file_redact_any_registered_secret(tmp_path):
+    register_secret("sk-registered-0123456789")
+    with pytest.raises(KeyError), run_logged(tmp_path, is_main=True):
+        logging.getLogger("oxrl.test").warning("careless: %s", "Bearer sk-registered-0123456789")
+        raise KeyError("sk-registered-0123456789")
+    log, failure = (tmp_path / "train.log").read_text(), (tmp_path / "failure.txt").read_text()
+    assert "careless: Bearer ***" in log and "KeyError: '***'" in failure
+    assert "sk-registered" not in log + failure
+
+
+def test_the_bug_report_redacts_secret_variables_and_keys_older_files_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+    monkeypatch.setenv("MY_JUDGE", "judge-key-0123456789")  # a name that does not look secret, named by the config
+    (tmp_path / "config.yaml").write_text("rl:\n  rewards:\n  - kwargs:\n      api_key_env: MY_JUDGE\n    name: judge\n")
+    (tmp_path / "train.log").write_text("token hf_abcdefghijklmnop\nsent 'Bearer judge-key-0123456789'\n"
+                                        "quoted \"judge-key-0123456789\" url judge%2Dkey-0123456789\n")
+    report = write_bug_report(tmp_path).read_text()
+    assert "hf_abcdefghijklmnop" not in report and "judge-key-0123456789" not in report
+    assert "token ***" in report and "Bearer ***" in report
+    assert "api_key_env: MY_JUDGE" in report  # the variable's name is no secret
+
+
+def test_the_console_redacts_a_registered_secret():
+    code = ("import logging; from oxrl.logging.setup import setup_logging; from oxrl.logging.redaction import "
+            "register_secret; setup_logging(); register_secret('sk-console-secret-1'); log = logging.getLogger('oxrl.x')\n"
+            "try:\n    raise RuntimeError('refused: sk-console-secret-1')\n"
+            "except RuntimeError:\n    log.exception('key %s', 'sk-console-secret-1')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "key ***" in done.stderr and "RuntimeError: refused: ***" in done.stderr
+    assert "sk-console-secret-1" not in done.stderr
