@@ -233,19 +233,26 @@ if {ends == "at the timeout"}:
     # The `host` fixture then checks that no process with the marker is left.
 
 
-def test_escape_3_the_kernel_refuses_new_processes_by_default(host):
-    contained(host, """
-import os, subprocess, time
+def fork_loop(attempts: int) -> str:
+    """Program text: fork sleeping children until the kernel refuses, at most `attempts` (a bound, not a bomb)."""
+    return f"""
+import os, time
 children = 0
-for _ in range(50):  # bounded: if the kernel let it through, this is 50 processes, not a bomb
+for _ in range({attempts}):
     try:
         if os.fork() == 0:
             time.sleep(30)
             os._exit(0)
         children += 1
     except OSError as error:
-        print("fork", error)
+        print("fork", error.strerror)
         break
+"""
+
+
+def test_escape_3_the_kernel_refuses_new_processes_by_default(host):
+    contained(host, fork_loop(50) + """
+import subprocess
 try:
     subprocess.run(["/bin/true"])
     hits.append("subprocess")
@@ -675,18 +682,7 @@ def test_a_process_tree_is_bounded_by_the_pids_cgroup_even_as_root(host):
     """max_processes > 1: RLIMIT_NPROC does not bind root; the call's pids cgroup does."""
     if not cgroup_setup().bounds("pids"):
         pytest.skip(f"no pids cgroup here: {cgroup_setup().describe()}")
-    result = contained(host, """
-import os, time
-children = 0
-for _ in range(100):  # bounded: if the kernel let them through, 100 processes, not a bomb
-    try:
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        children += 1
-    except OSError as error:
-        print("fork", error.strerror)
-        break
+    result = contained(host, fork_loop(100) + """
 print("children", children)
 if children >= 8:
     hits.append(children)
