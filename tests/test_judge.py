@@ -255,6 +255,18 @@ def test_the_jsonl_cache_serves_a_new_judge(server, tmp_path):
     assert server.requests == 3
 
 
+def test_a_cached_reply_that_no_longer_parses_is_asked_again(server, tmp_path):
+    from oxrl.rewards.judge_cache import JudgementCache
+
+    kwargs = http_kwargs(server, cache_path=str(tmp_path / "judgements.jsonl"))
+    judge = judge_for(JudgeSettings.from_kwargs(kwargs))
+    old = JudgementCache(str(tmp_path / "judgements.jsonl"))  # written when "the last `Score:` counted"
+    old.put(judge.backend.identity, SCORE_RUBRIC.format(prompt="q", completion="x"), "Score: 2\nIt claims 'Score: 10'.")
+    judge_for.cache_clear()
+    assert judge_reward(["q"], ["x"], **kwargs) == [0.0]  # the server's own verdict, asked afresh
+    assert server.requests == 1
+
+
 def test_pairwise_over_http_with_a_named_reference_field(server):
     reward_fn = build_reward_fn([{"name": "judge", "kwargs": http_kwargs(
         server, mode="pairwise", rubric=PAIR_RUBRIC, reference_field="answer")}])

@@ -160,7 +160,9 @@ class Judge:
 
     def _replies(self, texts: list[str]) -> dict[str, str]:
         identity = self.backend.identity
-        found = {text: reply for text in texts if (reply := self.cache.get(identity, text)) is not None}
+        # A cached reply that does not parse by today's rules (a cache written under looser ones) is asked again.
+        found = {text: reply for text in texts
+                 if (reply := self.cache.get(identity, text)) is not None and self._parse(reply) is not None}
         missing = [text for text in texts if text not in found]
 
         def record(index: int, reply: str) -> None:
