@@ -183,9 +183,12 @@ def describe_os_error(error: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oxrl.logging.redaction import print_redacted_traceback
     from oxrl.logging.setup import setup_logging
 
     setup_logging()
+    if argv is None:  # the `oxrl` command itself: a traceback nothing catches is printed redacted too
+        sys.excepthook = print_redacted_traceback
     args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
     from oxrl.config.load import ConfigError
     from oxrl.data.errors import DataError

@@ -5,6 +5,7 @@ secret (the judge's key end to end: tests/test_judge_hostile.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,18 @@ def test_the_console_redacts_a_registered_secret():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "key ***" in done.stderr and "RuntimeError: refused: ***" in done.stderr
     assert "sk-console-secret-1" not in done.stderr
+
+
+
+def test_the_oxrl_command_prints_a_traceback_nothing_catches_redacted():
+    # An error quoting a token from the environment that no handler catches (another library's, say) ends in
+    # Python's own traceback print, which passes no log filter: the `oxrl` command's excepthook redacts it.
+    code = ("import os, sys; from oxrl.cli import main\n"
+            "sys.argv = ['oxrl', 'config-reference']\n"
+            "main()\n"
+            "raise RuntimeError('refused with ' + os.environ['LEAKY_API_KEY'])\n")
+    env = {**os.environ, "LEAKY_API_KEY": "tok-uncaught-0123456789"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert done.returncode == 1
+    assert "RuntimeError: refused with ***" in done.stderr, done.stderr[-2000:]
+    assert "tok-uncaught-0123456789" not in done.stderr

@@ -21,6 +21,8 @@ import json
 import logging
 import os
 import re
+import sys
+import traceback
 from collections.abc import Iterable
 from urllib.parse import quote
 
@@ -70,3 +72,9 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+def print_redacted_traceback(kind: type[BaseException], error: BaseException, trace) -> None:
+    """A `sys.excepthook` for the `oxrl` command: Python's own traceback print, redacted. An error that no
+    handler catches (another library's, quoting a header it was given) is printed past every log filter."""
+    sys.stderr.write(redact("".join(traceback.format_exception(kind, error, trace))))
