@@ -481,13 +481,14 @@ def test_finding_4_a_program_that_clears_its_parent_death_signal_dies_at_the_tim
     # The `host` fixture then checks that no process with the marker is left.
 
 
-def test_finding_4_the_program_dies_with_the_trainer(host, cgroups):
+def test_finding_4_the_program_dies_with_the_trainer(host, cgroups, tmp_path):
     """kill -9 of the trainer (a wrapper process standing in for it) kills the sandboxed program too."""
     program = rexec_with_marker(host, PDEATHSIG_CLEARER)
     trainer = subprocess.Popen(
         [sys.executable, "-c", "import sys; from oxrl.rewards.sandbox import SandboxLimits, run_python; "
          "run_python(sys.argv[1], limits=SandboxLimits(cpu_seconds=60, wall_seconds=60.0, memory_mb=256))", program],
         cwd=Path(oxrl.__file__).resolve().parents[1],
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # the killed trainer cannot remove its call's folder
     )
     try:
         deadline = time.monotonic() + 20
