@@ -1,10 +1,13 @@
 """Config errors name the key, the bad value and the fix."""
 
+import os
+import time
+
 import pytest
 import yaml
 
 from oxrl.cli import main
-from oxrl.config.load import ConfigError, load_config, save_config
+from oxrl.config.load import ConfigError, ConfigLoader, load_config, save_config
 from oxrl.config.reference import config_reference
 
 BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
@@ -127,3 +130,62 @@ def test_a_saved_rl_config_keeps_the_users_settings_and_takes_another_algorithms
     assert load_config(tmp_path / "config.yaml").rl == cfg.rl  # loading resolves the same values again
     ppo = load_config(tmp_path / "config.yaml", ["algorithm.name=ppo"]).rl
     assert (ppo.advantage, ppo.eps_low, ppo.eps_high) == ("gae", 0.1, 0.2)  # ppo's preset, the user's eps_low
+
+
+# --- hostile configs: each is a clear error at once, not a silent choice, a hang or a megabyte of message ----------
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    config = tmp_path / "dup.yaml"
+    config.write_text("model:\n  name_or_path: m\ntrain:\n  optim:\n    lr: 1.0e-5\n    lr: 1.0e+3\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml, line 6.*key `lr` appears twice, on line 5 and line 6"):
+        load_config(config)
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_config(None, [*BASE, "train.optim={lr: 1.0e-5, lr: 1.0e+3}"])
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path):
+    tree = yaml.load("a: &d {lr: 1}\nb:\n  <<: *d\n  lr: 2\n", Loader=ConfigLoader)
+    assert tree["b"] == {"lr": 2}
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    levels = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    config = tmp_path / "bomb.yaml"
+    config.write_text("\n".join(levels) + "\n")  # under 800 bytes: 9^9 strings once expanded
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="expands to more than 100,000 values") as raised:
+        load_config(config)
+    assert time.monotonic() - start < 2 and len(str(raised.value)) < 1000
+
+
+def test_an_error_quotes_a_bounded_part_of_a_huge_value(tmp_path):
+    # Shared lists that are small as YAML but megabytes as a repr: the message stays a few lines.
+    config = tmp_path / "wide.yaml"
+    config.write_text("model: {name_or_path: m}\nalgorithm: {name: sft}\ndata: {train: [{path: d.jsonl}]}\n"
+                      "x: &x [" + ", ".join(["'" + "y" * 60 + "'"] * 300) + "]\n"
+                      "train: {epochs: [*x, *x, *x, *x, *x, *x, *x, *x]}\n")
+    with pytest.raises(ConfigError, match=r"`train.epochs` = \[\['yyy.*\.\.\. \(") as raised:
+        load_config(config)
+    assert len(str(raised.value)) < 2000
+
+
+def test_thousands_of_problems_are_counted_not_listed():
+    with pytest.raises(ConfigError, match=r"\.\.\. and \d+ more") as raised:
+        load_config(None, [*BASE, "train={" + ", ".join(f"k{i}: 1" for i in range(3000)) + "}"])
+    assert len(str(raised.value).splitlines()) <= 23
+
+
+def test_a_config_that_is_not_a_small_regular_file_is_refused(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # reading it would wait forever for a writer
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(fifo)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match="more than a config's"):
+        load_config(huge)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml"):
+        load_config(deep)

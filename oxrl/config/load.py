@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,75 @@ SYNONYMS = {
 }
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a page of settings; a larger file is not one
+# Nodes in the document once every alias is expanded: a config has hundreds. Aliases are shared, not copied,
+# when PyYAML builds the tree, but everything that walks it (validation, error messages) walks every expansion,
+# so a few hundred bytes of nested aliases ("billion laughs") would hold the CLI for minutes and gigabytes.
+MAX_EXPANDED_NODES = 100_000
+QUOTED_CHARS = 200  # of a value quoted in an error message
+MAX_REPORTED_ERRORS = 20  # problems listed in one error; the count of the rest follows
+
+
 class ConfigError(ValueError):
     """A configuration problem, worded for the person who wrote the config."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what it would accept silently: a key given twice in one mapping (the last
+    would win: `lr: 1.0e-5` then `lr: 1.0e+3` trains at 1000) and aliases that expand past MAX_EXPANDED_NODES."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` then an explicit key is how YAML overrides a merged value
+            key = (key_node.tag, key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key `{_bounded(key_node.value)}` appears twice, on line {first_line[key]} and line "
+                    f"{line}; YAML would keep the last silently: keep one", key_node.start_mark)
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"the document expands to more than {MAX_EXPANDED_NODES:,} values once its aliases are "
+                "expanded (nested `*alias` references); a config needs no such thing", node.start_mark)
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes `node` stands for with every alias expanded (each shared node counted once per use)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = MAX_EXPANDED_NODES + 1  # a node reached again while counting itself: a cycle
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(_expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value)
+        else:
+            total = 1
+        sizes[id(node)] = total
+    return sizes[id(node)]
+
+
+def load_yaml(text: str) -> Any:
+    """`text` parsed as YAML by ConfigLoader (yaml.YAMLError on duplicate keys or an alias bomb)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _bounded(value: Any) -> str:
+    """A value as an error message may quote it: a bounded repr, whatever its size or depth."""
+    if isinstance(value, str):
+        text = value
+    else:
+        quote = reprlib.Repr()  # Python 3.11's takes no arguments
+        quote.maxlevel, quote.maxstring, quote.maxother = 3, QUOTED_CHARS, QUOTED_CHARS
+        quote.maxdict = quote.maxlist = quote.maxtuple = quote.maxset = 6
+        text = quote.repr(value)
+    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + f"... ({len(text):,} characters)"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -41,18 +109,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if raw == "":
         return key.split("."), ""
     try:
-        return key.split("."), yaml.safe_load(raw)
-    except yaml.YAMLError as error:
+        return key.split("."), load_yaml(raw)
+    except (yaml.YAMLError, RecursionError) as error:
         raise ConfigError(_describe_yaml_error(error, raw, f"the value of override {text!r}")) from error
 
 
-def _describe_yaml_error(error: yaml.YAMLError, text: str, where: str) -> str:
+def _describe_yaml_error(error: yaml.YAMLError | RecursionError, text: str, where: str) -> str:
     """`where` (a file, an override), the 1-based line and column, what PyYAML found wrong, the line marked.
 
     PyYAML's own message names the source `"<unicode string>"` and counts lines from 0.
     """
+    if isinstance(error, RecursionError):
+        return f"{where}: not a config: its YAML is nested too deep to read"
     if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
-        return f"{where}: not valid YAML: {error}"
+        return f"{where}: not valid YAML: {_bounded(str(error))}"
     mark = error.problem_mark
     message = f"{where}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {error.problem}"
     if error.context and error.context_mark is not None:
@@ -60,19 +130,26 @@ def _describe_yaml_error(error: yaml.YAMLError, text: str, where: str) -> str:
         message += f" ({error.context} that starts at line {start.line + 1}, column {start.column + 1})"
     lines = text.splitlines()
     if mark.line < len(lines):
-        message += f"\n    {lines[mark.line]}\n    {' ' * mark.column}^"
+        line, column = lines[mark.line], mark.column
+        if len(line) > QUOTED_CHARS:  # show the part of a long line around the mark
+            start = max(0, column - QUOTED_CHARS // 2)
+            line, column = line[start:start + QUOTED_CHARS], column - start
+        message += f"\n    {line}\n    {' ' * column}^"
     return message
 
 
 def _read_yaml(file: Path) -> Any:
     """The YAML document in `file`; a ConfigError naming the file, line and column if it is not valid YAML."""
+    size = file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{file}: {size:,} bytes, more than a config's {MAX_CONFIG_BYTES:,}: is it a YAML config?")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{file}: not UTF-8 text (byte {error.start}): is it a YAML config?") from error
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
+        return load_yaml(text)
+    except (yaml.YAMLError, RecursionError) as error:
         raise ConfigError(_describe_yaml_error(error, text, str(file))) from error
 
 
@@ -127,9 +204,10 @@ def _model_in(annotation: Any) -> Any:
 
 def describe_errors(error: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
-    for item in error.errors():
+    items = error.errors()
+    for item in items[:MAX_REPORTED_ERRORS]:
         location = tuple(item["loc"])
-        dotted = ".".join(str(p) for p in location)
+        dotted = _bounded(".".join(str(p) for p in location))
         kind = item["type"]
         if kind == "extra_forbidden":
             name = str(location[-1])
@@ -141,11 +219,14 @@ def describe_errors(error: ValidationError, source: str) -> str:
             lines.append(f"  - missing required key `{dotted}`")
         elif isinstance(item.get("input"), dict):  # a check across a section's keys: the message names them
             where = f"in `{dotted}`: " if dotted else ""
-            lines.append(f"  - {where}{item['msg'].removeprefix('Value error, ')}")
+            lines.append(f"  - {where}{_bounded(item['msg'].removeprefix('Value error, '))}")
         else:
             value = item.get("input")
             # A field validator's own message (e.g. an unknown algorithm.name) arrives prefixed "Value error, ".
-            lines.append(f"  - `{dotted}` = {value!r}: {item['msg'].removeprefix('Value error, ')}")
+            lines.append(f"  - `{dotted}` = {_bounded(value) if not isinstance(value, str) else repr(_bounded(value))}: "
+                         f"{_bounded(item['msg'].removeprefix('Value error, '))}")
+    if len(items) > MAX_REPORTED_ERRORS:
+        lines.append(f"  - ... and {len(items) - MAX_REPORTED_ERRORS} more")
     return "\n".join(lines)
 
 
