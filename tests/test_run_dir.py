@@ -238,3 +238,61 @@ def test_under_torchrun_every_rank_gets_rank_0s_name_and_its_refusal(tmp_path):
     assert NAME_PATTERN.fullmatch(rank0["name"]) and rank1["name"] == rank0["name"]
     assert rank1["run_dir"] == rank0["run_dir"] == str(tmp_path / "runs" / rank0["name"])
     assert "already holds a run" in rank0["taken"] and "already holds a run" in rank1["taken"]
+
+
+# --- what overwrite may delete, and where a run may live ---------------------------------------------------------
+
+def _claim(output_dir: Path, **run) -> None:
+    from oxrl.training.run_dir import claim_run_dir, run_dir_for
+
+    cfg = Config.model_validate({"run": {"name": "x", "output_dir": str(output_dir), **run},
+                                 "model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}})
+    claim_run_dir(run_dir_for(cfg.run.output_dir, cfg.run.name), cfg).release()
+
+
+def test_overwrite_refuses_a_folder_that_no_oxrl_run_claimed(tmp_path):
+    from oxrl.training.run_dir import RunDirError
+
+    other = tmp_path / "x"  # another tool's outputs, under the generic names a run also uses
+    (other / "checkpoints" / "epoch-3").mkdir(parents=True)
+    (other / "checkpoints" / "epoch-3" / "model.pt").write_bytes(b"weights")
+    (other / "wandb").mkdir()
+    before = _snapshot(other)
+    with pytest.raises(RunDirError, match=r"no \.oxrl-run marker"):
+        _claim(tmp_path, overwrite=True)
+    assert {k: v for k, v in _snapshot(other).items() if k != ".lock"} == before  # the lock is taken first
+
+
+def test_overwrite_unlinks_symlinks_and_never_follows_them(tmp_path):
+    _claim(tmp_path)  # an oxRL run claims x/ (and marks it)
+    run = tmp_path / "x"
+    (run / "config.yaml").write_text("run: {}\n")
+    (run / "metrics.jsonl").write_text("{}\n")
+    elsewhere = tmp_path / "precious"
+    (elsewhere / "step_000001").mkdir(parents=True)
+    (elsewhere / "step_000001" / "weights").write_bytes(b"keep")
+    (run / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    (run / "final").mkdir()
+    (run / "final" / "link").symlink_to(elsewhere, target_is_directory=True)  # a link inside a cleared folder
+    (run / "summary.json").symlink_to(elsewhere / "step_000001" / "weights")
+    _claim(tmp_path, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", ".oxrl-run"]
+    assert (elsewhere / "step_000001" / "weights").read_bytes() == b"keep"
+
+
+def test_a_marker_that_is_a_symlink_does_not_make_a_folder_an_oxrl_run(tmp_path):
+    from oxrl.training.run_dir import RunDirError
+
+    real = tmp_path / "real-marker"
+    real.write_text('{"oxrl_run": 1}\n')
+    (tmp_path / "x" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "x" / ".oxrl-run").symlink_to(real)
+    with pytest.raises(RunDirError, match="no .oxrl-run marker"):
+        _claim(tmp_path, overwrite=True)
+    assert (tmp_path / "x" / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/elsewhere", ".", "..", "a/b", "a\\b", "a\0b", "x" * 256])
+def test_run_name_is_one_folder_name(name):
+    with pytest.raises(ConfigError, match="run.name must be one folder name"):
+        load_config(None, base={"run": {"name": name}, "model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}})

@@ -28,7 +28,7 @@ class Section(BaseModel):
 class RunConfig(Section):
     name: str | None = Field(
         None, min_length=1,
-        description="Run name; the run directory is `<output_dir>/<name>`. Unset: a new "
+        description="Run name, one folder name (no `/`); the run directory is `<output_dir>/<name>`. Unset: a new "
         "`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>` for every run (the same on every rank under torchrun). "
         "A directory that already holds a run is refused unless `resume` or `overwrite` says what to do with it.",
     )
@@ -49,7 +49,9 @@ class RunConfig(Section):
         False,
         description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
         "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and "
-        "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay.",
+        "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay, and "
+        "symlinks are unlinked, never followed. Only a directory an oxRL run claimed (its `.oxrl-run` marker) is "
+        "cleared: another tool's files under the same names are refused.",
     )
     launcher: Literal[LAUNCHERS] = Field(
         "local",
@@ -68,6 +70,17 @@ class RunConfig(Section):
         "kernel, so every step's large tensors are not faulted in afresh (a GRPO update ~1.4x faster on 2 cores; "
         "resident memory stays at its peak until the run ends). See oxrl/training/allocator.py.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str | None) -> str | None:
+        # The run directory is `<output_dir>/<name>`: `../x` would write beside output_dir, `/abs` replace it,
+        # `.` make output_dir itself the run directory.
+        if name is not None and (name in (".", "..") or any(c in name for c in "/\\\0") or len(name.encode()) > 255):
+            raise ValueError(f"run.name must be one folder name (no `/`, `\\`, NUL, not `.` or `..`, at most 255 bytes), "
+                             f"got {name[:80]!r}: the run directory is `<output_dir>/<name>`; set run.output_dir for "
+                             "where runs go")
+        return name
 
     @model_validator(mode="after")
     def _resume_is_possible(self) -> "RunConfig":

@@ -2,6 +2,7 @@
 
     <output_dir>/<run.name>/
         .lock            the PID of the run using the directory, flock-ed for the run's whole life
+        .oxrl-run        the marker that says an oxRL run claimed the directory
         config.yaml      the resolved config          metrics.jsonl     one row per logged step
         checkpoints/     step folders                 final/            the final HF folder
         summary.json, samples.json, curves.png, report.md
@@ -13,7 +14,9 @@ Rank 0 claims the directory before anything is written (`claim_run_dir`):
   `fcntl.flock`, so the OS releases it when the holder dies, however it dies; the `.lock` file
   itself stays (deleting a lock file races with a process that has just opened it);
 - a directory that already holds a run is refused unless `run.resume` continues it or
-  `run.overwrite` clears it first (only what a run writes, see RUN_OUTPUTS; other files stay);
+  `run.overwrite` clears it first (only what a run writes, see RUN_OUTPUTS; other files stay;
+  symlinks are unlinked, never followed). Overwrite clears only a directory that an oxRL run
+  claimed, as its `.oxrl-run` marker says: another tool's `checkpoints/` or `wandb/` is refused;
 - a resume lists every config key that differs from the run's saved `config.yaml` and stops unless
   `run.accept_config_changes` is set; then the new values apply from the resumed step;
 - a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
@@ -42,7 +45,11 @@ from oxrl.training.folders import OutputWriteError
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
-# Any of these means the directory holds a run.
+# Written by the run that claims a directory: what tells an oxRL run from a folder of another tool's files with
+# the same generic names (`checkpoints/`, `wandb/`). Only a folder holding it is ever cleared by `run.overwrite`.
+MARKER_NAME = ".oxrl-run"
+MARKER_CONTENT = '{"oxrl_run": 1}\n'
+# Any of these means the directory holds a run (oxRL's, or one that looks like it).
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
 RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md", "tensorboard",
@@ -142,9 +149,12 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
         if holds_run(run_dir) and not (cfg.run.resume is True or inside):
             if not cfg.run.overwrite:
                 raise RunDirError(_refusal(run_dir, cfg.run.resume))
+            if not is_oxrl_run(run_dir):
+                raise RunDirError(_not_ours(run_dir))
             clear_run(run_dir)
         if inside:
             _drop_checkpoints_after(run_dir, step_of(resume_from))
+        _write_marker(run_dir)
     except BaseException:
         lock.release()
         raise
@@ -152,18 +162,34 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
 
 
 def holds_run(run_dir: Path) -> bool:
-    return any((Path(run_dir) / name).exists() for name in RUN_MARKERS)
+    """Whether `run_dir` holds a run's files (an oxRL run, or files of the same names: see `is_oxrl_run`)."""
+    return any(os.path.lexists(Path(run_dir) / name) for name in RUN_MARKERS)
+
+
+def is_oxrl_run(run_dir: Path) -> bool:
+    """Whether an oxRL run claimed `run_dir`: its marker is a regular file there (a symlink is not one)."""
+    marker = Path(run_dir) / MARKER_NAME
+    return marker.is_file() and not marker.is_symlink()
 
 
 def clear_run(run_dir: Path) -> None:
-    """Remove what a run writes (RUN_OUTPUTS); other files in the directory stay."""
+    """Remove what a run writes (RUN_OUTPUTS); other files in the directory stay. A symlink among them is
+    unlinked, never followed: what it points to is not the run's."""
     for name in RUN_OUTPUTS:
         path = Path(run_dir) / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
             path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)  # which unlinks the symlinks inside rather than descending into them
     logger.warning("run.overwrite: cleared the previous run's outputs from %s", run_dir)
+
+
+def _write_marker(run_dir: Path) -> None:
+    marker = Path(run_dir) / MARKER_NAME
+    if marker.is_symlink():
+        marker.unlink()  # written through, a link would let the folder name another file as its marker
+    if not marker.is_file():
+        marker.write_text(MARKER_CONTENT)
 
 
 def config_changes(saved: dict, new: dict) -> list[str]:
@@ -196,6 +222,13 @@ def _refusal(run_dir: Path, resume: bool | str) -> str:
     about = f" (run.resume names {resume}, a checkpoint of another run)" if isinstance(resume, str) else ""
     return (f"run directory {run_dir} already holds a run{about}: set run.resume=true to continue it, "
             "run.overwrite=true to replace it, or choose another run.name")
+
+
+def _not_ours(run_dir: Path) -> str:
+    found = ", ".join(name for name in RUN_MARKERS if os.path.lexists(Path(run_dir) / name))
+    return (f"run.overwrite: {run_dir} holds {found} but no {MARKER_NAME} marker, so no oxRL run wrote it (or one "
+            "older than the marker did), and overwrite deletes only an oxRL run's outputs: choose another run.name "
+            "or run.output_dir, or remove those files yourself")
 
 
 def _check_resumable(checkpoint: Path, cfg: Config) -> None:
