@@ -23,6 +23,7 @@ from oxrl.training.optim import lr_factor
 from oxrl.training.run_dir import config_changes
 from oxrl.training.strategy import SingleDevice
 from oxrl.runner import claimed_run
+from tests.conftest import make_tiny_llama
 from tests.test_runner import _write_config, tiny_model_dir  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,3 +297,74 @@ def test_a_marker_that_is_a_symlink_does_not_make_a_folder_an_oxrl_run(tmp_path)
 def test_run_name_is_one_folder_name(name):
     with pytest.raises(ConfigError, match="run.name must be one folder name"):
         load_config(None, base={"run": {"name": name}, "model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}})
+
+
+# --- checkpoints a resume must not trust -------------------------------------------------------------------------
+
+class Hostile:
+    """Unpickling this runs code: a checkpoint file holding it must be refused, never executed."""
+
+    def __reduce__(self):
+        return (exec, ("open('PWNED', 'w').write('ran')",))
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory, smollm2_tokenizer):
+    """A finished run with checkpoints at steps 1 and 2 (copied by each test that damages it)."""
+    base = tmp_path_factory.mktemp("ckpt")
+    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
+    model.config.eos_token_id = smollm2_tokenizer.eos_token_id
+    model.save_pretrained(base / "tiny-model")
+    smollm2_tokenizer.save_pretrained(base / "tiny-model")
+    config = _write_config(base, base / "tiny-model", train={"max_steps": 2}, checkpoint={"every": 1, "keep_last": 3})
+    assert main(["train", str(config)]) == 0
+    return base
+
+
+def _copy_run(source: Path, tmp_path: Path) -> tuple[Path, Path]:
+    import shutil
+
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(config.read_text().replace(str(source), str(tmp_path)))
+    return config, tmp_path / "runs" / "tiny" / "checkpoints"
+
+
+@pytest.mark.parametrize("step, says", [(-5, r"step -5 is not a step number"), (3, r"records step 3 but its folder is step_000002"),
+                                        ("2", r"step '2' is not a step number")])
+def test_a_checkpoint_whose_step_contradicts_its_folder_is_refused_and_nothing_is_deleted(
+        two_checkpoints, tmp_path, errors, step, says):
+    config, checkpoints = _copy_run(two_checkpoints, tmp_path)
+    state = checkpoints / "step_000002" / "training_state" / "trainer_state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "step": step}))
+    before = _snapshot(checkpoints)
+    assert main(["train", str(config), "train.max_steps=4", "run.resume=true", "run.accept_config_changes=true"]) == 2
+    assert re.search(says, errors[-1]) and str(state) in errors[-1], errors
+    assert _snapshot(checkpoints) == before  # the step-1 checkpoint included
+
+
+@pytest.mark.parametrize("file, content", [
+    ("optimizer.pt", b""),
+    ("optimizer.pt", "truncated"),
+    ("scheduler.pt", b"\x80\x04random bytes, not a torch archive"),
+    ("optimizer.pt", "hostile pickle"),
+    ("rng.json", b"[1, 2, 3]"),
+    ("trainer_state.json", b"{\"step\": 2"),
+    ("../model.safetensors", "truncated"),
+])
+def test_a_damaged_checkpoint_file_is_one_line_naming_it(two_checkpoints, tmp_path, errors, file, content):
+    config, checkpoints = _copy_run(two_checkpoints, tmp_path)
+    target = (checkpoints / "step_000002" / "training_state" / file).resolve()
+    if content == "truncated":
+        content = target.read_bytes()[: target.stat().st_size // 2]
+    elif content == "hostile pickle":
+        torch.save({"state": Hostile()}, target)
+        content = target.read_bytes()
+    target.write_bytes(content)
+    before = _snapshot(checkpoints)
+    assert main(["train", str(config), "train.max_steps=4", "run.resume=true", "run.accept_config_changes=true"]) == 2
+    message = errors[-1]
+    assert str(target) in message and "damaged checkpoint file" in message and len(message.splitlines()) == 1, errors
+    assert "weights_only" not in message  # never the advice to load a hostile file as a pickle
+    assert not Path("PWNED").exists() and not (tmp_path / "PWNED").exists()
+    assert _snapshot(checkpoints) == before

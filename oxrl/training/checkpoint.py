@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import random
+import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from oxrl.training.folders import publish_folder
@@ -43,6 +47,76 @@ from oxrl.models.save import save_hf_folder
 
 logger = logging.getLogger(__name__)
 STEP_PREFIX = "step_"
+STEP_FOLDER = re.compile(r"step_(\d+)")
+WHAT_TO_DO = "resume from another checkpoint (run.resume=<its path>), or remove this one"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed from: a file of it is damaged, or its recorded state contradicts its folder."""
+
+
+def _damaged(path: Path, error: BaseException) -> CheckpointError:
+    if isinstance(error, pickle.UnpicklingError):
+        # torch's own message advises loading with weights_only=False, which would run whatever the file holds.
+        why = "it holds objects other than tensors and plain values, which are not loaded"
+    else:
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        why = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return CheckpointError(f"{path}: damaged checkpoint file ({why}); {WHAT_TO_DO}")
+
+
+def load_torch_state(path: Path):
+    """A torch state file of a checkpoint (`weights_only=True`: tensors and plain values, nothing executed);
+    a damaged or hostile file is a CheckpointError naming it."""
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError as error:
+        raise CheckpointError(f"{path}: missing from its checkpoint; {WHAT_TO_DO}") from error
+    except (EOFError, RuntimeError, pickle.UnpicklingError, ValueError, OSError) as error:  # what torch raises for them
+        raise _damaged(path, error) from error
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file of a checkpoint; a damaged one is a CheckpointError naming it."""
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as error:
+        raise _damaged(path, error) from error
+
+
+def load_json(path: Path) -> dict:
+    """A JSON object of a checkpoint; anything else is a CheckpointError naming the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise CheckpointError(f"{path}: missing from its checkpoint; {WHAT_TO_DO}") from error
+    except (ValueError, RecursionError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _damaged(path, error) from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: damaged checkpoint file (a JSON {type(value).__name__}, not an object); {WHAT_TO_DO}")
+    return value
+
+
+def folder_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint's folder name says (`step_000010` -> 10), None for another name."""
+    match = STEP_FOLDER.fullmatch(Path(checkpoint).name)
+    return int(match.group(1)) if match else None
+
+
+def check_intact(checkpoint: Path) -> None:
+    """Cheap checks, before a resume changes anything, that no file of `checkpoint` is visibly damaged: its trainer
+    state (`read_trainer_state`), every torch file a complete zip archive, every safetensors header whole."""
+    checkpoint = Path(checkpoint)
+    read_trainer_state(checkpoint)
+    for path in sorted(checkpoint.rglob("*.pt")):
+        if path.is_file() and not zipfile.is_zipfile(path):
+            raise CheckpointError(f"{path}: damaged checkpoint file (not a complete torch archive); {WHAT_TO_DO}")
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise _damaged(path, error) from error
 
 
 def _rng_state() -> tuple[dict, dict]:
@@ -86,7 +160,7 @@ def load_rng_state(state_dir: Path, rank: int = 0) -> None:
         # e.g. resuming with more processes than were saved: the new rank keeps its seeded RNG.
         logger.warning("%s has no RNG state for rank %d: that rank keeps its current RNG", state_dir, rank)
         return
-    _set_rng_state(torch.load(state_dir / tensors_name, weights_only=True), json.loads((state_dir / plain_name).read_text()))
+    _set_rng_state(load_torch_state(state_dir / tensors_name), load_json(state_dir / plain_name))
 
 
 def partial_and_final_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
@@ -105,15 +179,26 @@ def publish_checkpoint(tmp: Path, final: Path, keep_last: int) -> Path:
 
 
 def read_trainer_state(checkpoint: Path) -> dict:
+    """The checkpoint's step and counters. Its step must be a step number, and the one its folder's name says: a
+    resume trusts it to drop later checkpoints, set the schedule's position and skip the data already seen."""
     path = Path(checkpoint) / "training_state" / "trainer_state.json"
     if not path.is_file():
         raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
-    return json.loads(path.read_text())
+    state = load_json(path)
+    step = state.get("step")
+    if type(step) is not int or step < 0:
+        raise CheckpointError(f"{path}: damaged checkpoint file (step {repr(step)[:40]} is not a step number, an "
+                              f"integer >= 0); {WHAT_TO_DO}")
+    named = folder_step(checkpoint)
+    if named is not None and named != step:
+        raise CheckpointError(f"{path}: records step {step} but its folder is {Path(checkpoint).name} (step {named}): "
+                              f"the checkpoint was altered or mixed with another; {WHAT_TO_DO}")
+    return state
 
 
 def step_of(checkpoint: Path) -> int:
     """The optimizer step a checkpoint was written after."""
-    return int(read_trainer_state(checkpoint)["step"])
+    return read_trainer_state(checkpoint)["step"]
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
@@ -140,8 +225,9 @@ def _prune(root: Path, keep_last: int) -> None:
 def list_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and (p / "training_state" / "trainer_state.json").is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
+    done = [p for p in root.iterdir()
+            if folder_step(p) is not None and (p / "training_state" / "trainer_state.json").is_file()]
+    return sorted(done, key=folder_step)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -152,14 +238,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def _load_weights(model, checkpoint: Path) -> None:
     state_dir = checkpoint / "training_state"
     if is_peft(model):
-        saved = load_file(state_dir / "adapter.safetensors")
+        saved = load_tensors(state_dir / "adapter.safetensors")
         params = dict(model.named_parameters())
         for name, value in saved.items():
             params[name].data.copy_(value)
         return
     saved: dict[str, torch.Tensor] = {}
     for file in sorted(checkpoint.glob("*.safetensors")):
-        saved.update(load_file(file))
+        saved.update(load_tensors(file))
     missing, unexpected = model.load_state_dict(saved, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
@@ -172,8 +258,8 @@ def read_model_state(folder: Path, model, optimizer, scheduler) -> None:
     state_dir = folder / "training_state"
     configured = ConfiguredSchedule.of(scheduler)
     _load_weights(model, folder)
-    optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
-    restore_configured(configured, scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
+    optimizer.load_state_dict(load_torch_state(state_dir / "optimizer.pt"))
+    restore_configured(configured, scheduler, load_torch_state(state_dir / "scheduler.pt"))
 
 
 @dataclass

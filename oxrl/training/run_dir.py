@@ -39,7 +39,7 @@ import yaml
 
 from oxrl.config.load import flatten, saved_form
 from oxrl.config.schema import Config
-from oxrl.training.checkpoint import latest_checkpoint, list_checkpoints, step_of
+from oxrl.training.checkpoint import check_intact, folder_step, latest_checkpoint, list_checkpoints, step_of
 from oxrl.training.folders import OutputWriteError
 
 logger = logging.getLogger(__name__)
@@ -235,6 +235,7 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
     """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
     if not (checkpoint / "training_state" / "trainer_state.json").is_file():
         raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
+    check_intact(checkpoint)  # before anything is deleted on its word (the later checkpoints of a rewind)
     saved_path = checkpoint.parent.parent / "config.yaml"
     if not saved_path.is_file():
         logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",
@@ -253,7 +254,7 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
 
 
 def _drop_checkpoints_after(run_dir: Path, step: int) -> None:
-    later = [c for c in list_checkpoints(run_dir / "checkpoints") if step_of(c) > step]
+    later = [c for c in list_checkpoints(run_dir / "checkpoints") if folder_step(c) > step]
     for checkpoint in later:
         shutil.rmtree(checkpoint)
     if later:

@@ -41,7 +41,9 @@ from oxrl.models.save import no_progress_bars
 from oxrl.training import distributed
 from oxrl.training.checkpoint import (
     ConfiguredSchedule,
+    load_json,
     load_rng_state,
+    load_torch_state,
     partial_and_final_dirs,
     publish_checkpoint,
     read_model_state,
@@ -227,7 +229,7 @@ class Strategy:
         self.read_state(checkpoint)
         for name, companion in self.attached:
             companion.read_state(checkpoint / name)
-            companion.nonfinite.load_state_dict(json.loads((checkpoint / name / "training_state" / NONFINITE_FILE).read_text()))
+            companion.nonfinite.load_state_dict(load_json(checkpoint / name / "training_state" / NONFINITE_FILE))
         load_rng_state(checkpoint / "training_state", self.rank)
         logger.info("resumed from %s", checkpoint)
         return trainer_state
@@ -397,4 +399,4 @@ class MultiProcessStrategy(Strategy):
                                     "from its HF folder")
         configured = ConfiguredSchedule.of(self.scheduler)  # before the shards bring the saved hyper-parameters back
         self.load_shards(self.shards_of(state_dir))
-        restore_configured(configured, self.scheduler, torch.load(state_dir / "scheduler.pt", weights_only=True))
+        restore_configured(configured, self.scheduler, load_torch_state(state_dir / "scheduler.pt"))
