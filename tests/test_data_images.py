@@ -6,7 +6,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import resource
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from oxrl.data.errors import DataError
 from oxrl.data.formats import Chat, Plain, parse_row, prompt_messages_with_images
 from oxrl.data.images import ImageError, decode_image
 from oxrl.data.read import read_dataset
+from tests.hostile_files import make_fifo, raised_within
 
 IMAGE = {"type": "image"}
 
@@ -327,3 +332,41 @@ def test_a_datasets_image_column_in_parquet(tmp_path):
                        image_root=raw.root)
     assert list(parsed.images[0].getdata()) == list(picture().getdata())
     assert parsed.sequences[0].messages[0]["content"] == [IMAGE, text("Describe.")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Image files that never end, or wait forever
+
+def test_an_image_path_to_a_fifo_is_refused_at_once(tmp_path):
+    fifo = make_fifo(tmp_path / "picture.png")
+    error = raised_within(20, lambda: decode_image("picture.png", root=tmp_path, max_pixels=100), [fifo])
+    assert isinstance(error, ImageError) and str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file"
+
+
+def test_an_image_path_to_a_device_is_refused_by_what_it_is(tmp_path):
+    # In a child bounded to 2 GiB of address space: were /dev/zero read, it would end there, not in this process.
+    (tmp_path / "link.png").symlink_to("/dev/zero")
+    script = ("import sys\nfrom oxrl.data.images import ImageError, decode_image\nfor path in sys.argv[1:]:\n"
+              "    try:\n        decode_image(path, root=None, max_pixels=100)\n"
+              "    except ImageError as error:\n        print(error)\n")
+    gib2 = 2 << 30
+    done = subprocess.run([sys.executable, "-c", script, "/dev/zero", "/dev/urandom", str(tmp_path / "link.png")],
+                          capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (gib2, gib2)))
+    assert done.stdout.splitlines() == [
+        "/dev/zero: is a character device, not a regular file", "/dev/urandom: is a character device, not a regular file",
+        f"{tmp_path / 'link.png'}: is a character device (a symlink to /dev/zero), not a regular file"], done.stderr
+
+
+def test_an_image_file_larger_than_the_cap_is_refused_by_its_size(tmp_path):
+    from oxrl.data.images import MAX_IMAGE_FILE_BYTES
+
+    huge = tmp_path / "huge.png"
+    huge.write_bytes(png_bytes(picture()))
+    os.truncate(huge, MAX_IMAGE_FILE_BYTES + 1)  # sparse: no disk, and no bytes read before the refusal
+    values = {"prompt": "<image>What is it?", "response": "dots", "images": [str(huge)]}
+    with pytest.raises(DataError, match=rf"rows.jsonl, row 3, field 'images\[0\]': {huge}: 67,108,865 bytes, more than "
+                                        r"the 67,108,864 an image file may have$"):
+        parse("prompt_response", values)
+    os.truncate(huge, MAX_IMAGE_FILE_BYTES)  # at the cap: read, and the zeros after the PNG's end are ignored
+    assert decode_image(str(huge), root=None, max_pixels=100).size == (6, 4)

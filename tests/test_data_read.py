@@ -10,6 +10,7 @@ import pytest
 from oxrl.config.schema import DatasetSpec
 from oxrl.data.errors import DataError
 from oxrl.data.read import read_dataset
+from tests.hostile_files import make_fifo, raised_within
 
 ROWS = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(1, 4)]
 
@@ -193,3 +194,66 @@ def test_unreadable_files_and_folders_are_data_errors_naming_them(tmp_path):
     write_jsonl(tmp_path / "files" / "train.jsonl", ROWS)
     with pytest.raises(DataError, match=r"files: cannot read this folder of data files: Unknown split \"test\""):
         read_dataset(DatasetSpec(path=str(tmp_path / "files"), split="test"))
+
+
+# --- paths that are not data files, and records no parser should recurse into ----------------------------------
+
+def test_a_fifo_as_data_path_is_refused_at_once(tmp_path):
+    fifo = make_fifo(tmp_path / "train.jsonl")  # opening it would wait for a writer forever, holding the run lock
+    error = raised_within(20, lambda: read_dataset(DatasetSpec(path=str(fifo))), [fifo])
+    assert isinstance(error, DataError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: a data path names a data file or a folder of them"
+
+
+def test_a_symlink_to_a_device_as_data_path_names_what_it_links_to(tmp_path):
+    (tmp_path / "train.jsonl").symlink_to("/dev/null")  # a device, as /dev/zero is, but that ends at once
+    with pytest.raises(DataError, match=r"train.jsonl: is a character device \(a symlink to /dev/null\), not a regular file"):
+        read_dataset(DatasetSpec(path=str(tmp_path / "train.jsonl")))
+
+
+def test_a_data_folder_holding_a_fifo_names_it(tmp_path):
+    folder = tmp_path / "data"
+    (folder / "more").mkdir(parents=True)
+    write_jsonl(folder / "train.jsonl", ROWS)
+    fifo = make_fifo(folder / "more" / "test.jsonl")
+    (folder / "more" / "loop").symlink_to(folder)  # a symlink loop is walked once
+    error = raised_within(20, lambda: read_dataset(DatasetSpec(path=str(folder))), [fifo])
+    assert isinstance(error, DataError) and error.path == str(folder)
+    assert f"{fifo} is a FIFO (named pipe), not a regular file: a data folder holds regular files only" in str(error)
+
+
+def test_a_saved_dataset_whose_state_file_is_a_fifo_is_refused(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    state = tmp_path / "saved" / "state.json"
+    state.unlink()
+    make_fifo(state)
+    error = raised_within(20, lambda: read_dataset(DatasetSpec(path=str(tmp_path / "saved"))), [state])
+    assert isinstance(error, DataError) and f"{state} is a FIFO" in str(error)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [101, 200_000])  # 200,000: pyarrow's reader segfaults; json raises RecursionError
+def test_a_jsonl_row_nested_too_deep_is_an_invalid_row_naming_it(tmp_path, depth):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(f'{{"prompt": "a", "response": "b"}}\n{{"prompt": {nested(depth)}, "response": "x"}}\n'
+                    '{"prompt": "[[[[ a bracket in text is not nesting", "response": "c"}\n')
+    rows = read_dataset(DatasetSpec(path=str(path))).rows
+    assert [row.values for row in rows] == [{"prompt": "a", "response": "b"}, {},
+                                            {"prompt": "[[[[ a bracket in text is not nesting", "response": "c"}]
+    assert str(rows[1].error) == (f"{path}, row 2: its arrays and objects nest more than 100 levels deep, which no "
+                                  "training record needs")
+
+
+def test_a_json_array_element_nested_too_deep_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(ROWS)[:-1] + ', {"prompt": "\\" [[", "response": ' + nested(200_000) + "}]")
+    with pytest.raises(DataError, match=rf"^{path}, row 4: its arrays and objects nest more than 100 levels deep"):
+        read_dataset(DatasetSpec(path=str(path)))
+    path.write_text(json.dumps([{"prompt": nested(99), "response": "r"}] * 3))  # 100 levels: still a record
+    assert len(read_dataset(DatasetSpec(path=str(path))).rows) == 3
+

@@ -9,6 +9,9 @@ A row's `images` column is a list of images (a single image counts as a list of 
     folder of the dataset file, or to the working directory for hub and folder datasets; `~` is expanded);
   * else a string of base64 image data (long and all base64 characters, as no file path is).
 
+An image file is a regular file of at most MAX_IMAGE_FILE_BYTES (64 MiB), read no further: a FIFO, a device
+such as /dev/zero or /dev/urandom, or a symlink to one is refused by what it is, a larger file by its size.
+
 An image with more than `data.max_image_pixels` pixels is scaled down, keeping its aspect ratio, to at
 most that many; a smaller one is never scaled up. The model's processor resizes again, but decoding
 to this bound first keeps memory bounded however large the files are.
@@ -31,11 +34,15 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from oxrl.data.errors import DataError
+from oxrl.data.files import InputFileError, read_bounded
 
 # A string this long made only of base64 characters is image data, not a path (a path has a dot, or is short).
 _BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}\s*")
 _MIN_BASE64_CHARS = 64
 _DATA_URI = re.compile(r"data:image/[\w.+-]+;base64,", re.IGNORECASE)
+# Larger than any photograph's encoding (a 100-megapixel JPEG is about 30 MB); pixels beyond
+# `data.max_image_pixels` are scaled away after decoding anyway.
+MAX_IMAGE_FILE_BYTES = 64 << 20
 
 
 class ImageError(ValueError):
@@ -110,7 +117,9 @@ def _local(path: str, root: Path | None) -> Path:
 def _read_file(path: str, root: Path | None) -> bytes:
     resolved = _local(path, root).absolute()
     try:
-        return resolved.read_bytes()
+        return read_bounded(resolved, MAX_IMAGE_FILE_BYTES, "an image file")
+    except InputFileError as error:
+        raise ImageError(f"{resolved}: {error}") from None
     except FileNotFoundError as error:
         raise ImageError(f"file not found: {resolved}") from error
     except OSError as error:  # a folder, no permission, a name too long

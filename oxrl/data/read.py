@@ -14,6 +14,11 @@ line, in a CSV file the N-th line after the header.
 
 A source with no rows (an empty file, a CSV file with only its header, an empty JSON array, a
 parquet file or saved dataset of 0 rows) is a `DataError`, as is a file `datasets` cannot parse.
+
+A data path is a regular file or a folder of them (oxrl/data/files.py): a FIFO, a device such as /dev/zero
+(or a symlink to one), anywhere under a data folder too, is a `DataError` before anything opens it. A JSON
+record nested more than MAX_JSON_DEPTH levels deep is an invalid row, found before a parser recurses into it
+(oxrl/data/nesting.py); the file is then read record by record, as one with a broken line is.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from oxrl.config.schema import DatasetSpec
 from oxrl.data.errors import DataError
+from oxrl.data.files import InputFileError, check_regular, first_irregular
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -89,8 +95,10 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
             raise DataError(spec.path, None, None, f"file not found (looked in {where})")
         location, loaded = spec.path, _load_from_hub(spec)
     elif local.is_dir():
+        _check_folder(local)
         location, loaded = str(local), _load_folder(local, spec.split)
     else:
+        _check_file(local)
         location, loaded = str(local), _load_file(local)
 
     if isinstance(loaded, list):
@@ -106,6 +114,27 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
     columns, rows = _rename_columns(columns, rows, spec.columns, location)
     root = local.parent if local is not None and local.is_file() else None
     return RawDataset(dataset_name(spec), location, columns, rows, root)
+
+
+def _check_file(path: Path) -> None:
+    """A DataError unless `path` is a regular file (opening a FIFO waits forever; a device never ends)."""
+    try:
+        check_regular(path)
+    except InputFileError as error:
+        raise DataError(str(path), None, None, f"{error}: a data path names a data file or a folder of them") from None
+    except OSError as error:  # a broken symlink, no permission
+        raise DataError(str(path), None, None, f"cannot read it: {error.strerror or error}") from error
+
+
+def _check_folder(folder: Path) -> None:
+    """A DataError naming the first entry under `folder` that is not a regular file or a folder."""
+    try:
+        irregular = first_irregular(folder)
+    except OSError as error:  # a sub-folder without permission
+        raise DataError(str(folder), None, None, f"cannot read this folder: {error}") from error
+    if irregular is not None:
+        entry, problem = irregular
+        raise DataError(str(folder), None, None, f"{entry} {problem}: a data folder holds regular files only")
 
 
 def _rename_columns(
@@ -175,6 +204,9 @@ def _load_file(path: Path) -> Dataset | list[Row]:
         raise DataError(str(path), None, None, f"unknown file type {suffix!r}; expected one of {sorted(FILE_BUILDERS)}")
     try:
         no_rows = _why_no_rows(path, builder)
+        if no_rows is None and builder == "json" and _has_too_deep_record(path):
+            logger.info("%s: a record nests too deep for datasets' parser; reading it record by record", path)
+            return _read_json_records(path)
         if no_rows is None:
             return _load_csv(path) if builder == "csv" else load_dataset(builder, data_files=str(path), split="train")
     except (DatasetGenerationError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
@@ -217,6 +249,19 @@ def _why_no_rows(path: Path, builder: str) -> str | None:
     return None
 
 
+def _has_too_deep_record(path: Path) -> bool:
+    """Whether a record of the JSON file `path` nests more than MAX_JSON_DEPTH levels deep: a file that starts
+    with `[` is one array of records (as `datasets` reads it), any other a record per line."""
+    from oxrl.data.nesting import too_deep, too_deep_element
+
+    with path.open("rb") as handle:
+        if handle.read(1 << 12).lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"["):
+            handle.seek(0)
+            return too_deep_element(handle.read()) is not None
+        handle.seek(0)
+        return any(too_deep(line) for line in handle)
+
+
 def _load_csv(path: Path) -> Dataset:
     from datasets import Features, Value, load_dataset
 
@@ -243,12 +288,22 @@ def _unreadable(path: Path, builder: str, error: Exception) -> DataError:
     return DataError(str(path), None, None, f"cannot be read as a {builder} file: {type(cause).__name__}: {cause}")
 
 
+def _too_deep_problem() -> str:
+    from oxrl.data.nesting import MAX_JSON_DEPTH
+
+    return f"its arrays and objects nest more than {MAX_JSON_DEPTH} levels deep, which no training record needs"
+
+
 def _read_json_records(path: Path) -> list[Row]:
+    from oxrl.data.nesting import too_deep, too_deep_element
+
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise _unreadable(path, "json", error) from error
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        if (element := too_deep_element(text.encode("utf-8"))) is not None:
+            raise DataError(str(path), element, None, _too_deep_problem())
         try:
             records = json.loads(text)
         except json.JSONDecodeError as error:
@@ -257,6 +312,9 @@ def _read_json_records(path: Path) -> list[Row]:
         return [_record_row(str(path), number, record) for number, record in enumerate(records, start=1)]
     rows = []
     for number, line in enumerate((line for line in text.splitlines() if line.strip()), start=1):
+        if too_deep(line.encode("utf-8")):
+            rows.append(Row(number, {}, DataError(str(path), number, None, _too_deep_problem())))
+            continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
