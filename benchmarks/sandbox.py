@@ -39,6 +39,8 @@ from oxrl.rewards.sandbox import INTERPRETER_FLAGS, SandboxLimits, require_sandb
 
 TRIVIAL = "pass"
 DOUBLER = "```python\nprint(int(input()) * 2)\n```"
+ADDER = "```python\ndef add(a, b):\n    return a + b\n```"
+ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert math.isclose(add(0.1, 0.2), 0.3)"]
 
 
 def one_run(mode: str) -> float:
@@ -71,10 +73,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def throughput(batch: int, workers: int) -> float:
-    """Seconds to score `batch` completions with `workers` threads (after one untimed batch)."""
-    completions = [DOUBLER] * batch
-    tests = [{"inputs": [f"{i}\n"], "outputs": [f"{2 * i}\n"]} for i in range(batch)]
+def throughput(batch: int, workers: int, asserts: bool = False) -> float:
+    """Seconds to score `batch` completions with `workers` threads (after one untimed batch): one stdin/stdout
+    test each, or three assert-style tests each (the harness: a sandboxed run per test, one more to compare)."""
+    completions = [ADDER if asserts else DOUBLER] * batch
+    tests = [ASSERTS if asserts else {"inputs": [f"{i}\n"], "outputs": [f"{2 * i}\n"]} for i in range(batch)]
     for timed in (False, True):
         start = time.perf_counter()
         scores = code_reward(["p"] * batch, completions, tests=tests, max_workers=workers)
@@ -114,6 +117,12 @@ def main() -> None:
         rows.append({"max_workers": str(workers), "batch": str(args.batch), "seconds": f"{elapsed:.2f}",
                      "programs/s": f"{args.batch / elapsed:.1f}", "ms/program": f"{elapsed / args.batch * 1e3:.1f}"})
     print_table(rows, title="code_reward throughput (isolation=bwrap, one stdin/stdout test per program)")
+    rows = []
+    for workers in args.workers:
+        elapsed = throughput(args.batch, workers, asserts=True)
+        rows.append({"max_workers": str(workers), "batch": str(args.batch), "seconds": f"{elapsed:.2f}",
+                     "programs/s": f"{args.batch / elapsed:.1f}", "ms/program": f"{elapsed / args.batch * 1e3:.1f}"})
+    print_table(rows, title="code_reward throughput (isolation=bwrap, three assert-style tests per program: 4 runs)")
     print(f"\npeak RSS of this process: {format_bytes(peak_rss_bytes())}; "
           f"load avg now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
