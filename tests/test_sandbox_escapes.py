@@ -751,3 +751,16 @@ for path in ("/", "/usr", "/tmp", "/dev/shm", "/dev", "/dev/null", "/sandbox", o
     if not os.statvfs(path).f_flag & os.ST_NOSUID:
         hits.append(path)
 """)
+
+
+def test_a_crashing_program_cannot_be_dumped_to_a_host_helper(host):
+    """Where kernel.core_pattern pipes core dumps to a host helper, RLIMIT_CORE=0 does not stop the kernel from
+    starting it as root on a crash: the program is not dumpable, and cannot make itself dumpable again."""
+    contained(host, """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_GET_DUMPABLE
+    hits.append("dumpable")
+if libc.prctl(4, 1, 0, 0, 0) == 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 1
+    hits.append("made dumpable")
+""")

@@ -8,7 +8,9 @@ before any untrusted code runs:
 1. resource limits (`setrlimit`, soft = hard) for CPU seconds, address space, file size, processes
    and open files; no core dumps. (Set here rather than in the parent's `preexec_fn`, which Python
    documents as unsafe when the parent has threads, and the code reward runs a thread pool.)
-2. an audit hook (PEP 578) that refuses, with PermissionError: creating processes (fork, exec,
+2. no core dumps even through a piped `kernel.core_pattern`: the process is made not dumpable
+   (`no_core_dumps`).
+3. an audit hook (PEP 578) that refuses, with PermissionError: creating processes (fork, exec,
    spawn, system, subprocess), sockets, signals to other processes, changing resource limits,
    loading ctypes or `_posixsubprocess`, writing or changing files outside WORK_DIR, reading files
    outside WORK_DIR and the standard library, and opening directories outside WORK_DIR.
@@ -60,6 +62,20 @@ def set_limits(cpu_seconds: int, memory_bytes: int, file_size_bytes: int, proces
         if hard != resource.RLIM_INFINITY:
             value = min(value, hard)  # an unprivileged process cannot raise its hard limit
         resource.setrlimit(kind, (value, value))
+
+
+def no_core_dumps() -> None:
+    """Make this process not dumpable. RLIMIT_CORE=0 stops core files, but not a `kernel.core_pattern` that
+    pipes dumps to a host helper (systemd-coredump, apport): the kernel starts it as root for any crash and
+    hands it this process's memory. The seccomp filter refuses making it dumpable again."""
+    import ctypes  # before the audit hook, which refuses ctypes to the program; dropped from sys.modules below
+
+    PR_SET_DUMPABLE = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    for name in [name for name in sys.modules if name in ("ctypes", "_ctypes") or name.startswith("ctypes.")]:
+        del sys.modules[name]  # so that the program's `import ctypes` is an import the audit hook sees
 
 
 def install_audit_hook(work_dir: str) -> None:
@@ -123,6 +139,7 @@ def main() -> None:
     with open(solution_path, encoding="utf-8") as handle:
         source = handle.read()
     set_limits(cpu_seconds, memory_bytes, file_size_bytes, processes, open_files)
+    no_core_dumps()
     install_audit_hook(work_dir)
     # `site` (skipped by -S) is what defines exit() and quit(); programs written for judges call them.
     builtins.exit = builtins.quit = sys.exit

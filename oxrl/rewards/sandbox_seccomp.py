@@ -10,6 +10,10 @@ kernel layer behind the namespaces, for what namespaces and rlimits do not cover
 - clearing the parent-death signal (`prctl(PR_SET_PDEATHSIG, ...)`): bwrap's `--die-with-parent`
   sets it so that the program dies with the trainer, and a program that could clear it would
   outlive it;
+- making itself dumpable again (`prctl(PR_SET_DUMPABLE, non-zero)`; setting 0 is allowed):
+  `sandbox_child.py` turns dumping off, because where `kernel.core_pattern` pipes core dumps to a
+  host helper (systemd-coredump, apport) the kernel starts that helper as root for a crashing
+  program whatever its RLIMIT_CORE, and hands it the program's memory;
 - memory that RLIMIT_AS does not count: SysV shared memory, semaphores and message queues
   (`shm*`, `sem*`, `msg*`), POSIX message queues (`mq_*`), `memfd_create` and `memfd_secret`
   (POSIX shared memory is files in /dev/shm, a size-limited tmpfs);
@@ -52,11 +56,11 @@ RETURN = 0x06  # BPF_RET | BPF_K
 KILL_PROCESS, ALLOW, ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 # Offsets in struct seccomp_data: the syscall number, the audit arch, the low 32 bits of the first
 # argument (both architectures are little-endian).
-NR_OFFSET, ARCH_OFFSET, ARG0_OFFSET = 0, 4, 16
+NR_OFFSET, ARCH_OFFSET, ARG0_OFFSET, ARG1_OFFSET = 0, 4, 16, 24
 CLONE_THREAD = 0x00010000
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 CLONE_NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 X32_SYSCALL_BIT = 0x40000000
 
 ALWAYS_REFUSED = (
@@ -135,7 +139,11 @@ def seccomp_program(allow_new_processes: bool, allow_threads: bool = True, machi
     blocks = {
         "socket": only_unix,
         "socketpair": only_unix,
-        "prctl": [(JUMP_IF_EQUAL, 0, 1, PR_SET_PDEATHSIG), (RETURN, 0, 0, refuse)],
+        "prctl": [
+            (JUMP_IF_EQUAL, 0, 1, PR_SET_PDEATHSIG), (RETURN, 0, 0, refuse),
+            (JUMP_IF_EQUAL, 0, 3, PR_SET_DUMPABLE),  # not it: on to the block's allow
+            (LOAD_WORD, 0, 0, ARG1_OFFSET), (JUMP_IF_EQUAL, 1, 0, 0), (RETURN, 0, 0, refuse),
+        ],
     }
     if allow_threads:  # otherwise refused above
         # clone: never new namespaces; a new process only when allowed (a thread always).
