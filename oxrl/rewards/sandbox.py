@@ -21,7 +21,8 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
   any family but AF_UNIX cannot even be created;
 - a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
   new namespaces, no SysV IPC, POSIX message queues or memfd, no clearing of the parent-death
-  signal, no making itself dumpable again (core dumps are off, a piped `core_pattern` included), no sockets but AF_UNIX, no kernel keyrings or kernel log, no ptrace, io_uring, bpf,
+  signal, no making itself dumpable again (core dumps are off, through a piped `core_pattern`
+  too), no sockets but AF_UNIX, no kernel keyrings or kernel log, no ptrace, io_uring, bpf,
   mounts or module loading;
 - resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space
   (`memory_mb`), file size (which also caps stdout/stderr: they are files outside the sandbox, read
