@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from oxrl.models.memory import TrainingPlan, estimate_memory
 from oxrl.models.shape import Linear, ModelShape
-from tests.conftest import bundled_gguf
+from tests.conftest import bundled_gguf, make_tiny_llama
+from tests.test_runner import tiny_model_dir  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,3 +122,44 @@ def test_smollm2_peak_on_this_cpu_is_within_25_percent_of_the_estimate(lora, che
                         gradient_checkpointing=checkpointing)
     estimate = estimate_memory(shape, plan).total
     assert 0.75 <= measured["peak_above_start"] / estimate <= 1.25, (measured, estimate)
+
+
+# --- a run its devices cannot hold is refused before any model loads --------------------------------------------
+
+def _absurd_model(folder: Path, **config_values) -> Path:
+    """The tiny model with `config_values` written into its config.json (its weights are never read)."""
+    make_tiny_llama().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **config_values}))
+    return folder
+
+
+@pytest.mark.parametrize("values", [{"vocab_size": 10**9}, {"hidden_size": 10**7, "head_dim": 2_500_000}])
+def test_a_run_whose_weights_and_optimizer_exceed_the_device_is_refused(tmp_path, monkeypatch, values):
+    from oxrl.config.load import load_config
+    from oxrl.models import fit
+    from oxrl.models.hardware import Devices
+    from oxrl.models.shape import ModelTooLargeError
+
+    monkeypatch.setattr(fit, "available_memory", lambda cpu=False: Devices("cpu", 1, 8 * 1024**3, "CPU"))
+    folder = _absurd_model(tmp_path / "m", **values)
+    cfg = load_config(None, [f"model.name_or_path={folder}", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"])
+    with pytest.raises(ModelTooLargeError, match=rf"^{folder}: before its first token, training it with strategy "
+                                                 r"`single` holds \(weights [\d.]+ GiB, optimizer [\d.]+ GiB.*\) on each "
+                                                 r"device, in all [\d.]+ GiB, more than the 8.00 GiB of the RAM "
+                                                 r"available now: refused before anything was allocated\. Train LoRA"):
+        fit.log_memory_estimate(cfg, torch.device("cpu"), 1)
+    allowed = cfg.model_copy(update={"model": cfg.model.model_copy(update={"allow_oversized": True})})
+    fit.log_memory_estimate(allowed, torch.device("cpu"), 1)  # said in a warning, and left to the user
+
+
+def test_oxrl_train_refuses_an_oversized_model_in_one_line_before_loading_it(tmp_path, tiny_model_dir, oxrl_log):
+    from oxrl.cli import main
+    from tests.test_runner import _write_config
+
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    (tiny_model_dir / "config.json").write_text(json.dumps({**config, "vocab_size": 10**12}))  # 6.4 x 10^13 weights
+    assert main(["train", str(_write_config(tmp_path, tiny_model_dir))]) == 2
+    refusals = {record.getMessage() for record in oxrl_log.records if record.levelname == "ERROR"}
+    assert len(refusals) == 1 and "refused before anything was allocated" in refusals.pop(), refusals
+    assert "loaded " not in oxrl_log.text  # load_model's line

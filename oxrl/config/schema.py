@@ -115,6 +115,10 @@ class ModelConfig(Section):
     freeze_vision: bool = Field(
         False, description="Vision-language models: freeze the vision tower and the projector, so that only the "
         "language model trains (with LoRA, adapters go on the language model either way).")
+    allow_oversized: bool = Field(
+        False, description="Load the model even when its size, counted from its config before anything is allocated, "
+        "is more than the device's memory (its weights alone; for training, its weights, optimizer state and frozen "
+        "copies under the configured strategy). Off: such a model is refused with the estimate (oxrl/models/memory.py).")
 
 
 class LoraConfig(Section):

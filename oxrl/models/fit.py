@@ -13,8 +13,8 @@ import torch
 from oxrl.config.names import PREFERENCE, REWARD_MODEL
 from oxrl.config.schema import Config, ModelConfig
 from oxrl.models.hardware import Devices, available_memory
-from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib, weights_sharded
-from oxrl.models.shape import ModelShape
+from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib, refuse_oversized, weights_sharded
+from oxrl.models.shape import ModelShape, ModelTooLargeError
 from oxrl.training.precision import samples_from_bf16_copy, uses_bf16
 
 logger = logging.getLogger(__name__)
@@ -107,16 +107,35 @@ def run_devices(device: torch.device, world_size: int) -> Devices:
     return Devices("cuda", world_size, detected.total, detected.name)
 
 
+# What the run holds before its first token: no batch size, sequence length or checkpointing lowers it.
+STATIC_PARTS = ("weights", "optimizer", "reference", "critic", "autocast_copies", "rollout_copy")
+
+
 def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_tokens: int | None = None) -> None:
-    """Before any model loads: the estimated peak per device, and a warning when it will not fit."""
+    """Before any model loads: the estimated peak per device, and a warning when it will not fit. A run whose
+    static memory (STATIC_PARTS) is more than a device has cannot train at all: a ModelTooLargeError, unless
+    `model.allow_oversized`."""
     from oxrl.models.load import ModelNotFoundError
 
     devices = run_devices(device, world_size)
+    plan = training_plan(cfg, devices, row_tokens=row_tokens)
     try:
-        estimate = estimate_memory(model_shape(cfg.model), training_plan(cfg, devices, row_tokens=row_tokens))
+        estimate = estimate_memory(model_shape(cfg.model), plan)
+    except ModelTooLargeError:
+        if not cfg.model.allow_oversized:
+            raise
+        logger.warning("memory: no estimate for %s (model.allow_oversized)", cfg.model.name_or_path)
+        return
     except (ModelNotFoundError, OSError, ValueError) as error:
         logger.info("memory: no estimate (%s)", error)  # the model load itself will say what is wrong
         return
+    if not cfg.model.allow_oversized:
+        parts = ", ".join(f"{part.replace('_', ' ')} {gib(getattr(estimate, part))}" for part in STATIC_PARTS
+                          if getattr(estimate, part))
+        refuse_oversized(estimate.static, devices, f"{cfg.model.name_or_path}: before its first token, training it with "
+                         f"strategy `{plan.strategy}` holds ({parts}) on each device, in all",
+                         "Train LoRA adapters (lora.enabled: true), shard the states over more devices (strategy.name: "
+                         "fsdp2 or deepspeed), or choose a smaller model")
     if fits(estimate, devices):
         logger.info("memory: %s", describe_fit(estimate, devices))
     else:

@@ -35,6 +35,16 @@ def available_memory(cpu: bool = False) -> Devices:
     return Devices("cpu", 1, _available_ram(), "CPU")
 
 
+def device_memory(device) -> Devices:
+    """The memory of one torch device: a GPU's total, or the RAM available now for the CPU."""
+    import torch
+
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return Devices("cuda", 1, torch.cuda.get_device_properties(index).total_memory, torch.cuda.get_device_name(index))
+    return Devices("cpu", 1, _available_ram(), "CPU")
+
+
 def _available_ram() -> int:
     try:
         with open("/proc/meminfo") as meminfo:

@@ -54,9 +54,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs):
-    """Call a transformers loader, turning 'not cached and no network' into a clear message."""
+    """Call a transformers loader, turning 'not cached and no network' into a clear message. A load of
+    safetensors weights (`use_safetensors`) from a local folder checks them first (oxrl/models/weights.py): pickle
+    only, damaged or missing files are one line naming the file."""
+    from safetensors import SafetensorError
+
+    from oxrl.models.weights import ModelWeightsError, check_weights
+
+    if kwargs.get("use_safetensors") and Path(source.path).is_dir():
+        check_weights(Path(source.path))
     try:
         return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
+    except SafetensorError as error:  # a hub model's cached file
+        raise ModelWeightsError(f"{what} `{source.path}`: a damaged safetensors file ({error}): delete the model from "
+                                "the Hugging Face cache and download it again") from None
     except OSError as error:
         if Path(source.path).exists():
             raise
@@ -198,20 +209,48 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
+def refuse_oversized_weights(config, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """A ModelTooLargeError before the weights are allocated, when they alone (counted from `config` on the meta
+    device: oxrl/models/shape.py) are more than `device`'s memory, unless `cfg.allow_oversized`."""
+    from oxrl.models.hardware import device_memory
+    from oxrl.models.memory import refuse_oversized
+    from oxrl.models.shape import ModelShape, ModelTooLargeError
+
+    if cfg.allow_oversized:
+        return
+    try:
+        shape = ModelShape.from_config(config.get_text_config(decoder=True), cfg.trust_remote_code)
+    except ModelTooLargeError as error:
+        raise ModelTooLargeError(f"{cfg.name_or_path}: {error}") from None
+    except ValueError as error:  # a family the meta build cannot make alone; the load itself will tell
+        logger.info("%s: its size was not counted before loading (%s)", cfg.name_or_path, error)
+        return
+    refuse_oversized(shape.parameters * dtype.itemsize, device_memory(device),
+                     f"{cfg.name_or_path}: its {shape.parameters:,} parameters (counted from its config) in "
+                     f"{str(dtype).removeprefix('torch.')} take",
+                     "Choose a smaller model, a larger device or a smaller model.dtype")
+
+
 def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None = None):
     """A causal LM (or a vision-language model: `is_vision_language`) on `device` in the configured dtype, its
-    vision tower and projector frozen when `cfg.freeze_vision`, with LoRA adapters when enabled."""
+    vision tower and projector frozen when `cfg.freeze_vision`, with LoRA adapters when enabled. Refused before
+    any weight is allocated when the weights alone would not fit the device (`refuse_oversized_weights`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from oxrl.models.weights import refuse_mismatched, warn_ignored_auto_map
 
     source = resolve_source(cfg.name_or_path)
     config = load_config(cfg)
+    if not cfg.trust_remote_code:
+        warn_ignored_auto_map(config, cfg.name_or_path)
     vision_language = is_vision_language(config)
     refuse_sequence_mixing_layers(config.get_text_config(decoder=True))  # before the weights load
     refuse_unpackable_vision(config)
     if cfg.freeze_vision and not vision_language:
         raise ValueError(f"model.freeze_vision is set but {cfg.name_or_path} is not a vision-language model")
     dtype = resolve_dtype(cfg.dtype, device)
-    model = from_pretrained_or_explain(
+    refuse_oversized_weights(config, cfg, device, dtype)
+    model, loading_info = from_pretrained_or_explain(
         AutoModelForImageTextToText if vision_language else AutoModelForCausalLM,
         source,
         "model",
@@ -220,7 +259,10 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         trust_remote_code=cfg.trust_remote_code,
         revision=cfg.revision,
         use_safetensors=None if source.gguf_file else True,
+        ignore_mismatched_sizes=True,  # reported by `refuse_mismatched`, naming the tensors, not a bare RuntimeError
+        output_loading_info=True,
     )
+    refuse_mismatched(loading_info, cfg.name_or_path)
     model.to(device)
     if cfg.attn_implementation in PACKED_CHOICES:
         use_packed_attention(model)  # after .to(device): it declines on CUDA, and for composite (VLM) configs

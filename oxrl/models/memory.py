@@ -62,7 +62,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from oxrl.algorithms.lm_head import CHUNK_ELEMENTS, FULL_LOGITS_ELEMENTS
-from oxrl.models.shape import ModelShape
+from oxrl.models.hardware import Devices
+from oxrl.models.shape import ModelShape, ModelTooLargeError
 
 GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -134,6 +135,16 @@ class MemoryEstimate:
 
 def gib(size: float) -> str:
     return f"{size / GIB:.2f} GiB"
+
+
+def refuse_oversized(needed: int, devices: Devices, what: str, remedies: str) -> None:
+    """A ModelTooLargeError when `needed` bytes are more than one of `devices` has. The message is `what` (the
+    model and what needs the bytes, e.g. "m: its weights take"), the size, the device's, and `remedies`."""
+    if needed > devices.total:
+        device = "the RAM available now" if devices.kind == "cpu" else f"one {devices.name}"
+        raise ModelTooLargeError(
+            f"{what} {gib(needed)}, more than the {gib(devices.total)} of {device}: refused before anything was "
+            f"allocated. {remedies}, or set model.allow_oversized: true to load it anyway")
 
 
 def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:

@@ -2,7 +2,9 @@
 
 The parameter counts come from building the model on PyTorch's meta device (no memory, no weights), so
 they are exact for every family transformers ships (tied embeddings, fused projections, MoE experts,
-q/k norms) instead of a per-family formula that would drift.
+q/k norms) instead of a per-family formula that would drift. Any width is free there (a vocabulary of 10^9
+is counted, not allocated); a layer is a Python object built in about a millisecond, so a config with more
+than MAX_LAYERS layers, more than any released model, is refused rather than built.
 """
 
 from __future__ import annotations
@@ -10,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+MAX_LAYERS = 1000  # decoder layers; the deepest released LLMs have about 130
+
+
+class ModelTooLargeError(ValueError):
+    """A model its device cannot hold, refused before anything is allocated (`model.allow_oversized` overrides)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class ModelShape:
         """From a transformers config of a causal LM (a vision-language config's `text_config` is not read here)."""
         from transformers import AutoModelForCausalLM
 
+        if config.num_hidden_layers > MAX_LAYERS:
+            raise ModelTooLargeError(
+                f"its config has num_hidden_layers={config.num_hidden_layers:,}, more than the {MAX_LAYERS:,} oxRL "
+                "counts (no released model has a tenth of that): a damaged config.json? (model.allow_oversized skips "
+                "this check)")
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
