@@ -19,6 +19,10 @@ The flow (partial folder, companions, RNG, publish) is `Strategy.save_checkpoint
 (oxrl/training/strategy.py); this module holds the pieces, and one model's single-device state
 (`write_model_state` / `read_model_state`).
 
+A checkpoint may be damaged or someone else's: its files are read by oxrl/training/checkpoint_files.py (one-line
+errors naming the file, nothing unpickled beyond tensors and plain values), and a resume checks the whole checkpoint
+(`check_intact`) before it deletes anything on its word.
+
 On resume the schedule's POSITION comes from the checkpoint and its VALUES from the config: the
 learning rate, schedule shape and optimizer hyper-parameters the loop built from the (possibly
 changed, see oxrl/training/run_dir.py) config replace the saved ones (`restore_configured`).
@@ -28,95 +32,91 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
+import os
 import random
-import re
-import shutil
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from oxrl.training.folders import publish_folder
+from oxrl.data.files import not_regular
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
+from oxrl.training.checkpoint_files import (
+    STEP_PREFIX,
+    TRAINER_STATE,
+    WHAT_TO_DO,
+    CheckpointError,
+    cause,
+    damaged,
+    folder_step,
+    load_json,
+    load_tensors,
+    load_torch_state,
+    read_trainer_state,
+)
+from oxrl.training.folders import publish_folder, remove_path
 
 logger = logging.getLogger(__name__)
-STEP_PREFIX = "step_"
-STEP_FOLDER = re.compile(r"step_(\d+)")
-WHAT_TO_DO = "resume from another checkpoint (run.resume=<its path>), or remove this one"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be resumed from: a file of it is damaged, or its recorded state contradicts its folder."""
-
-
-def _damaged(path: Path, error: BaseException) -> CheckpointError:
-    if isinstance(error, pickle.UnpicklingError):
-        # torch's own message advises loading with weights_only=False, which would run whatever the file holds.
-        why = "it holds objects other than tensors and plain values, which are not loaded"
-    else:
-        first = (str(error).strip().splitlines() or [""])[0][:200]
-        why = f"{type(error).__name__}: {first}" if first else type(error).__name__
-    return CheckpointError(f"{path}: damaged checkpoint file ({why}); {WHAT_TO_DO}")
-
-
-def load_torch_state(path: Path):
-    """A torch state file of a checkpoint (`weights_only=True`: tensors and plain values, nothing executed);
-    a damaged or hostile file is a CheckpointError naming it."""
-    try:
-        return torch.load(path, weights_only=True)
-    except FileNotFoundError as error:
-        raise CheckpointError(f"{path}: missing from its checkpoint; {WHAT_TO_DO}") from error
-    except (EOFError, RuntimeError, pickle.UnpicklingError, ValueError, OSError) as error:  # what torch raises for them
-        raise _damaged(path, error) from error
-
-
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file of a checkpoint; a damaged one is a CheckpointError naming it."""
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError) as error:
-        raise _damaged(path, error) from error
-
-
-def load_json(path: Path) -> dict:
-    """A JSON object of a checkpoint; anything else is a CheckpointError naming the file."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise CheckpointError(f"{path}: missing from its checkpoint; {WHAT_TO_DO}") from error
-    except (ValueError, RecursionError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _damaged(path, error) from error
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: damaged checkpoint file (a JSON {type(value).__name__}, not an object); {WHAT_TO_DO}")
-    return value
-
-
-def folder_step(checkpoint: Path) -> int | None:
-    """The step a checkpoint's folder name says (`step_000010` -> 10), None for another name."""
-    match = STEP_FOLDER.fullmatch(Path(checkpoint).name)
-    return int(match.group(1)) if match else None
 
 
 def check_intact(checkpoint: Path) -> None:
-    """Cheap checks, before a resume changes anything, that no file of `checkpoint` is visibly damaged: its trainer
-    state (`read_trainer_state`), every torch file a complete zip archive, every safetensors header whole."""
+    """Check, before a resume changes anything (a rewind deletes the later checkpoints on this one's word), that
+    `checkpoint` can be read: its trainer state (`read_trainer_state`), every file a regular one, the torch files
+    oxRL loads parsed (memory-mapped: their tensors are not read) and of the right kind, every other torch file
+    (DeepSpeed's) a complete archive, every safetensors header whole. A CheckpointError names the first bad file."""
     checkpoint = Path(checkpoint)
     read_trainer_state(checkpoint)
-    for path in sorted(checkpoint.rglob("*.pt")):
-        if path.is_file() and not zipfile.is_zipfile(path):
-            raise CheckpointError(f"{path}: damaged checkpoint file (not a complete torch archive); {WHAT_TO_DO}")
-    for path in sorted(checkpoint.rglob("*.safetensors")):
-        try:
-            with safe_open(path, framework="pt"):
-                pass
-        except (SafetensorError, OSError) as error:
-            raise _damaged(path, error) from error
+    for path in _files(checkpoint):
+        if path.suffix == ".pt":
+            _check_torch_file(path)
+        elif path.suffix == ".json" and path.parent.name == "training_state":  # (the HF folder's are the model's)
+            load_json(path)
+        elif path.suffix == ".safetensors":
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except Exception as error:  # noqa: BLE001 (the Rust parser's SafetensorError, or an OSError; re-raised)
+                raise damaged(path, cause(error)) from error
+
+
+def _files(checkpoint: Path) -> list[Path]:
+    """Every file under `checkpoint`, each a regular file (symlinks to one allowed). A symlink to a folder is
+    refused, not walked: one to `/` would have the whole machine checked."""
+    found = []
+    for folder, subfolders, files in os.walk(checkpoint):
+        for link in (Path(folder) / name for name in subfolders if os.path.islink(Path(folder) / name)):
+            raise CheckpointError(f"{link}: is a symlink to a folder ({os.path.realpath(link)}), and a checkpoint's "
+                                  f"folders are its own: copy it in; {WHAT_TO_DO}")
+        for name in sorted(files):
+            path = Path(folder) / name
+            try:
+                mode = os.stat(path).st_mode
+            except OSError as error:
+                raise CheckpointError(f"{path}: cannot be read ({error.strerror}); {WHAT_TO_DO}") from error
+            if not stat.S_ISREG(mode):
+                raise CheckpointError(f"{path}: {not_regular(path, mode)}; {WHAT_TO_DO}")
+            found.append(path)
+    return sorted(found)
+
+
+def _check_torch_file(path: Path) -> None:
+    if path.parent.name != "training_state":  # DeepSpeed's shards, which DeepSpeed loads itself
+        if not zipfile.is_zipfile(path):
+            raise damaged(path, "not a complete torch archive")
+    elif path.name.startswith("rng"):
+        read_rng_state(path, path.with_suffix(".json"))
+    elif path.name == "scheduler.pt":
+        check_schedule(path, load_torch_state(path))
+    else:
+        saved = load_torch_state(path, mmap=True, map_location="cpu")
+        if path.name == "optimizer.pt" and not (isinstance(saved, dict) and {"state", "param_groups"} <= saved.keys()):
+            raise damaged(path, "not an optimizer's state")
 
 
 def _rng_state() -> tuple[dict, dict]:
@@ -132,14 +132,48 @@ def _rng_state() -> tuple[dict, dict]:
     return tensors, plain
 
 
-def _set_rng_state(tensors: dict, plain: dict) -> None:
-    torch.set_rng_state(tensors["torch"])
-    if "cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(tensors["cuda"])
-    version, internal, gauss = plain["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = plain["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+@dataclass
+class RngState:
+    """One rank's saved RNG states, each checked by setting it on a fresh generator (`read_rng_state`)."""
+
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]
+    python: tuple
+    numpy: tuple
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch)
+        if self.cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+# What setting a malformed state raises (a missing key, a wrong type or length, a number out of range).
+_BAD_STATE = (KeyError, TypeError, ValueError, RuntimeError, OverflowError)
+
+
+def read_rng_state(tensors_path: Path, plain_path: Path) -> RngState:
+    """The RNG states `save_rng_state` wrote in `tensors_path` and `plain_path`; a CheckpointError names a bad file."""
+    tensors = load_torch_state(tensors_path)
+    try:
+        torch.Generator().set_state(tensors["torch"])
+        cuda = tensors.get("cuda", [])
+        if not (isinstance(cuda, list) and all(isinstance(state, torch.Tensor) for state in cuda)):
+            raise TypeError("its cuda states are not a list of tensors")
+    except _BAD_STATE as error:
+        raise damaged(tensors_path, f"not an RNG state: {cause(error)}") from error
+    plain = load_json(plain_path)
+    try:
+        version, internal, gauss = plain["python"]
+        python = (version, tuple(internal), gauss)
+        random.Random().setstate(python)
+        kind, keys, pos, has_gauss, cached = plain["numpy"]
+        numpy = (kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
+        np.random.RandomState().set_state(numpy)
+    except _BAD_STATE as error:
+        raise damaged(plain_path, f"not an RNG state: {cause(error)}") from error
+    return RngState(tensors["torch"], cuda, python, numpy)
 
 
 def _rng_names(rank: int) -> tuple[str, str]:
@@ -160,7 +194,7 @@ def load_rng_state(state_dir: Path, rank: int = 0) -> None:
         # e.g. resuming with more processes than were saved: the new rank keeps its seeded RNG.
         logger.warning("%s has no RNG state for rank %d: that rank keeps its current RNG", state_dir, rank)
         return
-    _set_rng_state(load_torch_state(state_dir / tensors_name), load_json(state_dir / plain_name))
+    read_rng_state(state_dir / tensors_name, state_dir / plain_name).restore()
 
 
 def partial_and_final_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
@@ -176,24 +210,6 @@ def publish_checkpoint(tmp: Path, final: Path, keep_last: int) -> Path:
     _prune(final.parent, keep_last)
     logger.info("saved checkpoint %s", final)
     return final
-
-
-def read_trainer_state(checkpoint: Path) -> dict:
-    """The checkpoint's step and counters. Its step must be a step number, and the one its folder's name says: a
-    resume trusts it to drop later checkpoints, set the schedule's position and skip the data already seen."""
-    path = Path(checkpoint) / "training_state" / "trainer_state.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
-    state = load_json(path)
-    step = state.get("step")
-    if type(step) is not int or step < 0:
-        raise CheckpointError(f"{path}: damaged checkpoint file (step {repr(step)[:40]} is not a step number, an "
-                              f"integer >= 0); {WHAT_TO_DO}")
-    named = folder_step(checkpoint)
-    if named is not None and named != step:
-        raise CheckpointError(f"{path}: records step {step} but its folder is {Path(checkpoint).name} (step {named}): "
-                              f"the checkpoint was altered or mixed with another; {WHAT_TO_DO}")
-    return state
 
 
 def step_of(checkpoint: Path) -> int:
@@ -219,14 +235,13 @@ def write_model_state(folder: Path, model, tokenizer, optimizer, scheduler, lora
 
 def _prune(root: Path, keep_last: int) -> None:
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old)
+        remove_path(old)  # a step folder that is a symlink is unlinked: what it points to is not this run's
 
 
 def list_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir()
-            if folder_step(p) is not None and (p / "training_state" / "trainer_state.json").is_file()]
+    done = [p for p in root.iterdir() if folder_step(p) is not None and (p / TRAINER_STATE).is_file()]
     return sorted(done, key=folder_step)
 
 
@@ -258,8 +273,41 @@ def read_model_state(folder: Path, model, optimizer, scheduler) -> None:
     state_dir = folder / "training_state"
     configured = ConfiguredSchedule.of(scheduler)
     _load_weights(model, folder)
-    optimizer.load_state_dict(load_torch_state(state_dir / "optimizer.pt"))
-    restore_configured(configured, scheduler, load_torch_state(state_dir / "scheduler.pt"))
+    read_optimizer(state_dir / "optimizer.pt", optimizer)
+    restore_configured(configured, scheduler, read_schedule(state_dir / "scheduler.pt", scheduler))
+
+
+def read_optimizer(path: Path, optimizer) -> None:
+    """Load the optimizer state saved in `path` into `optimizer`; a CheckpointError names a file that does not fit."""
+    saved = load_torch_state(path)
+    try:
+        optimizer.load_state_dict(saved)
+    except _BAD_STATE + (IndexError, AttributeError) as error:  # torch checks the groups' sizes, not the file's shape
+        raise CheckpointError(f"{path}: does not fit this run's optimizer ({cause(error)}); {WHAT_TO_DO}") from error
+
+
+def read_schedule(path: Path, scheduler) -> dict:
+    """The schedule state saved in `path`, checked (`check_schedule`) against `scheduler`'s parameter groups."""
+    return check_schedule(path, load_torch_state(path), groups=len(scheduler.optimizer.param_groups))
+
+
+def check_schedule(path: Path, saved, groups: int | None = None) -> dict:
+    """`saved`, read from `path`, as a schedule's state: a position (`last_epoch`, a count) and a peak learning rate
+    per parameter group (`groups` of them, when known). Its other keys become the scheduler's attributes, so none
+    may replace the optimizer it drives."""
+    if not isinstance(saved, dict):
+        raise damaged(path, f"a {type(saved).__name__}, not a schedule's state")
+    position, peaks = saved.get("last_epoch"), saved.get("base_lrs")
+    if type(position) is not int or position < 0:
+        raise damaged(path, f"last_epoch {str(position)[:40]} is not a count, an integer >= 0")
+    if not (isinstance(peaks, list) and peaks and all(type(lr) in (int, float) for lr in peaks)):
+        raise damaged(path, f"base_lrs {str(peaks)[:80]} are not learning rates")
+    if groups is not None and len(peaks) != groups:
+        raise CheckpointError(f"{path}: holds {len(peaks)} peak learning rate(s) for this run's {groups} parameter "
+                              f"group(s): it was written for another model or optimizer; {WHAT_TO_DO}")
+    if "optimizer" in saved:
+        raise damaged(path, "it would replace the scheduler's optimizer")
+    return saved
 
 
 @dataclass

@@ -52,10 +52,20 @@ def writing_folder(partial: Path, target: Path, remove_on_error: bool = True):
 
 def publish_folder(partial: Path, target: Path) -> Path:
     """Rename a complete partial folder into place, replacing an older `target`."""
-    if target.exists():
-        shutil.rmtree(target)
+    remove_path(target)
     partial.rename(target)
     return target
+
+
+def remove_path(path: Path) -> None:
+    """Delete `path` if it exists: a folder with everything in it, anything else (a symlink to a folder
+    included) unlinked. Symlinks are never followed, at any depth: what they point to is not ours to delete
+    (`shutil.rmtree` unlinks those inside a folder, but refuses a symlink given as the folder itself)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def as_write_error(error: Exception, target: Path) -> OutputWriteError | None:
@@ -92,9 +102,7 @@ def _likely_cause(target: Path) -> int:
 
 
 def _remove_partial(partial: Path) -> None:
-    if not partial.exists():
-        return
     try:
-        shutil.rmtree(partial)
+        remove_path(partial)
     except OSError as cleanup_error:  # the original error matters more; say what is left behind
         logger.warning("could not remove the partial folder %s: %s", partial, cleanup_error)

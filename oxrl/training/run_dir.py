@@ -2,7 +2,7 @@
 
     <output_dir>/<run.name>/
         .lock            the PID of the run using the directory, flock-ed for the run's whole life
-        .oxrl-run        the marker that says an oxRL run claimed the directory
+        .oxrl-run        the marker that says an oxRL run claimed the directory (JSON: format, created)
         config.yaml      the resolved config          metrics.jsonl     one row per logged step
         checkpoints/     step folders                 final/            the final HF folder
         summary.json, samples.json, curves.png, report.md
@@ -16,7 +16,12 @@ Rank 0 claims the directory before anything is written (`claim_run_dir`):
 - a directory that already holds a run is refused unless `run.resume` continues it or
   `run.overwrite` clears it first (only what a run writes, see RUN_OUTPUTS; other files stay;
   symlinks are unlinked, never followed). Overwrite clears only a directory that an oxRL run
-  claimed, as its `.oxrl-run` marker says: another tool's `checkpoints/` or `wandb/` is refused;
+  claimed, as its `.oxrl-run` marker says: another tool's `checkpoints/` or `wandb/` is refused,
+  and so is `run.resume=true` there when it holds no checkpoint (the run would start afresh over
+  those files). A run directory from before the marker existed resumes as before; to overwrite
+  it, delete its files yourself. Overwrite first moves the old outputs aside (renames, which
+  cannot half-succeed: a failure puts back what was moved and deletes nothing), then deletes them;
+- the `.lock` and the marker are regular files: a symlink there is never written through;
 - a resume lists every config key that differs from the run's saved `config.yaml` and stops unless
   `run.accept_config_changes` is set; then the new values apply from the resumed step;
 - a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
@@ -31,7 +36,7 @@ import json
 import logging
 import os
 import secrets
-import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -39,8 +44,10 @@ import yaml
 
 from oxrl.config.load import flatten, saved_form
 from oxrl.config.schema import Config
-from oxrl.training.checkpoint import check_intact, folder_step, latest_checkpoint, list_checkpoints, step_of
-from oxrl.training.folders import OutputWriteError
+from oxrl.data.files import not_regular
+from oxrl.training.checkpoint import check_intact, latest_checkpoint, list_checkpoints, step_of
+from oxrl.training.checkpoint_files import folder_step
+from oxrl.training.folders import OutputWriteError, remove_path
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +55,9 @@ LOCK_NAME = ".lock"
 # Written by the run that claims a directory: what tells an oxRL run from a folder of another tool's files with
 # the same generic names (`checkpoints/`, `wandb/`). Only a folder holding it is ever cleared by `run.overwrite`.
 MARKER_NAME = ".oxrl-run"
-MARKER_CONTENT = '{"oxrl_run": 1}\n'
+MARKER_FORMAT = 1  # the value of its `oxrl_run` key
+# Where overwrite moves the old outputs before deleting them; oxRL's own name (a leftover is deleted next time).
+OVERWRITTEN = ".oxrl-overwritten"
 # Any of these means the directory holds a run (oxRL's, or one that looks like it).
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
@@ -113,7 +122,7 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -146,11 +155,15 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
             raise RunDirError(f"run.overwrite would clear {run_dir}, which holds the checkpoint run.resume names: set only one")
         if resume_from is not None:
             _check_resumable(resume_from, cfg)
+        elif cfg.run.resume is True and holds_run(run_dir) and not is_oxrl_run(run_dir):
+            raise RunDirError(f"run.resume: {run_dir} holds no checkpoint to continue, and starting afresh would write "
+                              f"over {_foreign(run_dir)}")
         if holds_run(run_dir) and not (cfg.run.resume is True or inside):
             if not cfg.run.overwrite:
                 raise RunDirError(_refusal(run_dir, cfg.run.resume))
             if not is_oxrl_run(run_dir):
-                raise RunDirError(_not_ours(run_dir))
+                raise RunDirError(f"run.overwrite: {run_dir} was not cleared: overwrite deletes only an oxRL run's "
+                                  f"outputs, and it holds {_foreign(run_dir)}")
             clear_run(run_dir)
         if inside:
             _drop_checkpoints_after(run_dir, step_of(resume_from))
@@ -167,29 +180,90 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def is_oxrl_run(run_dir: Path) -> bool:
-    """Whether an oxRL run claimed `run_dir`: its marker is a regular file there (a symlink is not one)."""
-    marker = Path(run_dir) / MARKER_NAME
-    return marker.is_file() and not marker.is_symlink()
+    """Whether an oxRL run claimed `run_dir`: its marker is a regular file there (a symlink is not one) holding
+    what `_write_marker` writes."""
+    try:
+        fd = os.open(Path(run_dir) / MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # absent, a symlink (ELOOP), unreadable: not a marker
+        return False
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        text = file.read(4096)
+    try:
+        content = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(content, dict) and content.get("oxrl_run") == MARKER_FORMAT
 
 
 def clear_run(run_dir: Path) -> None:
     """Remove what a run writes (RUN_OUTPUTS); other files in the directory stay. A symlink among them is
-    unlinked, never followed: what it points to is not the run's."""
+    unlinked, never followed: what it points to is not the run's.
+
+    The outputs are first renamed into OVERWRITTEN (a rename moves a symlink, not what it points to), so that a
+    failure cannot leave half an old run: every rename succeeds, or those done are undone and nothing is deleted."""
+    run_dir = Path(run_dir)
+    trash = run_dir / OVERWRITTEN
+    remove_path(trash)  # what an earlier overwrite could not delete
+    trash.mkdir()
+    moved: list[str] = []
     for name in RUN_OUTPUTS:
-        path = Path(run_dir) / name
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            path.unlink()
-        elif path.is_dir():
-            shutil.rmtree(path)  # which unlinks the symlinks inside rather than descending into them
-    logger.warning("run.overwrite: cleared the previous run's outputs from %s", run_dir)
+        if not os.path.lexists(run_dir / name):
+            continue
+        try:
+            os.rename(run_dir / name, trash / name)
+        except OSError as error:
+            for done in reversed(moved):
+                os.rename(trash / done, run_dir / done)
+            trash.rmdir()
+            raise RunDirError(f"run.overwrite: could not move {run_dir / name} aside ({error.strerror or error}), so "
+                              "nothing was deleted: fix its permissions, or choose another run.name") from error
+        moved.append(name)
+    try:
+        remove_path(trash)
+    except OSError as error:  # the old run is gone from the directory already: the new one may start
+        logger.warning("run.overwrite: could not delete all of the previous run's outputs, moved to %s (%s): "
+                       "delete it yourself", trash, error)
+    logger.warning("run.overwrite: cleared the previous run's outputs from %s (%s)", run_dir, ", ".join(moved))
 
 
 def _write_marker(run_dir: Path) -> None:
-    marker = Path(run_dir) / MARKER_NAME
-    if marker.is_symlink():
-        marker.unlink()  # written through, a link would let the folder name another file as its marker
-    if not marker.is_file():
-        marker.write_text(MARKER_CONTENT)
+    """Claim `run_dir` for oxRL (once): written beside and renamed into place, which replaces a symlink there
+    rather than writing through it."""
+    if is_oxrl_run(run_dir):
+        return
+    partial = Path(run_dir) / f"{MARKER_NAME}.partial"
+    remove_path(partial)
+    content = json.dumps({"oxrl_run": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as file:
+        file.write(content + "\n")
+    try:
+        os.rename(partial, Path(run_dir) / MARKER_NAME)
+    except OSError as error:  # a folder of that name
+        partial.unlink()
+        raise RunDirError(f"{Path(run_dir) / MARKER_NAME} is in the way of oxRL's run marker ({error.strerror}): "
+                          "remove it, or choose another run.name") from error
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file opened for reading and writing (created if absent): a regular file, never a symlink's target
+    (a `.lock` linked to another file would have that file truncated to our PID)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        what = "a symlink" if error.errno == errno.ELOOP else "a folder"
+        raise RunDirError(f"{path} is {what}, not a run's lock file: remove it (oxRL never writes through it), "
+                          "or choose another run.name") from error
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise RunDirError(f"{path} {not_regular(path, mode)}, so it cannot be a run's lock file: remove it, or "
+                          "choose another run.name")
+    return fd
 
 
 def config_changes(saved: dict, new: dict) -> list[str]:
@@ -224,11 +298,11 @@ def _refusal(run_dir: Path, resume: bool | str) -> str:
             "run.overwrite=true to replace it, or choose another run.name")
 
 
-def _not_ours(run_dir: Path) -> str:
+def _foreign(run_dir: Path) -> str:
+    """What `run_dir` holds that no oxRL run claimed, and what to do: the end of a refusal."""
     found = ", ".join(name for name in RUN_MARKERS if os.path.lexists(Path(run_dir) / name))
-    return (f"run.overwrite: {run_dir} holds {found} but no {MARKER_NAME} marker, so no oxRL run wrote it (or one "
-            "older than the marker did), and overwrite deletes only an oxRL run's outputs: choose another run.name "
-            "or run.output_dir, or remove those files yourself")
+    return (f"{found} but no {MARKER_NAME} marker, so no oxRL run wrote them (or one from before the marker did): "
+            "choose another run.name or run.output_dir, or delete those files yourself")
 
 
 def _check_resumable(checkpoint: Path, cfg: Config) -> None:
@@ -256,7 +330,7 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
 def _drop_checkpoints_after(run_dir: Path, step: int) -> None:
     later = [c for c in list_checkpoints(run_dir / "checkpoints") if folder_step(c) > step]
     for checkpoint in later:
-        shutil.rmtree(checkpoint)
+        remove_path(checkpoint)  # a step folder that is a symlink is unlinked: what it points to is not this run's
     if later:
         logger.warning("resuming from step %d of %s: removed the later checkpoints %s (the abandoned continuation)",
                        step, run_dir, ", ".join(c.name for c in later))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import shutil
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -41,18 +40,17 @@ from oxrl.models.save import no_progress_bars
 from oxrl.training import distributed
 from oxrl.training.checkpoint import (
     ConfiguredSchedule,
-    load_json,
     load_rng_state,
-    load_torch_state,
     partial_and_final_dirs,
     publish_checkpoint,
     read_model_state,
-    read_trainer_state,
+    read_schedule,
     restore_configured,
     save_rng_state,
     write_model_state,
 )
-from oxrl.training.folders import writing_folder
+from oxrl.training.checkpoint_files import load_counts, read_trainer_state
+from oxrl.training.folders import remove_path, writing_folder
 from oxrl.training.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
@@ -196,8 +194,8 @@ class Strategy:
         for name, companion in self.attached:
             companion.check_finite_weights(f"checkpoint step {step} ({name})")
         tmp, final = partial_and_final_dirs(run_dir, step)
-        if self.is_main and tmp.exists():
-            shutil.rmtree(tmp)
+        if self.is_main:
+            remove_path(tmp)
         distributed.barrier()
         # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
         # stops the other ranks.
@@ -229,7 +227,7 @@ class Strategy:
         self.read_state(checkpoint)
         for name, companion in self.attached:
             companion.read_state(checkpoint / name)
-            companion.nonfinite.load_state_dict(load_json(checkpoint / name / "training_state" / NONFINITE_FILE))
+            companion.nonfinite.load_state_dict(load_counts(checkpoint / name / "training_state" / NONFINITE_FILE))
         load_rng_state(checkpoint / "training_state", self.rank)
         logger.info("resumed from %s", checkpoint)
         return trainer_state
@@ -399,4 +397,4 @@ class MultiProcessStrategy(Strategy):
                                     "from its HF folder")
         configured = ConfiguredSchedule.of(self.scheduler)  # before the shards bring the saved hyper-parameters back
         self.load_shards(self.shards_of(state_dir))
-        restore_configured(configured, self.scheduler, load_torch_state(state_dir / "scheduler.pt"))
+        restore_configured(configured, self.scheduler, read_schedule(state_dir / "scheduler.pt", self.scheduler))
