@@ -43,7 +43,9 @@ class RunConfig(Section):
         description="`true` continues the run named `name` from the latest checkpoint in its directory. A checkpoint "
         "path continues from that checkpoint: one of this run's own rewinds the run (its later checkpoints and "
         "metrics rows are dropped), another run's starts this run from its state. Config keys that differ from "
-        "the checkpoint's saved `config.yaml` stop the run unless `accept_config_changes`.",
+        "the checkpoint's saved `config.yaml` stop the run unless `accept_config_changes`. The checkpoint is checked "
+        "before anything is deleted: its recorded step must be its folder's, and a damaged or hostile state file "
+        "stops the run in one line naming it (state files load as tensors and plain values only).",
     )
     overwrite: bool = Field(
         False,
@@ -51,7 +53,8 @@ class RunConfig(Section):
         "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and "
         "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay, and "
         "symlinks are unlinked, never followed. Only a directory an oxRL run claimed (its `.oxrl-run` marker) is "
-        "cleared: another tool's files under the same names are refused.",
+        "cleared: another tool's files under the same names are refused. The outputs are moved aside before they "
+        "are deleted: if one cannot be moved, nothing is deleted.",
     )
     launcher: Literal[LAUNCHERS] = Field(
         "local",
