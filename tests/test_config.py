@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from oxrl.cli import main
-from oxrl.config.load import ConfigError, ConfigLoader, load_config, save_config
+from oxrl.config.load import ConfigError, ConfigLoader, load_config, read_yaml_file, save_config
 from oxrl.config.reference import config_reference
 
 BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
@@ -183,9 +183,25 @@ def test_a_config_that_is_not_a_small_regular_file_is_refused(tmp_path):
         load_config(fifo)
     huge = tmp_path / "huge.yaml"
     huge.write_text("# " + "x" * (2 << 20) + "\n")
-    with pytest.raises(ConfigError, match="more than a config's"):
+    with pytest.raises(ConfigError, match=r"huge.yaml: 2,097,155 bytes, more than the 1,048,576 a config file may have"):
         load_config(huge)
     deep = tmp_path / "deep.yaml"
     deep.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
     with pytest.raises(ConfigError, match="deep.yaml"):
         load_config(deep)
+
+
+def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
+    # A registry file (`oxrl models --registry FILE`) and a run's saved config.yaml (read on resume) go through
+    # read_yaml_file: a key given twice, an alias bomb or a FIFO is refused naming the file, as in a config.
+    from oxrl.models.registry import RegistryError, read_registry_file
+    from tests.hostile_files import make_fifo, raised_within
+
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("models:\n  - name: a/b\n    family: llama\n    family: qwen2\n")
+    with pytest.raises(RegistryError, match=r"registry.yaml, line 4.*key `family` appears twice, on line 3 and line 4"):
+        read_registry_file(registry)
+    fifo = make_fifo(tmp_path / "config.yaml")
+    error = raised_within(20, lambda: read_yaml_file(fifo), [fifo])
+    assert isinstance(error, ConfigError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: is it a YAML config?"

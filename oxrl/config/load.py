@@ -138,13 +138,16 @@ def _describe_yaml_error(error: yaml.YAMLError | RecursionError, text: str, wher
     return message
 
 
-def _read_yaml(file: Path) -> Any:
-    """The YAML document in `file`; a ConfigError naming the file, line and column if it is not valid YAML."""
-    size = file.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{file}: {size:,} bytes, more than a config's {MAX_CONFIG_BYTES:,}: is it a YAML config?")
+def read_yaml_file(file: Path) -> Any:
+    """The YAML document in `file` (a config, a saved run's config.yaml, a registry file), read as ConfigLoader
+    reads it; a ConfigError naming the file, line and column if it is not valid YAML, and naming the file if it is
+    not a regular file of at most MAX_CONFIG_BYTES (a FIFO would wait forever, a device never end)."""
+    from oxrl.data.files import InputFileError, read_bounded
+
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_bounded(file, MAX_CONFIG_BYTES, "a config file").decode("utf-8")
+    except InputFileError as error:
+        raise ConfigError(f"{file}: {error}: is it a YAML config?") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{file}: not UTF-8 text (byte {error.start}): is it a YAML config?") from error
     try:
@@ -239,7 +242,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"config file not found: {file}")
-        loaded = _read_yaml(file)
+        loaded = read_yaml_file(file)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -6,8 +6,9 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from oxrl.config.load import ConfigError, read_yaml_file
 
 REGISTRY_FILE = Path(__file__).with_name("registry.yaml")
 MODALITIES = ("text", "vision", "audio")
@@ -45,9 +46,9 @@ class RegistryEntry(BaseModel):
 
 def read_registry_file(path: Path) -> list[RegistryEntry]:
     try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise RegistryError(f"{path}: not valid YAML: {error}") from error
+        document = read_yaml_file(path)  # a key given twice, an alias bomb, a FIFO: refused, naming the file
+    except ConfigError as error:
+        raise RegistryError(str(error)) from error
     if not isinstance(document, dict) or not isinstance(document.get("models"), list):
         raise RegistryError(f"{path}: expected a mapping with a `models:` list of entries")
     entries = []

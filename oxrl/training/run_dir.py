@@ -40,9 +40,7 @@ import stat
 import time
 from pathlib import Path
 
-import yaml
-
-from oxrl.config.load import flatten, saved_form
+from oxrl.config.load import flatten, read_yaml_file, saved_form
 from oxrl.config.schema import Config
 from oxrl.data.files import not_regular
 from oxrl.training.checkpoint import check_intact, latest_checkpoint, list_checkpoints, step_of
@@ -315,7 +313,7 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
         logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",
                        checkpoint, saved_path)
         return
-    changes = config_changes(yaml.safe_load(saved_path.read_text()) or {}, saved_form(cfg))
+    changes = config_changes(read_yaml_file(saved_path) or {}, saved_form(cfg))
     if not changes:
         return
     listing = "\n  ".join(changes)
