@@ -195,3 +195,19 @@ def test_a_model_too_large_for_the_device_is_refused_before_loading(tmp_path, ke
     with pytest.raises(ModelTooLargeError, match=rf"^{re.escape(str(folder))}: .*{expected}") as caught:
         load_model(ModelConfig(name_or_path=str(folder)), torch.device("cpu"))
     assert "\n" not in str(caught.value)
+
+
+def test_a_model_folder_holding_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    from tests.hostile_files import make_fifo, raised_within
+
+    folder = tmp_path / "m"
+    make_tiny_llama().save_pretrained(folder)
+    fifo = make_fifo(folder / "tokenizer.json")  # the tokenizer's loader would wait on it forever
+    error = raised_within(20, lambda: load_tokenizer(ModelConfig(name_or_path=str(folder))), [fifo])
+    assert isinstance(error, ModelNotFoundError)
+    assert str(error) == f"{folder}: tokenizer.json is a FIFO (named pipe), not a regular file: a model folder holds regular files"
+    fifo.unlink()
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to("/dev/zero")
+    with pytest.raises(ModelNotFoundError, match=r"model.safetensors is a character device \(a symlink to /dev/zero\)"):
+        load_model(ModelConfig(name_or_path=str(folder)), torch.device("cpu"))

@@ -41,9 +41,10 @@ def check_regular(path: Path) -> int:
     return status.st_size
 
 
-def first_irregular(folder: Path) -> tuple[Path, str] | None:
-    """The first entry under `folder` (at any depth, symlinks followed) that is neither a folder nor a regular file,
-    and the problem with it; None when there is none. A symlink loop is walked once."""
+def first_irregular(folder: Path, recursive: bool = True) -> tuple[Path, str] | None:
+    """The first entry under `folder` (at any depth, or in it only unless `recursive`; symlinks followed) that is
+    neither a folder nor a regular file, and the problem with it; None when there is none. A symlink loop is walked
+    once."""
     seen: set[tuple[int, int]] = set()
     pending = [folder]
     while pending:
@@ -58,7 +59,8 @@ def first_irregular(folder: Path) -> tuple[Path, str] | None:
             except FileNotFoundError:
                 return entry, "is a symlink to nothing"
             if stat.S_ISDIR(mode):
-                pending.append(entry)
+                if recursive:
+                    pending.append(entry)
             elif not stat.S_ISREG(mode):
                 return entry, not_regular(entry, mode)
     return None

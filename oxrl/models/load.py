@@ -14,6 +14,7 @@ import torch
 
 from oxrl.algorithms.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
+from oxrl.data.files import first_irregular
 from oxrl.models.bundled import BUNDLED, resolve_bundled
 from oxrl.models.packed_attention import use_packed_attention
 
@@ -41,6 +42,9 @@ def resolve_source(name_or_path: str) -> ModelSource:
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             raise ModelNotFoundError(f"{path} is a folder but holds no config.json: not a Hugging Face model folder")
+        irregular = first_irregular(path, recursive=False)  # a FIFO tokenizer.json would hang its loader
+        if irregular is not None:
+            raise ModelNotFoundError(f"{path}: {irregular[0].name} {irregular[1]}: a model folder holds regular files")
         return ModelSource(str(path))
     if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise ModelNotFoundError(f"model path not found: {path}")
