@@ -134,8 +134,17 @@ def _absurd_model(folder: Path, **config_values) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("values", [{"vocab_size": 10**9}, {"hidden_size": 10**7, "head_dim": 2_500_000}])
-def test_a_run_whose_weights_and_optimizer_exceed_the_device_is_refused(tmp_path, monkeypatch, values):
+HOLDS = (r"before its first token, training it with strategy `single` holds \(weights [\d.]+ GiB, optimizer [\d.]+ "
+         r"GiB.*\) on each device, in all [\d.]+ GiB, more than the 8.00 GiB of the RAM available now: refused before "
+         r"anything was allocated\. Train LoRA")
+
+
+@pytest.mark.parametrize("values, refusal", [
+    ({"vocab_size": 10**9}, HOLDS),
+    ({"hidden_size": 10**7, "head_dim": 2_500_000}, HOLDS),
+    ({"num_hidden_layers": 10**6}, r"its config has num_hidden_layers=1,000,000, more than the 1,000 oxRL counts"),
+])
+def test_a_run_whose_weights_and_optimizer_exceed_the_device_is_refused(tmp_path, monkeypatch, values, refusal):
     from oxrl.config.load import load_config
     from oxrl.models import fit
     from oxrl.models.hardware import Devices
@@ -144,10 +153,7 @@ def test_a_run_whose_weights_and_optimizer_exceed_the_device_is_refused(tmp_path
     monkeypatch.setattr(fit, "available_memory", lambda cpu=False: Devices("cpu", 1, 8 * 1024**3, "CPU"))
     folder = _absurd_model(tmp_path / "m", **values)
     cfg = load_config(None, [f"model.name_or_path={folder}", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"])
-    with pytest.raises(ModelTooLargeError, match=rf"^{folder}: before its first token, training it with strategy "
-                                                 r"`single` holds \(weights [\d.]+ GiB, optimizer [\d.]+ GiB.*\) on each "
-                                                 r"device, in all [\d.]+ GiB, more than the 8.00 GiB of the RAM "
-                                                 r"available now: refused before anything was allocated\. Train LoRA"):
+    with pytest.raises(ModelTooLargeError, match=rf"^{folder}: {refusal}"):
         fit.log_memory_estimate(cfg, torch.device("cpu"), 1)
     allowed = cfg.model_copy(update={"model": cfg.model.model_copy(update={"allow_oversized": True})})
     fit.log_memory_estimate(allowed, torch.device("cpu"), 1)  # said in a warning, and left to the user

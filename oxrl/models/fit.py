@@ -121,9 +121,9 @@ def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_
     plan = training_plan(cfg, devices, row_tokens=row_tokens)
     try:
         estimate = estimate_memory(model_shape(cfg.model), plan)
-    except ModelTooLargeError:
+    except ModelTooLargeError as error:
         if not cfg.model.allow_oversized:
-            raise
+            raise ModelTooLargeError(f"{cfg.model.name_or_path}: {error}") from None
         logger.warning("memory: no estimate for %s (model.allow_oversized)", cfg.model.name_or_path)
         return
     except (ModelNotFoundError, OSError, ValueError) as error:

@@ -53,8 +53,8 @@ class ModelShape:
         if config.num_hidden_layers > MAX_LAYERS:
             raise ModelTooLargeError(
                 f"its config has num_hidden_layers={config.num_hidden_layers:,}, more than the {MAX_LAYERS:,} oxRL "
-                "counts (no released model has a tenth of that): a damaged config.json? (model.allow_oversized skips "
-                "this check)")
+                "counts (the deepest released models have about 130): a damaged config.json? (model.allow_oversized "
+                "skips this check)")
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
