@@ -257,3 +257,15 @@ def test_a_json_array_element_nested_too_deep_is_an_error_naming_it(tmp_path):
     path.write_text(json.dumps([{"prompt": nested(99), "response": "r"}] * 3))  # 100 levels: still a record
     assert len(read_dataset(DatasetSpec(path=str(path))).rows) == 3
 
+
+
+def test_the_nesting_scan_counts_brackets_outside_strings_only():
+    from oxrl.data.nesting import too_deep, too_deep_element
+
+    deep, shallow = nested(101).encode(), nested(99).encode()
+    assert too_deep(b'{"a": ' + deep + b"}") and not too_deep(b'{"a": ' + shallow + b"}")
+    assert not too_deep(b'{"a": "\\" ' + b"[" * 500 + b'"}')  # brackets after an escaped quote are still text
+    assert too_deep(b'{"a": "\\\\", "b": ' + deep + b"}")  # an escaped backslash ends before the closing quote
+    assert not too_deep(b'{"a": "\\\\\\"' + b"{" * 500 + b'"}')
+    assert too_deep_element(b'[{"a": 1},\n {"b": "],["},\n {"c": ' + deep + b"}]") == 3
+    assert too_deep_element(b"[" + b", ".join([shallow] * 300) + b"]") is None
