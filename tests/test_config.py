@@ -9,6 +9,7 @@ import yaml
 from oxrl.cli import main
 from oxrl.config.load import ConfigError, ConfigLoader, load_config, read_yaml_file, save_config
 from oxrl.config.reference import config_reference
+from tests.hostile_files import make_fifo, raised_within
 
 BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
 
@@ -179,8 +180,11 @@ def test_thousands_of_problems_are_counted_not_listed():
 def test_a_config_that_is_not_a_small_regular_file_is_refused(tmp_path):
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)  # reading it would wait forever for a writer
-    with pytest.raises(ConfigError, match="config file not found"):
-        load_config(fifo)
+    error = raised_within(20, lambda: load_config(fifo), [fifo])
+    assert isinstance(error, ConfigError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: is it a YAML config?"
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}: is a folder, not a regular file: is it a YAML config\?$"):
+        load_config(tmp_path)
     huge = tmp_path / "huge.yaml"
     huge.write_text("# " + "x" * (2 << 20) + "\n")
     with pytest.raises(ConfigError, match=r"huge.yaml: 2,097,155 bytes, more than the 1,048,576 a config file may have"):
@@ -195,7 +199,6 @@ def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
     # A registry file (`oxrl models --registry FILE`) and a run's saved config.yaml (read on resume) go through
     # read_yaml_file: a key given twice, an alias bomb or a FIFO is refused naming the file, as in a config.
     from oxrl.models.registry import RegistryError, read_registry_file
-    from tests.hostile_files import make_fifo, raised_within
 
     registry = tmp_path / "registry.yaml"
     registry.write_text("models:\n  - name: a/b\n    family: llama\n    family: qwen2\n")

@@ -240,7 +240,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     if path is not None:
         source = str(path)
         file = Path(path)
-        if not file.is_file():
+        if not file.exists():
             raise ConfigError(f"config file not found: {file}")
         loaded = read_yaml_file(file)
         if loaded is None:

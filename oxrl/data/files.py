@@ -73,13 +73,20 @@ def read_bounded(path: Path, limit: int, what: str = "an input file") -> bytes:
     Opened without blocking (a FIFO would wait for a writer) and checked as opened; the read stops past `limit`
     whatever the file claimed (one that grows while being read)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as file:
+    try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise InputFileError(not_regular(path, status.st_mode))
         if status.st_size > limit:
             raise InputFileError(f"{status.st_size:,} bytes, more than the {limit:,} {what} may have")
-        data = file.read(limit + 1)
+        data = bytearray()
+        while len(data) <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise InputFileError(f"grew past {limit:,} bytes while being read")
-    return data
+    return bytes(data)
