@@ -240,12 +240,20 @@ def test_a_damaged_checkpoint_file_is_one_line_naming_it_before_a_rewind_deletes
     assert _snapshot(checkpoints) == before
 
 
-def test_a_checkpoint_file_that_does_not_fit_the_run_is_one_line_naming_it(two_checkpoints, tmp_path, errors):
+@pytest.mark.parametrize("file", ["training_state/optimizer.pt", "model.safetensors"])
+def test_a_checkpoint_file_that_does_not_fit_the_run_is_one_line_naming_it(two_checkpoints, tmp_path, errors, file):
+    from safetensors.torch import save_file
+
     config, checkpoints = _copy_run(two_checkpoints, tmp_path)
-    target = checkpoints / "step_000002" / "training_state" / "optimizer.pt"
-    torch.save(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))]).state_dict(), target)  # another model's
+    target = checkpoints / "step_000002" / file
+    if target.suffix == ".pt":  # another model's, each a sound file of its kind
+        torch.save(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))]).state_dict(), target)
+        says = f"{target}: does not fit this run's optimizer ("
+    else:
+        save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, target)
+        says = f"{target.parent}: its weights do not fit this model ("
     assert _resume(config) == 2
-    assert errors[-1].startswith(f"{target}: does not fit this run's optimizer ("), errors
+    assert len(errors) == 1 and errors[0].startswith(says) and len(errors[0].splitlines()) == 1, errors
 
 
 def test_a_fifo_in_a_checkpoint_is_refused_by_what_it_is_not_waited_on(two_checkpoints, tmp_path, errors):
@@ -282,3 +290,19 @@ def test_a_run_from_before_the_marker_resumes_and_is_marked(two_checkpoints, tmp
     (checkpoints.parent / ".oxrl-run").unlink()
     assert _resume(config) == 0
     assert json.loads((checkpoints.parent / ".oxrl-run").read_text())["oxrl_run"] == 1
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "random bytes", "hostile pickle"])
+def test_every_rank_loads_torch_state_files_as_one_line_errors_without_running_them(tmp_path, damage):
+    """What the other ranks (which do not check the checkpoint first) meet when they load a damaged file."""
+    from oxrl.training.checkpoint_files import CheckpointError, load_torch_state
+
+    path = tmp_path / "training_state" / "optimizer.pt"
+    path.parent.mkdir()
+    torch.save({"state": {}, "param_groups": [{"lr": 0.1}]}, path)
+    path.write_bytes(DAMAGE[damage](path))
+    with pytest.raises(CheckpointError) as raised:
+        load_torch_state(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: damaged checkpoint file (") and len(message.splitlines()) == 1, message
+    assert "weights_only" not in message and not list(tmp_path.rglob("PWNED"))

@@ -55,6 +55,7 @@ from oxrl.training.checkpoint_files import (
     cause,
     damaged,
     folder_step,
+    load_counts,
     load_json,
     load_tensors,
     load_torch_state,
@@ -76,7 +77,7 @@ def check_intact(checkpoint: Path) -> None:
         if path.suffix == ".pt":
             _check_torch_file(path)
         elif path.suffix == ".json" and path.parent.name == "training_state":  # (the HF folder's are the model's)
-            load_json(path)
+            load_counts(path)
         elif path.suffix == ".safetensors":
             try:
                 with safe_open(path, framework="pt"):
@@ -106,10 +107,11 @@ def _files(checkpoint: Path) -> list[Path]:
 
 
 def _check_torch_file(path: Path) -> None:
+    if not zipfile.is_zipfile(path):  # (truncated: its central directory, at the end, is missing)
+        raise damaged(path, "an empty file" if path.stat().st_size == 0 else "not a complete torch archive")
     if path.parent.name != "training_state":  # DeepSpeed's shards, which DeepSpeed loads itself
-        if not zipfile.is_zipfile(path):
-            raise damaged(path, "not a complete torch archive")
-    elif path.name.startswith("rng"):
+        return
+    if path.name.startswith("rng"):
         read_rng_state(path, path.with_suffix(".json"))
     elif path.name == "scheduler.pt":
         check_schedule(path, load_torch_state(path))
@@ -251,10 +253,20 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _load_weights(model, checkpoint: Path) -> None:
-    state_dir = checkpoint / "training_state"
+    try:
+        _copy_weights(model, checkpoint)
+    except RuntimeError as error:  # torch: a saved tensor of another shape than the model's
+        raise CheckpointError(f"{checkpoint}: its weights do not fit this model ({cause(error)}): it was written for "
+                              f"another model or LoRA setting; {WHAT_TO_DO}") from error
+
+
+def _copy_weights(model, checkpoint: Path) -> None:
     if is_peft(model):
-        saved = load_tensors(state_dir / "adapter.safetensors")
-        params = dict(model.named_parameters())
+        path = checkpoint / "training_state" / "adapter.safetensors"
+        saved, params = load_tensors(path), dict(model.named_parameters())
+        if set(saved) - set(params):
+            raise CheckpointError(f"{path}: holds adapter weights this model does not have "
+                                  f"({_some(set(saved) - set(params))}); {WHAT_TO_DO}")
         for name, value in saved.items():
             params[name].data.copy_(value)
         return
@@ -264,7 +276,13 @@ def _load_weights(model, checkpoint: Path) -> None:
     missing, unexpected = model.load_state_dict(saved, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(f"{checkpoint}: its weights do not match the model (missing {_some(set(missing) - tied)}; "
+                              f"unexpected {_some(unexpected)}); {WHAT_TO_DO}")
+
+
+def _some(names) -> str:
+    names = sorted(names)
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "") if names else "none"
 
 
 def read_model_state(folder: Path, model, optimizer, scheduler) -> None:

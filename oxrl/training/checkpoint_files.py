@@ -53,28 +53,30 @@ def cause(error: BaseException) -> str:
     text = str(error)
     if "weights_only" in text:
         found = text.partition("WeightsUnpickler error:")[2].strip().split(". ")[0].splitlines()
-        return "it holds objects other than tensors and plain values, which are never loaded" + (
+        return "not a file of tensors and plain values only, and nothing else is ever loaded" + (
             f": {found[0][:160]}" if found and "weights_only" not in found[0] else "")
     first = text.strip().split(". ")[0].splitlines()
     return f"{type(error).__name__}: {first[0][:160]}" if first else type(error).__name__
 
 
-def _regular(path: Path) -> None:
-    """`path` is a regular file (symlinks followed), else a CheckpointError saying what it is."""
+def _nonempty(path: Path) -> None:
+    """`path` is a regular file (symlinks followed) and not empty, else a CheckpointError saying what it is."""
     try:
-        check_regular(path)
+        size = check_regular(path)
     except FileNotFoundError as error:
         raise CheckpointError(f"{path}: missing from its checkpoint; {WHAT_TO_DO}") from error
     except InputFileError as error:
         raise CheckpointError(f"{path}: {error}; {WHAT_TO_DO}") from error
     except OSError as error:
         raise CheckpointError(f"{path}: cannot be read ({error.strerror or error}); {WHAT_TO_DO}") from error
+    if size == 0:
+        raise damaged(path, "an empty file")
 
 
 def load_torch_state(path: Path, **options):
     """A torch state file of a checkpoint (`weights_only=True`; `options` such as `mmap`, `map_location` passed
     on); a damaged or hostile file is a CheckpointError naming it."""
-    _regular(path)
+    _nonempty(path)
     try:
         return torch.load(path, weights_only=True, **options)
     # torch parses untrusted bytes here and raises whatever its code path hits (EOFError, UnpicklingError,
@@ -85,7 +87,7 @@ def load_torch_state(path: Path, **options):
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A safetensors file of a checkpoint; a damaged one is a CheckpointError naming it."""
-    _regular(path)
+    _nonempty(path)
     try:
         return load_file(path)
     except Exception as error:  # noqa: BLE001 (the Rust parser's SafetensorError, or an OSError; re-raised)
@@ -94,7 +96,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def load_json(path: Path) -> dict:
     """A JSON object of a checkpoint; anything else is a CheckpointError naming the file."""
-    _regular(path)
+    _nonempty(path)
     try:
         value = json.loads(read_bounded(path, JSON_LIMIT, "checkpoint JSON file").decode("utf-8"))
     except InputFileError as error:
