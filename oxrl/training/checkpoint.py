@@ -94,7 +94,7 @@ def _files(checkpoint: Path) -> list[Path]:
         for link in (Path(folder) / name for name in subfolders if os.path.islink(Path(folder) / name)):
             raise CheckpointError(f"{link}: is a symlink to a folder ({os.path.realpath(link)}), and a checkpoint's "
                                   f"folders are its own: copy it in; {WHAT_TO_DO}")
-        for name in sorted(files):
+        for name in files:
             path = Path(folder) / name
             try:
                 mode = os.stat(path).st_mode
@@ -152,7 +152,7 @@ class RngState:
 
 
 # What setting a malformed state raises (a missing key, a wrong type or length, a number out of range).
-_BAD_STATE = (KeyError, TypeError, ValueError, RuntimeError, OverflowError)
+_BAD_STATE = (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError, OverflowError)
 
 
 def read_rng_state(tensors_path: Path, plain_path: Path) -> RngState:
@@ -300,7 +300,7 @@ def read_optimizer(path: Path, optimizer) -> None:
     saved = load_torch_state(path)
     try:
         optimizer.load_state_dict(saved)
-    except _BAD_STATE + (IndexError, AttributeError) as error:  # torch checks the groups' sizes, not the file's shape
+    except _BAD_STATE as error:  # torch checks the groups' sizes, not the file's shape
         raise CheckpointError(f"{path}: does not fit this run's optimizer ({cause(error)}); {WHAT_TO_DO}") from error
 
 
