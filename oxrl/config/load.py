@@ -34,6 +34,8 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of settings; a larger file is n
 # so a few hundred bytes of nested aliases ("billion laughs") would hold the CLI for minutes and gigabytes.
 MAX_EXPANDED_NODES = 100_000
 QUOTED_CHARS = 200  # of a value quoted in an error message
+# Of a validator's message: ours list the valid choices, and may quote the value, which must stay bounded.
+MESSAGE_CHARS = 2000
 MAX_REPORTED_ERRORS = 20  # problems listed in one error; the count of the rest follows
 
 
@@ -87,7 +89,7 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def _bounded(value: Any) -> str:
+def _bounded(value: Any, limit: int = QUOTED_CHARS) -> str:
     """A value as an error message may quote it: a bounded repr, whatever its size or depth."""
     if isinstance(value, str):
         text = value
@@ -96,7 +98,7 @@ def _bounded(value: Any) -> str:
         quote.maxlevel, quote.maxstring, quote.maxother = 3, QUOTED_CHARS, QUOTED_CHARS
         quote.maxdict = quote.maxlist = quote.maxtuple = quote.maxset = 6
         text = quote.repr(value)
-    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + f"... ({len(text):,} characters)"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -222,12 +224,12 @@ def describe_errors(error: ValidationError, source: str) -> str:
             lines.append(f"  - missing required key `{dotted}`")
         elif isinstance(item.get("input"), dict):  # a check across a section's keys: the message names them
             where = f"in `{dotted}`: " if dotted else ""
-            lines.append(f"  - {where}{_bounded(item['msg'].removeprefix('Value error, '))}")
+            lines.append(f"  - {where}{_bounded(item['msg'].removeprefix('Value error, '), MESSAGE_CHARS)}")
         else:
             value = item.get("input")
             # A field validator's own message (e.g. an unknown algorithm.name) arrives prefixed "Value error, ".
             lines.append(f"  - `{dotted}` = {_bounded(value) if not isinstance(value, str) else repr(_bounded(value))}: "
-                         f"{_bounded(item['msg'].removeprefix('Value error, '))}")
+                         f"{_bounded(item['msg'].removeprefix('Value error, '), MESSAGE_CHARS)}")
     if len(items) > MAX_REPORTED_ERRORS:
         lines.append(f"  - ... and {len(items) - MAX_REPORTED_ERRORS} more")
     return "\n".join(lines)
