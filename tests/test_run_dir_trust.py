@@ -306,3 +306,19 @@ def test_every_rank_loads_torch_state_files_as_one_line_errors_without_running_t
     message = str(raised.value)
     assert message.startswith(f"{path}: damaged checkpoint file (") and len(message.splitlines()) == 1, message
     assert "weights_only" not in message and not list(tmp_path.rglob("PWNED"))
+
+
+def test_the_files_a_run_writes_are_never_written_through_a_symlink(tmp_path):
+    _claim(tmp_path)
+    run = tmp_path / "x"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("train.log", "failure.txt", "metrics.jsonl", "summary.json"):
+        (run / name).symlink_to(victim)
+    _claim(tmp_path, overwrite=True)
+    assert [name for name in ("train.log", "failure.txt", "metrics.jsonl", "summary.json")
+            if os.path.lexists(run / name)] == []
+    assert victim.read_text() == "precious\n"
+    (run / "train.log").symlink_to(victim)  # a marked run resumed with no checkpoint yet
+    _claim(tmp_path, resume=True)
+    assert not (run / "train.log").is_symlink() and victim.read_text() == "precious\n"

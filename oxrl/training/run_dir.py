@@ -165,6 +165,7 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
             clear_run(run_dir)
         if inside:
             _drop_checkpoints_after(run_dir, step_of(resume_from))
+        _unlink_linked_outputs(run_dir)
         _write_marker(run_dir)
     except BaseException:
         lock.release()
@@ -224,6 +225,17 @@ def clear_run(run_dir: Path) -> None:
         logger.warning("run.overwrite: could not delete all of the previous run's outputs, moved to %s (%s): "
                        "delete it yourself", trash, error)
     logger.warning("run.overwrite: cleared the previous run's outputs from %s (%s)", run_dir, ", ".join(moved))
+
+
+def _unlink_linked_outputs(run_dir: Path) -> None:
+    """Unlink a symlink where the run will write one of its files (train.log, metrics.jsonl, ...): written
+    through, a link would have the run append to whatever it points to. Folders (a `checkpoints/` moved to
+    another disk) are left: what the run writes there are new files of its own."""
+    for name in RUN_OUTPUTS:
+        path = Path(run_dir) / name
+        if path.is_symlink() and not path.is_dir():
+            path.unlink()
+            logger.warning("%s was a symlink; removed it (the link only) rather than write through it", path)
 
 
 def _write_marker(run_dir: Path) -> None:
