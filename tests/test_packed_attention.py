@@ -13,8 +13,10 @@ import torch.nn.functional as F
 from oxrl.algorithms.logprobs import forward_logits
 from oxrl.data.types import pack
 from oxrl.loops.objectives import get_objective
-from oxrl.models.packed_attention import (PACKED_ATTENTION, packed_causal_mask, packed_sdpa_attention_forward,
-                                          packed_sequence_lengths, use_packed_attention)
+from oxrl.algorithms.model_inputs import forward_inputs, packed_row
+from oxrl.data.types import Segment
+from oxrl.models.packed_attention import (PACKED_ATTENTION, VARLEN, document_block_mask, packed_causal_mask,
+                                          packed_kernel, packed_sdpa_attention_forward, use_packed_attention)
 from tests.conftest import make_tiny_llama
 from tests.test_packing import _examples, _padded_reference
 
@@ -47,28 +49,102 @@ MODELS = {
 }
 
 
-def test_sequence_lengths_follow_position_restarts():
-    assert packed_sequence_lengths(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])) == [3, 2, 4]
-    assert packed_sequence_lengths(torch.tensor([4, 5, 6])) == [3]  # one sequence, offset start
-    assert packed_sequence_lengths(torch.tensor([0, 1, 5, 6, 0])) == [2, 2, 1]  # any jump starts one
+def test_the_packer_lays_out_each_sequence_and_its_shared_prefix():
+    batch = pack(_examples())
+    starts = [s.start for s in batch.segments]
+    assert starts == [0, *torch.tensor([s.length for s in batch.segments]).cumsum(0)[:-1].tolist()]
+    assert sum(s.length for s in batch.segments) == batch.input_ids.shape[1]
+    assert torch.equal(torch.bincount(batch.seq_index), torch.tensor([s.length for s in batch.segments]))
+    shared = pack(_shared_prefix_examples(), share_prefixes=True)
+    root, continuation = shared.segments[0], shared.segments[1]
+    assert (root.shared, continuation.shared, continuation.root) == (0, 3, 0)
+    assert continuation.start == root.length  # only its own tokens are laid
+    assert shared.position_ids[0, continuation.start].item() == 3  # positions go on from the prefix
 
 
-def test_kernel_equals_sdpa_with_block_diagonal_mask():
-    # Attention level: per-sequence SDPA == one SDPA over the row with the block-diagonal causal mask.
-    lengths = [5, 1, 9, 3]
+def _shared_prefix_examples():
+    """Two answers to one 3-token prompt (the prefix is untrained), then a sequence of its own."""
+    from oxrl.data.types import Example, Sequence
+
+    prompt = [5, 6, 7]
+    return [Example([Sequence(prompt + [9, 10, 11], [False] * 3 + [True] * 3),
+                     Sequence(prompt + [12, 13], [False] * 3 + [True] * 2)]),
+            Example([Sequence([20, 21, 22, 23], [False, True, True, True])])]
+
+
+def _row(lengths, shared=None, roots=None):
+    """A PackedRow of sequences of `lengths` (own tokens), laid end to end."""
+    from oxrl.data.types import PackedBatch
+
+    shared = shared or [0] * len(lengths)
+    roots = roots or [0] * len(lengths)
+    starts = torch.tensor([0, *lengths]).cumsum(0).tolist()
+    segments = tuple(Segment(start, length, s, r) for start, length, s, r in zip(starts, lengths, shared, roots))
+    batch = PackedBatch(input_ids=torch.zeros(1, sum(lengths), dtype=torch.long), position_ids=None, loss_mask=None,
+                        seq_index=None, seq_example=None, seq_role=None, fields={}, num_examples=0, segments=segments)
+    return packed_row(batch, "cpu")
+
+
+def _masked_reference(query, key, value, row, dim):
+    """One SDPA over the whole row under the explicit mask the layout means (the dense T x T reference)."""
+    total = row.length
+    sequence = torch.repeat_interleave(torch.arange(len(row.segments)), torch.tensor([s.length for s in row.segments]))
+    q, k = torch.arange(total)[:, None], torch.arange(total)[None, :]
+    root = torch.tensor([s.root for s in row.segments])[sequence][:, None]
+    shared = torch.tensor([s.shared for s in row.segments])[sequence][:, None]
+    mask = ((sequence[:, None] == sequence[None, :]) & (k <= q)) | ((k >= root) & (k < root + shared))
+    groups = query.shape[1] // key.shape[1]
+    return F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1),
+                                          attn_mask=mask, scale=dim**-0.5).transpose(1, 2)
+
+
+LAYOUTS = {
+    "own sequences": dict(lengths=[5, 1, 9, 3]),
+    # sequence 1 continues the first 4 tokens of sequence 0 (at 0), sequence 3 the first 2 of sequence 2 (at 9)
+    "shared prefixes": dict(lengths=[6, 3, 7, 4], shared=[0, 4, 0, 2], roots=[0, 0, 9, 9]),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_equals_sdpa_with_the_dense_mask(layout):
+    # Attention level, on a CPU: the per-sequence kernel == one SDPA over the row with the dense mask.
+    row = _row(**LAYOUTS[layout])
     heads, kv_heads, dim = 4, 2, 8
-    total = sum(lengths)
-    query = torch.randn(1, heads, total, dim)
-    key, value = torch.randn(1, kv_heads, total, dim), torch.randn(1, kv_heads, total, dim)
-    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
-    out, _ = packed_sdpa_attention_forward(torch.nn.Module(), query, key, value, None, scaling=dim**-0.5,
-                                           position_ids=position_ids)
+    query = torch.randn(1, heads, row.length, dim)
+    key, value = torch.randn(1, kv_heads, row.length, dim), torch.randn(1, kv_heads, row.length, dim)
+    assert packed_kernel(query, dim**-0.5) == "sdpa"
+    out, _ = packed_sdpa_attention_forward(torch.nn.Module(), query, key, value, None, scaling=dim**-0.5, packed_row=row)
+    torch.testing.assert_close(out, _masked_reference(query, key, value, row, dim), **TOLERANCE)
 
-    sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    mask = (sequence[:, None] == sequence[None, :]) & torch.ones(total, total, dtype=torch.bool).tril()
-    expected = F.scaled_dot_product_attention(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1),
-                                              attn_mask=mask, scale=dim**-0.5)
-    torch.testing.assert_close(out, expected.transpose(1, 2), **TOLERANCE)
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # the reference path, on purpose
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_flex_attention_with_the_document_mask_equals_the_per_sequence_kernel(layout):
+    # The CUDA fallback's mask, run by FlexAttention's reference (eager) path on a CPU.
+    from torch.nn.attention.flex_attention import flex_attention
+
+    row = _row(**LAYOUTS[layout])
+    query = torch.randn(1, 4, row.length, 8)
+    key, value = torch.randn(1, 2, row.length, 8), torch.randn(1, 2, row.length, 8)
+    flex = flex_attention(query, key, value, block_mask=document_block_mask(row), scale=8**-0.5, enable_gqa=True)
+    out, _ = packed_sdpa_attention_forward(torch.nn.Module(), query, key, value, None, scaling=8**-0.5, packed_row=row)
+    torch.testing.assert_close(flex.transpose(1, 2), out, **TOLERANCE)
+
+
+def test_the_kernel_choice():
+    query = torch.zeros(1, 2, 4, 8)
+    assert packed_kernel(query, 8**-0.5) == "sdpa"  # a CPU: per-sequence SDPA
+    assert not VARLEN.applies(query, 8**-0.5)  # FlashAttention is CUDA's only, and half precision's
+    if VARLEN.function is not None:  # the installed torch's keyword for causality
+        assert VARLEN.causal in ({"is_causal": True}, {"window_size": (-1, 0)})
+
+
+def test_the_model_receives_the_packers_layout_not_the_position_ids():
+    model = _packed(make_tiny_llama())
+    batch = pack(_examples())
+    row = forward_inputs(model, batch)["packed_row"]
+    assert [s.length for s in row.segments] == torch.bincount(batch.seq_index).tolist()
+    assert "packed_row" not in forward_inputs(make_tiny_llama(), batch)  # sdpa builds its own mask
 
 
 def test_no_block_diagonal_mask_is_built_for_a_packed_row():
@@ -82,6 +158,15 @@ def test_missing_position_ids_is_an_error_not_cross_attention():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="position ids"):
         packed_sdpa_attention_forward(torch.nn.Module(), q, q, q, None)
+
+
+def test_a_packed_row_without_its_layout_is_an_error_not_cross_attention():
+    model = _packed(make_tiny_llama())
+    batch = pack(_examples())
+    with pytest.raises(ValueError, match="without its layout"):
+        model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+    one = torch.arange(6)[None]  # one ordinary sequence needs no layout
+    model(input_ids=one + 3, position_ids=one, use_cache=False)
 
 
 @pytest.mark.parametrize("name", MODELS)

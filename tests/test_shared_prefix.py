@@ -11,7 +11,7 @@ import torch
 
 from oxrl.algorithms.logprobs import sequence_sums, token_logprobs
 from oxrl.config.schema import PreferenceConfig
-from oxrl.data.types import Example, Sequence, pack
+from oxrl.data.types import Segment, Example, Sequence, pack
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.rl_batch import completion_example, score_logprobs
 from oxrl.loops.sl import run_micro_batches
@@ -122,5 +122,6 @@ def test_only_the_packed_kernel_reads_the_layout(tmp_path):
 def test_a_continuation_of_a_prefix_no_sequence_holds_is_an_error(packed_model):
     batch = pack([Example([Sequence([1, 2, 3], [False, True, True])])])
     batch.position_ids = torch.tensor([[0, 5, 6]])  # a continuation of 5 tokens after a 1-token sequence
+    batch.segments = (Segment(0, 1), Segment(1, 2, shared=5, root=0))
     with pytest.raises(ValueError, match="continues a prefix of 5 tokens"):
         token_logprobs(packed_model, batch)

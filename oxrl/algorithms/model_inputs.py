@@ -21,9 +21,68 @@ outputs back in the row's order, so callers never see the difference.
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass, field
+
 import torch
 
-from oxrl.data.types import PackedBatch
+from oxrl.data.types import PackedBatch, Segment
+
+# oxRL's packed attention kernel (oxrl/models/packed_attention.py) as transformers knows it. The name contains "sdpa"
+# on purpose: transformers then runs its sdpa-support check on the model when the implementation is set
+# (`get_correct_attn_implementation`), which we want because every call that is not a packed training forward is
+# delegated to sdpa.
+PACKED_ATTENTION = "oxrl_packed_sdpa"
+
+
+@dataclass
+class PackedRow:
+    """What the kernel reads of one packed row, from the packer's `Segment`s: per sequence its query tokens and
+    its keys (a continuation's shared prefix, then its own tokens). Built once per forward (`packed_row`) and read by
+    oxRL's packed attention kernel (oxrl/models/packed_attention.py)."""
+
+    segments: tuple[Segment, ...]  # the packer's, row order
+    length: int  # T
+    cu_q: torch.Tensor  # [S + 1] int32 on the row's device: query segment ends
+    cu_k: torch.Tensor  # [S + 1] int32: key segment ends (longer than the queries' by each continuation's prefix)
+    max_q: int
+    max_k: int
+    key_index: torch.Tensor | None  # [T_k] row positions of the keys, in key-segment order; None: the row itself
+    kernel_state: dict = field(default_factory=dict, repr=False)  # what a kernel builds once per row (a block mask)
+
+    @property
+    def continues(self) -> bool:
+        return self.key_index is not None
+
+
+def packed_row(batch: PackedBatch, device: torch.device | str) -> PackedRow:
+    """The `PackedRow` of `batch`'s row, its index tensors on `device`."""
+    segments = batch.segments
+    roots = {s.start: s for s in segments if not s.shared}
+    for s in segments:
+        if s.shared and (s.root not in roots or s.shared > roots[s.root].length or s.root >= s.start):
+            raise ValueError(f"a packed row's sequence at {s.start} continues a prefix of {s.shared} tokens at {s.root} "
+                             "that no earlier sequence holds")
+    own = [s.length for s in segments]
+    keys = [s.shared + s.length for s in segments]
+    key_index = None
+    if any(s.shared for s in segments):
+        key_index = torch.cat([torch.cat([torch.arange(s.root, s.root + s.shared), torch.arange(s.start, s.start + s.length)])
+                               for s in segments]).to(device)
+    return PackedRow(segments, sum(own), segment_ends(own, device), segment_ends(keys, device), max(own, default=0),
+                     max(keys, default=0), key_index)
+
+
+def segment_ends(lengths: list[int], device: torch.device | str) -> torch.Tensor:
+    """[S + 1] int32 cumulative lengths from 0, FlashAttention's `cu_seqlens`."""
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
+
+def cache_keyword(model) -> str:
+    """The keyword a model's forward (and `generate`) takes its KV cache by: `cache` since transformers 5.2x, where
+    `past_key_values` is deprecated (and warns at every call), `past_key_values` before."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def hf_config(model):
@@ -92,11 +151,26 @@ def rope_index_owner(model):
     return next((module for module in model.modules() if hasattr(module, "get_rope_index")), None)
 
 
-def forward_inputs(model, batch: PackedBatch) -> dict[str, torch.Tensor]:
-    """Keyword arguments of `model(...)` for a packed row: ids, positions, and the row's image tensors."""
+def forward_inputs(model, batch: PackedBatch) -> dict:
+    """Keyword arguments of `model(...)` for a packed row: ids, positions, the row's image tensors, and where its
+    sequences lie for the attention kernel that reads it (`boundary_inputs`)."""
     owner = rope_index_owner(model)
     positions = batch.position_ids if owner is None else multimodal_positions(owner, batch)
-    return {"input_ids": batch.input_ids, "position_ids": positions, **batch.vision}
+    return {"input_ids": batch.input_ids, "position_ids": positions, **batch.vision, **boundary_inputs(model, batch)}
+
+
+def boundary_inputs(model, batch: PackedBatch) -> dict:
+    """The packer's sequence boundaries in the form the model's attention reads them: oxRL's kernel takes the row's
+    `PackedRow`, transformers' `flash_attention_2` the FlashAttention `cu_seq_lens_*` / `max_length_*` keywords
+    (transformers' own names, which its decoder layers pass on to the attention function). Other implementations
+    get nothing: transformers' sdpa and eager build their block-diagonal mask from the position ids themselves."""
+    implementation = getattr(hf_config(model), "_attn_implementation", None)
+    if implementation == PACKED_ATTENTION:
+        return {"packed_row": packed_row(batch, batch.input_ids.device)}
+    if implementation == "flash_attention_2":
+        row = packed_row(batch, batch.input_ids.device)
+        return {"cu_seq_lens_q": row.cu_q, "cu_seq_lens_k": row.cu_k, "max_length_q": row.max_q, "max_length_k": row.max_k}
+    return {}
 
 
 def multimodal_positions(owner, batch: PackedBatch) -> torch.Tensor:

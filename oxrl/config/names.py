@@ -67,6 +67,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # train.optim.schedule (oxrl.tr
 MIXED_PRECISION_MODES = ("auto", "no", "bf16")  # train.mixed_precision (the strategies)
 REFERENCE_MODES = ("frozen_copy", "lora_disabled", "precomputed")  # preference.reference (oxrl.models.reference)
 ROLLOUT_ENGINES = ("hf", "vllm")  # rl.rollout.engine (oxrl.rollout.build.ENGINES)
+ROLLOUT_DECODES = ("auto", "generate", "static", "compiled")  # rl.rollout.decode (oxrl.rollout.hf.static_decoder)
 ROLLOUT_PRECISIONS = ("auto", "trainer", "bf16")  # rl.rollout.precision (oxrl.training.precision.samples_from_bf16_copy)
 REWARD_ERROR_MODES = ("raise", "zero")  # rl.on_reward_error (oxrl.rewards.combine)
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")  # rl.advantage (advantages.ADVANTAGES)

@@ -15,7 +15,7 @@ from oxrl.config.names import (
     ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
-    RL_ALGORITHMS, ROLLOUT_ENGINES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
+    RL_ALGORITHMS, ROLLOUT_DECODES, ROLLOUT_ENGINES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     canonical_algorithm, check_trackers,
 )
 from oxrl.config.rl_presets import resolve, resolve_online
@@ -105,10 +105,11 @@ class ModelConfig(Section):
     )
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = Field(
         "auto",
-        description="Attention kernel. `auto`/`packed_sdpa`: SDPA run once per sequence of a packed row "
-        "(oxrl/models/packed_attention.py) where it applies, else transformers' default, `sdpa` or `eager` "
-        "where a model has no sdpa path (Gemma 2's soft-capping; the reason is logged); "
-        "it declines on CUDA, where `flash_attention_2` does variable-length attention natively.",
+        description="Attention kernel. `auto`/`packed_sdpa`: variable-length attention over packed rows "
+        "(oxrl/models/packed_attention.py) where it applies: SDPA once per sequence on a CPU, torch's varlen "
+        "FlashAttention on CUDA in bf16/fp16, FlexAttention on CUDA otherwise; else transformers' default, `sdpa` or "
+        "`eager` where a model has no sdpa path (Gemma 2's soft-capping; the reason is logged). `flash_attention_2` "
+        "(the flash-attn package) reads the same packed boundaries.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub to run. Off unless you trust it.")
@@ -383,6 +384,14 @@ class RolloutConfig(Section):
         64, gt=0,
         description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
         "(all `n` samples of a prompt share one prefill), and at least one prompt's `n`.",
+    )
+    decode: Literal[ROLLOUT_DECODES] = Field(
+        "auto",
+        description="`hf` engine: how it decodes. `generate`: transformers' generate with a dynamic KV cache, "
+        "finished rows leaving the batch every 8 tokens. `compiled`: a static KV cache, each decoding step under "
+        "torch.compile and replayed as a CUDA graph (oxrl/rollout/static_decode.py; the first call of a shape "
+        "compiles). `static`: the same static cache without compiling. `auto`: `compiled` on CUDA for a text model "
+        "on one process (not sharded), else `generate`.",
     )
     precision: Literal[ROLLOUT_PRECISIONS] = Field(
         "auto",

@@ -118,6 +118,18 @@ class Example:
         return sum(sum(s.loss_mask) for s in self.sequences)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Where one sequence of a packed row lies: `length` tokens from row position `start`. A continuation
+    (`pack(share_prefixes=True)`) also reads the first `shared` tokens of the sequence laid at row position `root`,
+    the prefix it shares; attention kernels take the row's boundaries from these, never from its position ids."""
+
+    start: int
+    length: int
+    shared: int = 0
+    root: int = 0
+
+
 @dataclass
 class PackedBatch:
     input_ids: torch.Tensor  # [1, T] long
@@ -128,6 +140,7 @@ class PackedBatch:
     seq_role: torch.Tensor  # [S] long: position of the sequence inside its example (0 = chosen, 1 = rejected)
     fields: dict[str, torch.Tensor]  # per-example tensors [E]
     num_examples: int
+    segments: tuple[Segment, ...]  # each sequence's place in the row, in row order (the packer's own boundaries)
     vision: dict[str, torch.Tensor] = field(default_factory=dict)  # image tensors of the row's sequences, in order
     # [T] long: the row position whose logits predict each token; None means the one before it. Differs only at the
     # first token of a continuation (`pack(share_prefixes=True)`), predicted by the end of the prefix it shares.
@@ -151,6 +164,7 @@ class PackedBatch:
             seq_role=self.seq_role.to(device),
             fields={k: v.to(device) for k, v in self.fields.items()},
             num_examples=self.num_examples,
+            segments=self.segments,
             vision={k: v.to(device) for k, v in self.vision.items()},
             predictor=None if self.predictor is None else self.predictor.to(device),
         )
@@ -171,6 +185,7 @@ def pack(examples: list[Example], share_prefixes: bool = False) -> PackedBatch:
     seq_role: list[int] = []
     vision: list[dict[str, torch.Tensor]] = []
     predictor: list[int] = []
+    segments: list[Segment] = []
     root, root_start = None, 0
     for e_idx, example in enumerate(examples):
         for role, seq in enumerate(example.sequences):
@@ -183,6 +198,7 @@ def pack(examples: list[Example], share_prefixes: bool = False) -> PackedBatch:
             else:
                 root, root_start = seq, len(ids)
                 predictor.extend(range(len(ids) - 1, len(ids) + len(seq) - 1))
+            segments.append(Segment(len(ids), len(seq) - shared, shared, root_start if shared else 0))
             ids.extend(seq.input_ids[shared:])
             pos.extend(range(shared, len(seq)))
             mask.extend(seq.loss_mask[shared:])
@@ -201,6 +217,7 @@ def pack(examples: list[Example], share_prefixes: bool = False) -> PackedBatch:
         seq_role=torch.tensor(seq_role, dtype=torch.long),
         fields=fields,
         num_examples=len(examples),
+        segments=tuple(segments),
         vision=concat_vision(vision),
         predictor=torch.tensor(predictor, dtype=torch.long) if sharing else None,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from oxrl.algorithms.model_inputs import forward_inputs
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack
@@ -29,7 +30,7 @@ from oxrl.rollout.base import Completion
 def value_rows(critic, completions: list[Completion], device) -> tuple[torch.Tensor, torch.Tensor]:
     """Critic values [S, L] of the state before each completion token, and the mask [S, L]."""
     batch = pack([completion_example(c) for c in completions]).to(device)
-    out = critic(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+    out = critic(**forward_inputs(critic, batch), use_cache=False)
     values = out.logits[0, :, 0]  # [T]
     index, valid = completion_index(batch)
     return values[(index - 1).clamp(min=0)] * valid, valid

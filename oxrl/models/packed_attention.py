@@ -1,27 +1,37 @@
-"""Per-sequence attention for packed rows, plugged into transformers through its public
+"""Variable-length attention for packed rows, plugged into transformers through its public
 `AttentionInterface` / `AttentionMaskInterface` registries.
 
 oxRL trains on packed rows: several sequences end to end in one row [1, T], position ids
 restarting at 0 for each, no attention mask, no KV cache (`oxrl.data.types.pack`). Under
 `attn_implementation="sdpa"` transformers detects the packing from the position ids and builds a
 T x T block-diagonal causal mask, so SDPA computes all T^2 scores although only the
-per-sequence causal blocks (sum of L_i^2) are needed; with an explicit mask SDPA also cannot use
-its `is_causal` fast path. Here each sequence gets its own `scaled_dot_product_attention(...,
-is_causal=True)` call instead: the variable-length ("varlen") idea of FlashAttention (Dao et al.
-2022, arXiv:2205.14135, `flash_attn_varlen_func` with `cu_seqlens`), done with stock SDPA one
-sequence at a time.
+per-sequence causal blocks (sum of L_i^2) are needed, and on CUDA a per-layer `where` over that mask
+grows with it too. Here each sequence attends only to itself: the variable-length ("varlen") idea
+of FlashAttention (Dao et al. 2022, arXiv:2205.14135, `flash_attn_varlen_func` with `cu_seqlens`).
+Which kernel does it (`packed_kernel`), all shipped with torch:
 
-How the sequence boundaries reach the kernel (public API only): the decoder layers of
-transformers' Llama-style models forward `position_ids` to the attention function as a keyword
-argument, so the kernel splits where the position ids do not go up by exactly 1, the rule of
-transformers' own `find_packed_sequence_indices`. It recomputes this per layer (a diff over T
-integers, negligible next to attention) rather than caching it anywhere.
+* CPU: stock SDPA once per sequence with `is_causal=True` (the fastest of the three there).
+* CUDA, bf16/fp16: `torch.nn.attention.varlen.varlen_attn`, FlashAttention-2 over the whole row in
+  one call (torch >= 2.10; its keyword for causality changed from `is_causal` (2.10) to
+  `window_size=(-1, 0)` (2.11+), and `enable_gqa` came in 2.12: `VarlenCall` reads the installed
+  signature once).
+* CUDA otherwise (fp32, or a torch without `varlen`): FlexAttention (arXiv:2412.05496) under
+  `torch.compile`, with a document block mask built once per row (`document_block_mask`).
 
-A sequence whose positions do not start at 0 is a continuation (`oxrl.data.types.pack(share_prefixes=True)`: a
-DPO pair's rejected answer after the chosen one, the later completions of a GRPO group): it carries on from the
-first `start` tokens of the last sequence that did start at 0, its shared prompt, so its queries attend to those
-keys and to its own, causally. Only this kernel reads that layout; `prefix_sharing(model)` says whether a model
-runs it.
+Where the boundaries come from: the packer. `row_forward` (oxrl/algorithms/model_inputs.py) hands the
+row's `PackedRow` to the model as the keyword `packed_row`; transformers' Llama-style decoder layers
+forward their keyword arguments to the attention function, where the kernel reads it. Position ids
+are never parsed for boundaries (a family whose layers mix sequences some other way, linear attention,
+would see them differently); a single row whose positions restart but that carries no `packed_row`
+is an error, not cross-sequence attention.
+
+A continuation (`pack(share_prefixes=True)`: a DPO pair's rejected answer after the chosen one, the
+later completions of a GRPO group) carries on from the first `shared` tokens of its root sequence, its
+shared prompt, so its queries attend to those keys and to its own, causally (query i sees keys up to
+`shared + i`). The varlen call gathers each continuation's keys (prefix, then its own), so its key
+segment is `shared` longer than its query segment, and FlashAttention's causal mask, aligned at the
+bottom-right corner, is exactly that; FlexAttention's mask names the prefix; the CPU loop concatenates.
+Only this kernel reads that layout; `prefix_sharing(model)` says whether a model runs it.
 
 Every other call (a 2-D padding mask, a KV cache, batch > 1, decoding, sliding-window layers)
 is handed unchanged to transformers' `sdpa_attention_forward` with the mask its `sdpa_mask` builds,
@@ -33,7 +43,10 @@ no mask in either case (sdpa_mask drops an all-ones one) and keeps the sequences
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
@@ -42,27 +55,86 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from oxrl.algorithms.model_inputs import hf_config
+from oxrl.algorithms.model_inputs import PACKED_ATTENTION, PackedRow, hf_config
 
 logger = logging.getLogger(__name__)
 
-# The name contains "sdpa" on purpose: transformers then runs its sdpa-support check on the model
-# when the implementation is set (`get_correct_attn_implementation`), which we want because every
-# call that is not a packed training forward is delegated to sdpa.
-PACKED_ATTENTION = "oxrl_packed_sdpa"
+KERNELS = ("sdpa", "varlen", "flex")  # what `packed_kernel` chooses from
 
 
-def packed_sequence_lengths(position_ids: torch.Tensor) -> list[int]:
-    """Lengths of the sequences of one packed row, from its position ids [1, T] or [T].
+class VarlenCall:
+    """`torch.nn.attention.varlen.varlen_attn` as the installed torch spells it (None where it has none)."""
 
-    A sequence starts wherever the position does not follow the previous one by exactly 1
-    (transformers' rule in `masking_utils.find_packed_sequence_indices`), e.g.
-    [0 1 2 0 1 0 1 2 3] -> [3, 2, 4].
-    """
-    positions = position_ids.reshape(-1)
-    starts = (torch.nonzero(positions[1:] - positions[:-1] != 1).flatten() + 1).tolist()
-    bounds = [0, *starts, positions.numel()]
-    return [end - start for start, end in zip(bounds, bounds[1:])]
+    def __init__(self) -> None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:  # torch < 2.10
+            self.function = None
+            return
+        self.function = varlen_attn
+        parameters = inspect.signature(varlen_attn).parameters
+        self.causal = {"is_causal": True} if "is_causal" in parameters else {"window_size": (-1, 0)}
+        self.takes_scale = "scale" in parameters
+        self.takes_gqa = "enable_gqa" in parameters
+
+    def applies(self, query: torch.Tensor, scaling: float | None) -> bool:
+        """Whether it computes this call: FlashAttention needs CUDA and half precision, and a torch without a
+        `scale` keyword only the default 1/sqrt(D)."""
+        default_scale = scaling is None or math.isclose(scaling, query.shape[-1] ** -0.5, rel_tol=1e-6)
+        return (self.function is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
+                and (self.takes_scale or default_scale))
+
+    def __call__(self, query, key, value, cu_q, cu_k, max_q: int, max_k: int, scaling: float | None) -> torch.Tensor:
+        """[T_q, H, D] queries, [T_k, H_kv, D] keys and values -> [T_q, H, D]."""
+        extra = dict(self.causal)
+        if self.takes_scale and scaling is not None:
+            extra["scale"] = scaling
+        if key.shape[1] != query.shape[1]:
+            if self.takes_gqa:
+                extra["enable_gqa"] = True
+            else:  # before 2.12 the public call checks equal head counts
+                groups = query.shape[1] // key.shape[1]
+                key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        return self.function(query, key, value, cu_q, cu_k, max_q, max_k, **extra)
+
+
+VARLEN = VarlenCall()
+
+
+def document_block_mask(row: PackedRow):
+    """FlexAttention's BlockMask over the row itself: a query sees its own sequence's earlier tokens and, for a
+    continuation, its root's first `shared` tokens."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = row.cu_q.device
+    sequence = torch.repeat_interleave(torch.arange(len(row.segments), device=device),
+                                       torch.tensor([s.length for s in row.segments], device=device))
+    root = torch.tensor([s.root for s in row.segments], device=device)
+    shared = torch.tensor([s.shared for s in row.segments], device=device)
+
+    def visible(batch, head, q, kv):
+        own = (sequence[q] == sequence[kv]) & (kv <= q)
+        prefix = (kv >= root[sequence[q]]) & (kv < root[sequence[q]] + shared[sequence[q]])
+        return own | prefix
+
+    # Built as compiled code on CUDA (what FlexAttention's docs advise for long rows): eagerly it would hold T x T.
+    build = torch.compile(create_block_mask) if device.type == "cuda" else create_block_mask
+    return build(visible, None, None, row.length, row.length, device=device)
+
+
+@functools.cache
+def compiled_flex_attention():
+    """FlexAttention under `torch.compile`, once per process: uncompiled it materialises every score."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def packed_kernel(query: torch.Tensor, scaling: float | None) -> str:
+    """Which kernel computes a packed row whose queries are `query` (one of `KERNELS`)."""
+    if not query.is_cuda:
+        return "sdpa"
+    return "varlen" if VARLEN.applies(query, scaling) else "flex"
 
 
 def _is_packed_training_call(query: torch.Tensor, key: torch.Tensor, attention_mask, causal: bool, kwargs) -> bool:
@@ -95,45 +167,73 @@ def packed_sdpa_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """An attention function with the signature of transformers' `sdpa_attention_forward`,
-    returning ([B, T_q, H, D], None). Packed training rows are split per sequence; anything else
-    goes to transformers' `sdpa_attention_forward` untouched."""
+    returning ([B, T_q, H, D], None). A packed training row attends within each of its sequences (the
+    `packed_row` keyword says where they are); anything else goes to transformers' `sdpa_attention_forward`."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    row: PackedRow | None = kwargs.pop("packed_row", None)
     if not _is_packed_training_call(query, key, attention_mask, causal, kwargs):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None or position_ids.numel() != query.shape[2]:
-        # Our mask function skipped the block-diagonal mask, so without the position ids we
-        # cannot see the boundaries: refuse rather than attend across sequences.
+    if row is None:
+        refuse_unlabelled_packing(module, kwargs.get("position_ids"))
+        return sdpa_attention_forward(
+            module, query, key, value, None, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    if row.length != query.shape[2]:
+        raise ValueError(f"the packed row's layout covers {row.length} tokens but the attention call has {query.shape[2]}")
+    if dropout:
+        raise ValueError(f"{PACKED_ATTENTION} does not apply attention dropout ({dropout}); set the model's "
+                         "attention_dropout to 0 or use attn_implementation='sdpa'")
+    kernel = packed_kernel(query, scaling)
+    if kernel == "varlen":
+        q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
+        if row.continues:
+            k, v = k[row.key_index], v[row.key_index]
+        out = VARLEN(q, k, v, row.cu_q, row.cu_k, row.max_q, row.max_k, scaling)
+        return out[None], None
+    grouped_query = query.shape[1] != key.shape[1]  # GQA: the kernels share the kv heads themselves
+    if kernel == "flex":
+        if "block_mask" not in row.kernel_state:  # once per row: every layer, and their backward, reuse it
+            row.kernel_state["block_mask"] = document_block_mask(row)
+        out = compiled_flex_attention()(query, key, value, block_mask=row.kernel_state["block_mask"], scale=scaling,
+                                    enable_gqa=grouped_query)
+        return out.transpose(1, 2).contiguous(), None
+    return per_sequence_sdpa(query, key, value, row, scaling, grouped_query).transpose(1, 2).contiguous(), None
+
+
+def per_sequence_sdpa(query, key, value, row: PackedRow, scaling: float | None, grouped_query: bool) -> torch.Tensor:
+    """[1, H, T, D]: one causal SDPA call per sequence (a continuation's with its root's prefix keys in front)."""
+    outputs = []
+    for segment in row.segments:
+        own = slice(segment.start, segment.start + segment.length)
+        q, k, v = query[:, :, own], key[:, :, own], value[:, :, own]
+        if not segment.shared:
+            outputs.append(F.scaled_dot_product_attention(q, k, v, scale=scaling, is_causal=True, enable_gqa=grouped_query))
+            continue
+        prefix = slice(segment.root, segment.root + segment.shared)
+        keys, values = torch.cat([key[:, :, prefix], k], 2), torch.cat([value[:, :, prefix], v], 2)
+        visible = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device).tril(segment.shared)
+        outputs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scaling,
+                                                      enable_gqa=grouped_query))
+    return torch.cat(outputs, dim=2)
+
+
+def refuse_unlabelled_packing(module: torch.nn.Module, position_ids: torch.Tensor | None) -> None:
+    """A row reached the kernel without the packer's layout: fine for one ordinary sequence (positions going up by
+    one), an error where the positions restart (a packed row run outside `row_forward`) or are not passed at all,
+    rather than attention across the sequences."""
+    if position_ids is None:
         raise ValueError(
             f"{PACKED_ATTENTION} needs the row's position ids in the attention kwargs; "
             f"{type(module).__name__} does not pass them. Use attn_implementation='sdpa' for this model."
         )
-    lengths = packed_sequence_lengths(position_ids)
-    if len(lengths) == 1:  # an ordinary causal forward: sdpa's own is_causal path
-        return sdpa_attention_forward(
-            module, query, key, value, None, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    positions = position_ids.reshape(-1)
+    if positions.numel() > 1 and bool((positions[1:] - positions[:-1] != 1).any()):
+        raise ValueError(
+            f"a packed row (position ids restarting) reached {PACKED_ATTENTION} without its layout: run packed rows "
+            "through oxrl.algorithms.model_inputs.row_forward (or pass `packed_row=packed_row(batch, device)`)"
         )
-    # GQA: SDPA shares the kv heads itself (enable_gqa, torch >= 2.5), no repeated copies of K and V.
-    grouped_query = query.shape[1] != key.shape[1]
-    starts = position_ids.reshape(-1)[torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)].tolist()
-    outputs, root_key, root_value = [], None, None  # each output [1, H, L_i, D]
-    for q, k, v, start in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2), starts):
-        if start == 0:  # a sequence of its own
-            outputs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
-                                                          enable_gqa=grouped_query))
-            root_key, root_value = k, v
-            continue
-        # A continuation (`pack(share_prefixes=True)`): it follows the first `start` tokens of the last sequence that
-        # began at 0, so its queries see those keys and its own, causally (query i sees keys up to start + i).
-        if root_key is None or start > root_key.shape[2]:
-            raise ValueError(f"a packed row continues a prefix of {start} tokens that no earlier sequence holds")
-        keys, values = torch.cat([root_key[:, :, :start], k], 2), torch.cat([root_value[:, :, :start], v], 2)
-        visible = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device).tril(start)
-        outputs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, dropout_p=dropout,
-                                                      scale=scaling, enable_gqa=grouped_query))
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def packed_causal_mask(
@@ -189,8 +289,6 @@ def register_packed_attention() -> None:
 def packed_attention_unsupported_reason(model) -> str | None:
     """Why `model` should not use the packed kernel, or None when it can."""
     config = model.config
-    if any(p.device.type == "cuda" for p in model.parameters()):
-        return "on CUDA, attn_implementation='flash_attention_2' does variable-length packed attention natively"
     if config.sub_configs:
         return "composite (e.g. multimodal) models build extra mask patterns this kernel does not reproduce"
     if not getattr(config, "is_causal", True):
@@ -223,5 +321,6 @@ def use_packed_attention(model) -> bool:
         logger.info("keeping attention %r: %s cannot switch its attention implementation at runtime",
                     model.config._attn_implementation, type(model).__name__)
         return False
-    logger.info("attention: %s (per-sequence SDPA over packed rows)", PACKED_ATTENTION)
+    logger.info("attention: %s (variable-length attention over packed rows: per-sequence SDPA on a CPU, varlen "
+                "FlashAttention or FlexAttention on CUDA)", PACKED_ATTENTION)
     return True

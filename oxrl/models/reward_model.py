@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from oxrl.algorithms.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
 from oxrl.models.load import hf_attn_implementation
@@ -66,6 +67,6 @@ def sequence_scores(model, batch: PackedBatch) -> torch.Tensor:
     if head is None:
         raise TypeError(f"{type(model).__name__} has no `score` head; a reward model must be a decoder sequence classifier")
     transformer = getattr(model, model.base_model_prefix)
-    hidden = transformer(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    hidden = transformer(**forward_inputs(transformer, batch), use_cache=False).last_hidden_state
     token_scores = head(hidden)[0, :, 0]  # [T]
     return token_scores[last_scored_positions(batch, model.config.pad_token_id)]

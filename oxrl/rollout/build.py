@@ -57,7 +57,7 @@ def _hf_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, pr
 
     # Sharded weights: every rank runs as many decoding steps as the slowest one (each step gathers weights).
     return HFEngine(model, tokenizer, rollout.max_batch_size, synced=strategy.shards_parameters and strategy.world_size > 1,
-                    autocast=strategy.autocast, sample_in_bf16=samples_in_bf16(rollout, strategy))
+                    autocast=strategy.autocast, sample_in_bf16=samples_in_bf16(rollout, strategy), decode=rollout.decode)
 
 
 def _vllm_engine(rollout: RolloutConfig, model, tokenizer, strategy, seed: int, processor=None):

@@ -30,6 +30,10 @@ itself (`padded_positions`, the model's own `get_rope_index`) and hands them to 
 `generate`, which extends them by one per new token; nothing rests on position offsets a model keeps from an
 earlier call.
 
+On CUDA the engine decodes from a static KV cache with each step compiled and replayed as a CUDA graph
+(oxrl/rollout/static_decode.py, `rl.rollout.decode`): `generate`'s dynamic cache is launch-bound there. Rows do not
+leave a static cache, so that path keeps every row to the end of the call; the CPU keeps `generate` and its rounds.
+
 Weights that diverged (e.g. one update with far too high a learning rate) give inf/NaN logits;
 sampling from them would fail deep inside `generate` ("probability tensor contains either inf,
 nan or element < 0", a device-side assert on GPU) and greedy decoding would silently pick junk.
@@ -45,17 +49,15 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.algorithms.model_inputs import image_token_ids, padded_positions, rope_index_owner, token_type_inputs
+from oxrl.algorithms.model_inputs import cache_keyword, image_token_ids, padded_positions, rope_index_owner, token_type_inputs
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.bf16_copy import bf16_copy, refresh
 from oxrl.rollout.probe import trainer_probe_logprobs
 from oxrl.rollout.sampling import sampling_processors
+from oxrl.rollout.static_decode import ROUND_TOKENS, StaticDecoder
 
 
-# Tokens a row decodes between checks for finished rows (`HFEngine._decode`): a check costs one `generate` call, and a
-# finished row decodes at most this many steps past its end.
-ROUND_TOKENS = 8
 
 
 def rows_can_leave(cache) -> bool:
@@ -72,11 +74,39 @@ class FiniteLogits(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         best = scores.amax(dim=-1)  # [B]; NaN when a row holds one, +inf or -inf in the other bad cases
         if not bool(torch.isfinite(best).all()):
-            raise NonFiniteError(
-                f"the policy's next-token logits hold inf/NaN: its weights have diverged, so nothing can be sampled "
-                f"from them. Fix: {HINT}"
-            )
+            raise diverged()
         return scores
+
+
+def diverged() -> NonFiniteError:
+    return NonFiniteError(f"the policy's next-token logits hold inf/NaN: its weights have diverged, so nothing can be "
+                          f"sampled from them. Fix: {HINT}")
+
+
+def static_decode_refusal(model, synced: bool) -> str | None:
+    """Why `model` cannot decode from a static cache here, or None when it can."""
+    if synced:
+        return "sharded weights decode under `generate`'s synced_gpus, every rank each step"
+    if image_token_ids(model):
+        return "vision-language prompts carry images and positions of their own"
+    if not rows_can_leave(DynamicCache(config=model.config)):
+        return "the model's cache holds more than keys and values (linear attention, sliding windows)"
+    return None
+
+
+def static_decoder(model, decode: str, synced: bool) -> StaticDecoder | None:
+    """`rl.rollout.decode` resolved for `model`: a `StaticDecoder` (`static`, `compiled`; `auto` on CUDA where it
+    applies), or None for `generate`."""
+    refusal = static_decode_refusal(model, synced)
+    if decode == "auto":
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        return StaticDecoder(compile_step=True) if on_cuda and refusal is None else None
+    if decode == "generate":
+        return None
+    if refusal is not None:
+        raise ValueError(f"rl.rollout.decode={decode!r} cannot apply to {type(model).__name__}: {refusal}; "
+                         "valid choices here: 'generate' or 'auto'")
+    return StaticDecoder(compile_step=decode == "compiled")
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -93,8 +123,9 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 class HFEngine:
     def __init__(self, model, tokenizer, max_batch_size: int = 64, synced: bool = False, autocast=nullcontext,
-                 sample_in_bf16: bool = False):
+                 sample_in_bf16: bool = False, decode: str = "auto"):
         self.model = model
+        self.static = static_decoder(model, decode, synced)  # None: `generate`
         self.synced = synced
         # `sample_in_bf16`: sample from a bf16 copy refreshed at every sync (oxrl/rollout/bf16_copy.py). Greedy
         # decoding (held-out accuracy) and, without the copy, sampling run on `model` itself under the trainer's
@@ -164,7 +195,8 @@ class HFEngine:
         prompt_vision = [vision[index] for index, _ in prompts]
         images = {k: v.to(device) for k, v in batch_vision([None if v is None else v.tensors for v in prompt_vision]).items()}
         positions = self._positions(model, input_ids, attention, images)
-        prefix = self._shared_prefix(model, input_ids, attention, params.n, images, positions)
+        static = self.static is not None and not images  # a static cache prefills every row itself
+        prefix = None if static else self._shared_prefix(model, input_ids, attention, params.n, images, positions)
         requests = [request for request in prompts for _ in range(params.n)]  # grouped by prompt
         input_ids, attention = input_ids.repeat_interleave(params.n, 0), attention.repeat_interleave(params.n, 0)
         extra = {} if positions is None else {"position_ids": positions.repeat_interleave(params.n, -2)}
@@ -172,16 +204,20 @@ class HFEngine:
         if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
             extra.update(images)
         sampling = params.temperature > 0
-        processors = [FiniteLogits()]
-        if sampling:
-            processors += sampling_processors(params.temperature, params.top_k, params.top_p)
-        # Finished rows leave between rounds only for text rows of a plain KV cache on one process: image rows carry
-        # positions and image inputs of their own length, and sharded weights need every rank decoding every step.
-        if prefix is None and not images and not self.synced:
-            empty = DynamicCache(config=model.config)  # what `generate` would make, made here to check its layers
-            prefix = empty if rows_can_leave(empty) else None
-        rounds = not images and positions is None and not self.synced and rows_can_leave(prefix)
-        new_tokens, token_logprobs = self._decode(model, input_ids, attention, prefix, params, processors, extra, rounds)
+        warpers = sampling_processors(params.temperature, params.top_k, params.top_p) if sampling else []
+        if static:
+            new_tokens, token_logprobs = self.static.decode(model, input_ids, attention, params, warpers,
+                                                            lambda rows: self._finished(list(rows), params), diverged)
+        else:
+            # Finished rows leave between rounds only for text rows of a plain KV cache on one process: image rows
+            # carry positions and image inputs of their own length, and sharded weights need every rank decoding
+            # every step.
+            if prefix is None and not images and not self.synced:
+                empty = DynamicCache(config=model.config)  # what `generate` would make, made here to check its layers
+                prefix = empty if rows_can_leave(empty) else None
+            rounds = not images and positions is None and not self.synced and rows_can_leave(prefix)
+            new_tokens, token_logprobs = self._decode(model, input_ids, attention, prefix, params,
+                                                      [FiniteLogits(), *warpers], extra, rounds)
         model.train(was_training)
         return [self._completion(index, ids, new_tokens[row], token_logprobs[row], params, vision[index])
                 for row, (index, ids) in enumerate(requests)]
@@ -207,7 +243,7 @@ class HFEngine:
             generated = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
-                past_key_values=cache,
+                **{cache_keyword(model): cache},
                 max_new_tokens=budget,
                 # Sampling draws in `processors` (oxrl/rollout/sampling.py) and the greedy pick is the draw; the
                 # model's own generation-config warpers are switched off so that none runs twice.
