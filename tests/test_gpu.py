@@ -1,8 +1,9 @@
 """The CUDA paths: packed rows, bf16 autocast training, the rollout engine and the RL loop on a GPU.
 
-On CUDA oxRL keeps transformers' own attention (see `packed_attention_unsupported_reason`), which must
-still keep the sequences of a packed row apart: the first test proves it does. These tests skip on
-machines without CUDA (CI has none); docs/benchmarks.md records where they last ran on a GPU.
+On CUDA a packed row runs through oxRL's variable-length kernel (varlen FlashAttention in bf16, FlexAttention in
+fp32) and the `hf` engine decodes from a compiled static cache; the checks of benchmarks/gpu.py hold them to
+transformers' sdpa and `generate`. These tests skip on machines without CUDA (CI has none); docs/benchmarks.md
+records where they last ran on a GPU.
 """
 
 import pytest
@@ -37,6 +38,24 @@ def test_packed_logits_equal_padded_logits_on_cuda():
         packed_logits = forward_logits(model.to(CUDA), pack(examples).to(CUDA)).cpu()  # one packed row, on CUDA
     pieces = [padded_logits[row, : int(attn[row].sum())] for row in range(len(examples))]
     torch.testing.assert_close(packed_logits, torch.cat(pieces), atol=1e-4, rtol=1e-4)
+
+
+def test_packed_kernels_give_each_sequences_own_logprobs_on_cuda():
+    from benchmarks.gpu import packed_equality
+    from oxrl.models.packed_attention import VARLEN
+
+    fp32 = packed_equality("fp32")  # TF32 off: FlexAttention against sdpa, sequence by sequence
+    assert fp32["kernel"] == "flex" and fp32["max"] < 1e-4, fp32
+    bf16 = packed_equality("bf16")
+    assert bf16["kernel"] == ("varlen" if VARLEN.function is not None else "flex"), bf16
+    assert bf16["mean"] < 1e-2 and bf16["max"] < 0.1 and bf16["grad_cosine"] > 0.99, bf16
+
+
+def test_compiled_decoding_gives_generates_tokens_on_cuda():
+    from benchmarks.gpu import decode_equality
+
+    fp32 = decode_equality("fp32")
+    assert fp32["rows_identical"] == 1.0 and fp32["max_logprob_gap"] < 1e-4, fp32
 
 
 def test_bf16_autocast_training_learns_and_every_parameter_moves(tmp_path):

@@ -144,3 +144,17 @@ def test_decode_choice():
     assert HFEngine(model, TinyTokenizer()).static is None  # `auto` on a CPU: generate, rows leaving
     with pytest.raises(ValueError, match="rl.rollout.decode='compiled'.*sharded.*valid choices"):
         HFEngine(model, TinyTokenizer(), synced=True, decode="compiled")
+
+
+def test_the_static_cache_is_reused_emptied_across_calls():
+    model = make_tiny_llama(seed=3).eval()
+    engine = HFEngine(model, TinyTokenizer(), decode="static")
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=9)
+    first = engine.generate(_left_padded_prompts(), params)
+    cache = engine.static.caches[model][1]
+    again = engine.generate(_left_padded_prompts(), params)  # the same cache object, emptied: the same completions
+    assert engine.static.caches[model][1] is cache
+    assert [c.completion_ids for c in again] == [c.completion_ids for c in first]
+    assert [c.logprobs for c in again] == [c.logprobs for c in first]
+    engine.generate([[1, 5]], params)  # another shape: another cache
+    assert engine.static.caches[model][1] is not cache

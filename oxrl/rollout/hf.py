@@ -271,7 +271,7 @@ class HFEngine:
             if new.shape[1] < budget:  # `generate` stopped early: every row has finished
                 break
             going = torch.nonzero(~self._finished([torch.cat(tokens[row]) for row in alive.tolist()], params))[:, 0]
-            cache = generated.past_key_values
+            cache = getattr(generated, cache_keyword(model))
             cache.batch_select_indices(going.to(new.device))
             input_ids = generated.sequences[going]
             attention = torch.cat([attention, attention.new_ones(attention.shape[0], new.shape[1])], 1)[going]
@@ -314,7 +314,8 @@ class HFEngine:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
         prefix = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
                             position_ids=positions[..., :-1], use_cache=True, logits_to_keep=1, **images,
-                            **token_type_inputs(model, input_ids[:, :-1])).past_key_values
+                            **token_type_inputs(model, input_ids[:, :-1]))
+        prefix = getattr(prefix, cache_keyword(model))
         prefix.batch_repeat_interleave(n)
         return prefix
 

@@ -21,8 +21,9 @@ one shape for the whole call:
 * cache lengths are rounded up to `CACHE_BUCKET`, so that rollouts whose prompts differ by a few tokens reuse one
   compiled step instead of compiling another.
 
-The compiled step belongs to the model object and is kept as long as the model lives (`WeakKeyDictionary`); the
-optimizer updates the weights in place, so a CUDA graph recorded before an update reads the updated weights.
+The compiled step and the last cache belong to the model object and are kept as long as it lives
+(`WeakKeyDictionary`); the optimizer updates the weights in place, so a CUDA graph recorded before an update reads
+the updated weights.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ class StaticDecoder:
     def __init__(self, compile_step: bool):
         self.compile_step = compile_step
         self.steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled forward
+        self.caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> ((rows, length), its cache)
+
+    def cache_for(self, model, rows: int, length: int) -> StaticCache:
+        """A cache of `rows` x `length` for `model`: the last one, emptied, when its shape matches. The compiled step
+        is specialised on the cache object it was traced with, so a new cache per call would recompile and record
+        its CUDA graph again (what transformers' `generate` avoids the same way)."""
+        shape, cache = self.caches.get(model, (None, None))
+        if shape == (rows, length):
+            cache.reset()
+            return cache
+        cache = StaticCache(config=model.config, max_cache_len=length)
+        self.caches[model] = ((rows, length), cache)
+        return cache
 
     def step_function(self, model):
         """The forward that decodes one token per row: the model's own, or its compiled form (made once per model)."""
@@ -71,7 +85,7 @@ class StaticDecoder:
         rows, width = input_ids.shape
         budget = params.max_new_tokens
         length = math.ceil((width + budget) / CACHE_BUCKET) * CACHE_BUCKET
-        cache = StaticCache(config=model.config, max_cache_len=length)
+        cache = self.cache_for(model, rows, length)
         # One mask of the cache's whole length for every call: the prompt's padding is off, every later slot on (the
         # causal mask at `cache_position` hides the slots not written yet), so every step sees the same shapes.
         mask = attention.new_ones(rows, length)
