@@ -187,7 +187,8 @@ def packed_sdpa_attention_forward(
                          "attention_dropout to 0 or use attn_implementation='sdpa'")
     kernel = packed_kernel(query, scaling)
     if kernel == "varlen":
-        q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
+        # [T, H, D], each sequence's tokens contiguous, as FlashAttention's varlen layout wants them
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
         if row.continues:
             k, v = k[row.key_index], v[row.key_index]
         out = VARLEN(q, k, v, row.cu_q, row.cu_k, row.max_q, row.max_k, scaling)
