@@ -14,7 +14,8 @@ GRPO step time with the `hf` engine. The default is the whole prepared run (abou
   to 1e-4, and in bf16 (varlen FlashAttention) within bf16's rounding; the bf16 gradients of the packed kernel and of
   transformers' sdpa on the same row point the same way (cosine). Then the `hf` engine's compiled static-cache
   decoding against `generate` at temperature 0 on 16 left-padded rows: fp32 (TF32 off) tokens equal and log-probs
-  to 1e-4; bf16 reported (rows identical, log-prob gap). `tests/test_gpu.py` asserts the same functions.
+  to 1e-4 (in bf16 the GRPO part reports the engine/trainer log-prob mismatch). `tests/test_gpu.py` asserts the
+  same functions.
 
 What is measured. A randomly initialised model of the shape of Qwen/Qwen2.5-0.5B-Instruct (the shape
 from oxRL's registry, `find_model(...).transformers_config()`, no download), saved once as a
@@ -236,7 +237,7 @@ def checks_part() -> None:
         print(f"check packed == each sequence alone, {dtype}: kernel {r['kernel']}, |log-prob diff| max {r['max']:.2e} "
               f"mean {r['mean']:.2e}" + (f", gradient cosine vs sdpa {r['grad_cosine']:.6f}" if "grad_cosine" in r else ""),
               flush=True)
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32",):  # bf16's gap to the trainer is what GRPO reports each step as the engine/trainer mismatch
         r = decode_equality(dtype)
         print(f"check compiled decoding == generate, {dtype}, greedy: rows identical {r['rows_identical']:.0%}, "
               f"max |log-prob gap| {r['max_logprob_gap']:.2e} over {r['tokens']} tokens (first call with compiling "
