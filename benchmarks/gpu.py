@@ -178,19 +178,19 @@ def packed_equality(dtype_name: str) -> dict[str, float | str]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     packed, reference = small_model(dtype, "packed"), small_model(dtype, "sdpa")
     examples = check_examples(packed.config.vocab_size)
-    batch = pack(examples, share_prefixes=True).cuda()
+    batch = pack(examples, share_prefixes=True).to("cuda")
     assert batch.predictor is not None, "the check row must hold continuations"
     probe = torch.zeros(1, 8, 16, 64, device="cuda", dtype=dtype)
     with torch.no_grad():  # at the trained (answer) tokens: all of a continuation's are its own
         got = token_logprobs(packed, batch)[batch.loss_mask[0]].float()
-        alone = [pack([e]).cuda() for e in examples]
+        alone = [pack([e]).to("cuda") for e in examples]
         expected = torch.cat([token_logprobs(reference, b)[b.loss_mask[0]].float() for b in alone])
     difference = (got - expected).abs()
     result: dict[str, float | str] = {"kernel": packed_kernel(probe, 64**-0.5), "max": float(difference.max()),
                                       "mean": float(difference.mean())}
     if dtype_name == "bf16":
         objective = get_objective("sft")
-        row = pack(examples).cuda()  # no continuations: transformers' sdpa keeps the row's sequences apart itself
+        row = pack(examples).to("cuda")  # no continuations: transformers' sdpa keeps the row's sequences apart itself
         gradients = []
         for model in (packed, reference):
             model.train()
@@ -256,6 +256,7 @@ class SFTSpec:
     steps: int
     seed: int
     profile: bool
+    compile_blocks: bool = False
 
 
 @dataclass
@@ -297,7 +298,8 @@ def run_sft(spec: SFTSpec) -> SFTResult:
 
     transformers.utils.logging.disable_progress_bar()
     device = torch.device("cuda")
-    model = load_model(ModelConfig(name_or_path=spec.folder, attn_implementation=spec.attn), device)
+    model = load_model(ModelConfig(name_or_path=spec.folder, attn_implementation=spec.attn,
+                                   compile_blocks=spec.compile_blocks), device)
     optim_cfg = OptimConfig(lr=1e-5, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
     total = spec.warmup + spec.steps
@@ -366,7 +368,7 @@ def sft_row(spec: SFTSpec, result: SFTResult, measured: MatmulPeak) -> dict[str,
     seconds = sum(result.step_seconds)
     datasheet = MatmulPeak(H100_SXM_BF16_DENSE, 0, 0)
     return {
-        "attention": spec.attn,
+        "attention": spec.attn + (" + compiled blocks" if spec.compile_blocks else ""),
         "tokens/step": str(spec.tokens_per_step),
         "seqs/step": f"{statistics.mean(len(lengths) for lengths in result.step_lengths):.1f}",
         "tokens/s median": f"{statistics.median(per_step):,.0f}",
@@ -389,7 +391,8 @@ def sft_part(args, folder: Path, measured: MatmulPeak) -> None:
     runs += [("sdpa", tokens) for tokens in args.sdpa_baseline if ("sdpa", tokens) not in runs]
     rows = []
     for attn, tokens in runs:
-        spec = SFTSpec(str(folder), attn, tokens, args.warmup_steps, args.steps, args.seed, args.profile)
+        spec = SFTSpec(str(folder), attn, tokens, args.warmup_steps, args.steps, args.seed, args.profile,
+                       args.compile_blocks and attn != "sdpa")
         try:
             result = in_fresh_process(run_sft, spec)
         except Exception as error:  # e.g. out of memory at 32k: report it and go on with the others
@@ -496,6 +499,8 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5, help="timed SFT steps")
     parser.add_argument("--profile", action="store_true", help="profile one extra SFT step with torch.profiler")
+    parser.add_argument("--compile-blocks", action="store_true",
+                        help="SFT with model.compile_blocks (each layer's MLP and norms compiled; not the sdpa baseline)")
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -112,6 +112,12 @@ class ModelConfig(Section):
         "(the flash-attn package) reads the same packed boundaries.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    compile_blocks: bool = Field(
+        False,
+        description="Compile each decoder layer's MLP and RMSNorms with torch.compile (oxrl/models/load.py: "
+        "`compile_blocks`): their elementwise work (casts, SiLU, norms) fuses into a few kernels; the first steps "
+        "compile. Attention and the output layer stay eager.",
+    )
     trust_remote_code: bool = Field(False, description="Allow model code from the hub to run. Off unless you trust it.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
