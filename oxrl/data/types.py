@@ -3,9 +3,9 @@
 A row of a dataset becomes one `Example`: one or more token `Sequence`s that must be trained
 together (SFT/CPT: one; a preference pair: chosen then rejected). Micro-batches are
 `PackedBatch`es: several whole examples laid end to end in a single row, padding-free, with
-position ids restarting at 0 for each sequence so that attention stays within a sequence
-(transformers derives the block-diagonal mask from the position ids when no attention mask is
-given).
+position ids restarting at 0 for each sequence (the rotary positions) and each sequence's place in the row
+(`Segment`), which oxRL's packed attention kernel reads so that attention stays within a sequence
+(transformers' own sdpa and eager instead derive a block-diagonal mask from the position ids).
 
 A sequence of a vision-language row also carries its images (`VisionInputs`): the decoded images and the
 model processor's tensors for them. Packing concatenates those of every sequence in the row, in order, the
