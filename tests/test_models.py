@@ -211,3 +211,36 @@ def test_a_model_folder_holding_a_fifo_or_a_device_is_refused_at_once(tmp_path):
     (folder / "model.safetensors").symlink_to("/dev/zero")
     with pytest.raises(ModelNotFoundError, match=r"model.safetensors is a character device \(a symlink to /dev/zero\)"):
         load_model(ModelConfig(name_or_path=str(folder)), torch.device("cpu"))
+
+
+def test_compiled_blocks_give_the_eager_loss_and_gradients_and_keep_the_weight_names():
+    import copy
+
+    from oxrl.data.types import pack
+    from oxrl.loops.objectives import get_objective
+    from oxrl.models.load import compile_blocks
+    from tests.test_packing import _examples
+
+    eager = make_tiny_llama()
+    compiled = copy.deepcopy(eager)
+    assert compile_blocks(compiled) == 3 * len(eager.model.layers)  # each layer's MLP and its two norms
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints keep their names
+    objective = get_objective("sft")
+    for examples in (_examples(), _examples()[:2]):  # a row of another length reuses the code (dynamic shapes)
+        batch = pack(examples)
+        losses = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            loss = objective.compute(model, batch, normaliser=objective.count_units(batch)).loss
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+        for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_compile_blocks_refuses_a_model_without_a_decoder_stack():
+    from oxrl.models.load import compile_blocks
+
+    with pytest.raises(ValueError, match="model.compile_blocks.*no `model.layers`"):
+        compile_blocks(torch.nn.Linear(2, 2))
