@@ -92,7 +92,7 @@ class VarlenCall:
         if key.shape[1] != query.shape[1]:
             if self.takes_gqa:
                 extra["enable_gqa"] = True
-            else:  # before 2.12 the public call checks equal head counts
+            else:  # torch < 2.12 has no `enable_gqa`: give it as many kv heads as query heads
                 groups = query.shape[1] // key.shape[1]
                 key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
         return self.function(query, key, value, cu_q, cu_k, max_q, max_k, **extra)
@@ -118,16 +118,14 @@ def document_block_mask(row: PackedRow):
         return own | prefix
 
     # Built as compiled code on CUDA (what FlexAttention's docs advise for long rows): eagerly it would hold T x T.
-    build = torch.compile(create_block_mask) if device.type == "cuda" else create_block_mask
+    build = compiled(create_block_mask) if device.type == "cuda" else create_block_mask
     return build(visible, None, None, row.length, row.length, device=device)
 
 
 @functools.cache
-def compiled_flex_attention():
-    """FlexAttention under `torch.compile`, once per process: uncompiled it materialises every score."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention)
+def compiled(function):
+    """`function` under `torch.compile`, wrapped once per process."""
+    return torch.compile(function)
 
 
 def packed_kernel(query: torch.Tensor, scaling: float | None) -> str:
@@ -197,7 +195,10 @@ def packed_sdpa_attention_forward(
     if kernel == "flex":
         if "block_mask" not in row.kernel_state:  # once per row: every layer, and their backward, reuse it
             row.kernel_state["block_mask"] = document_block_mask(row)
-        out = compiled_flex_attention()(query, key, value, block_mask=row.kernel_state["block_mask"], scale=scaling,
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # Compiled: uncompiled FlexAttention materialises every score.
+        out = compiled(flex_attention)(query, key, value, block_mask=row.kernel_state["block_mask"], scale=scaling,
                                     enable_gqa=grouped_query)
         return out.transpose(1, 2).contiguous(), None
     return per_sequence_sdpa(query, key, value, row, scaling, grouped_query).transpose(1, 2).contiguous(), None
