@@ -246,3 +246,17 @@ def test_switching_uses_the_public_name():
     model = make_tiny_llama()
     assert use_packed_attention(model)
     assert model.config._attn_implementation == PACKED_ATTENTION
+
+
+def test_flash_attention_2_reads_the_packers_boundaries_by_transformers_names():
+    from oxrl.algorithms.model_inputs import boundary_inputs
+
+    model = make_tiny_llama()
+    model.config._attn_implementation = "flash_attention_2"  # only the config is read: no flash-attn needed here
+    batch = pack(_examples())
+    got = boundary_inputs(model, batch)
+    lengths = torch.bincount(batch.seq_index)
+    expected = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).int()
+    assert torch.equal(got["cu_seq_lens_q"], expected) and torch.equal(got["cu_seq_lens_k"], expected)
+    assert got["cu_seq_lens_q"].dtype == torch.int32  # FlashAttention's index type
+    assert got["max_length_q"] == got["max_length_k"] == int(lengths.max())
