@@ -155,9 +155,10 @@ COMPILED_BLOCK_PARTS = ("mlp", "input_layernorm", "post_attention_layernorm")
 
 def compile_blocks(model) -> int:
     """Compile each decoder layer's MLP and norms in place (`nn.Module.compile`, "regional compilation"): in eager
-    mode their casts, SiLU and RMSNorm steps are a kernel each (half of an SFT step's GPU time at 16k tokens on an
-    H200, docs/benchmarks.md). Shapes are dynamic, so rows of other lengths reuse the compiled code. Returns how many
-    modules were compiled; a model without `model.layers` (not Llama-style) gets none, and says so."""
+    mode their casts, SiLU and RMSNorm steps are a kernel each (elementwise kernels were half of an SFT step's GPU
+    time at 16k tokens on an H200, docs/benchmarks.md). Shapes are dynamic, so rows of other lengths reuse the
+    compiled code. Runs before LoRA wraps the projections (the compiled modules trace through the wrappers). Returns
+    how many modules were compiled; a model without a `model.layers` stack (not Llama-style) is an error."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"model.compile_blocks: {type(model).__name__} has no `model.layers` decoder stack to compile; "
