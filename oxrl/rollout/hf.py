@@ -58,8 +58,6 @@ from oxrl.rollout.sampling import sampling_processors
 from oxrl.rollout.static_decode import ROUND_TOKENS, StaticDecoder
 
 
-
-
 def rows_can_leave(cache) -> bool:
     """Whether rows can be dropped from `cache` (`batch_select_indices`): a dynamic cache of key/value layers only.
     A layer that also keeps other per-row state (linear attention, indexed chunks) would be cut wrongly."""
@@ -79,6 +77,7 @@ class FiniteLogits(LogitsProcessor):
 
 
 def diverged() -> NonFiniteError:
+    """The error for logits that hold inf/NaN, raised where decoding finds them."""
     return NonFiniteError(f"the policy's next-token logits hold inf/NaN: its weights have diverged, so nothing can be "
                           f"sampled from them. Fix: {HINT}")
 
