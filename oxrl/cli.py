@@ -194,14 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     from oxrl.data.errors import DataError
     from oxrl.training.folders import OutputWriteError
     from oxrl.training.run_dir import RunDirError
-    from oxrl.rewards.base import RewardTimeoutError
+    from oxrl.cluster.placement import PlacementError
+    from oxrl.rewards.base import RewardError
     from oxrl.rewards.sandbox import SandboxUnavailableError
-    from oxrl.rollout.build import MissingDependencyError
+    from oxrl.dependencies import MissingDependencyError
 
     try:
         return args.func(args)
     except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError,
-            SandboxUnavailableError, RewardTimeoutError) as error:
+            SandboxUnavailableError, RewardError, PlacementError) as error:
         # Input or set-up problems: the message is the whole story, so no traceback.
         logger.error("%s", error)
         return 2

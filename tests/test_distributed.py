@@ -245,7 +245,7 @@ def test_fsdp2_ppo_with_a_sharded_critic_matches_one_process(tmp_path_factory, t
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install -e '.[deepspeed]')")
 def test_deepspeed_zero3_ppo_matches_one_process(tmp_path_factory, tmp_path):
     result, _ = run_scenario("deepspeed_ppo", tmp_path_factory)
     assert_ppo_matches_one_rank(result, tmp_path)
@@ -255,7 +255,7 @@ def test_deepspeed_zero3_ppo_matches_one_process(tmp_path_factory, tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install -e '.[deepspeed]')")
 def test_deepspeed_zero2_and_zero3_match_one_rank_and_resume(tmp_path_factory, sft_baseline):
     from transformers import AutoModelForCausalLM
 
@@ -375,7 +375,7 @@ def test_fsdp2_skips_a_step_that_is_nan_on_one_rank_on_every_rank(tmp_path_facto
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install -e '.[deepspeed]')")
 def test_deepspeed_skips_a_step_that_is_nan_on_one_rank_on_every_rank(tmp_path_factory):
     result, out = run_scenario("deepspeed_nonfinite", tmp_path_factory)
     assert_nan_step_skipped_everywhere(result, out)

@@ -20,7 +20,7 @@ from tests.conftest import make_tiny_llama
 from tests.distributed_worker import PROBE_IDS, grad_norms
 from tests.test_distributed import HAS_DEEPSPEED, assert_close, single, torchrun
 
-needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install -e '.[deepspeed]')")
 
 
 # ----------------------------------------------------------------------------- cheap, no processes

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'oxrl[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
 
 from oxrl.cluster.placement import PlacementError, Placement, check_fits, placements, reserve  # noqa: E402
 from oxrl.cluster.remote_engine import RemoteWorkers, WorkerError, slices  # noqa: E402
@@ -343,7 +343,7 @@ def test_a_ray_trainer_group_of_2_updates_like_one_process(ray_cluster, tmp_path
     from tests.test_distributed import HAS_DEEPSPEED, assert_close, single
 
     if strategy["name"] == "deepspeed" and not HAS_DEEPSPEED:
-        pytest.skip("deepspeed is not installed (pip install 'oxrl[deepspeed]')")
+        pytest.skip("deepspeed is not installed (pip install -e '.[deepspeed]')")
     trainers = [ray.remote(TrainerWorker).options(num_cpus=1).remote(rank, 2) for rank in (0, 1)]
     try:
         master = ray.get(trainers[0].rendezvous.remote())

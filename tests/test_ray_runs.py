@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'oxrl[ray]')")
+pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
 
 from oxrl.cluster.weight_channel import free_port, node_address  # noqa: E402
 from tests.conftest import save_tiny_model  # noqa: E402

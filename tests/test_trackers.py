@@ -247,7 +247,9 @@ def test_an_unknown_tracker_is_a_config_error_listing_the_valid_ones():
 def test_a_missing_tracker_package_is_a_config_error_naming_its_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"tracker package not installed: wandb \(pip install 'oxrl\[wandb\]'\)"):
+    # The package itself, pinned as oxRL's extra pins it: `oxrl` on PyPI is another project.
+    with pytest.raises(ConfigError, match=r"tracker package not installed: wandb \(pip install 'wandb>=0.19.10' "
+                                          r"\(oxRL's `wandb` extra\)\)"):
         load_config(None, ["logging.report_to=[wandb]"], base={"model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}})
 
 

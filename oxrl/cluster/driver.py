@@ -23,11 +23,12 @@ from oxrl.cluster.placement import check_fits, placements, reserve
 from oxrl.cluster.remote_engine import RemoteWorkers, WorkerError
 from oxrl.cluster.workers import RewardWorker, RolloutWorker, TrainerWorker
 from oxrl.config.schema import Config
+from oxrl.dependencies import MissingDependencyError, install_hint
 
 logger = logging.getLogger(__name__)
 
 MIN_RAY = (2, 40)
-INSTALL_HINT = "install it with `pip install 'oxrl[ray]'` (Ray >= 2.40)"
+INSTALL_HINT = f"install it with `{install_hint('ray')}`"
 
 
 class TrainerDiedError(RuntimeError):
@@ -35,8 +36,6 @@ class TrainerDiedError(RuntimeError):
 
 
 def require_ray():
-    from oxrl.rollout.build import MissingDependencyError
-
     try:
         import ray
     except ImportError as error:

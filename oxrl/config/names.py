@@ -85,7 +85,7 @@ RAY_LAYOUTS = ("disaggregated", "colocated")  # ray.layout (oxrl/cluster/placeme
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
 
 
-# Each tracker is named after its package and its extra (`pip install 'oxrl[wandb]'`); TensorBoard is
+# Each tracker is named after its package and its extra (oxrl.dependencies.EXTRAS); TensorBoard is
 # written through `torch.utils.tensorboard`, which needs the `tensorboard` package.
 TRACKERS = ("mlflow", "tensorboard", "wandb")
 
@@ -94,4 +94,7 @@ def check_trackers(names: list[str]) -> None:
     """A ValueError naming the trackers in `names` whose package is not installed (a lookup, no import)."""
     missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
-        raise ValueError(f"tracker package not installed: {', '.join(missing)} (pip install 'oxrl[{','.join(missing)}]')")
+        from oxrl.dependencies import install_hint
+
+        hints = "; ".join(install_hint(name) for name in missing)
+        raise ValueError(f"tracker package not installed: {', '.join(missing)} ({hints})")

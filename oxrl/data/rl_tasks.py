@@ -133,7 +133,10 @@ def _unknown_task_message(task: str) -> str:
     try:
         from reasoning_gym.factory import DATASETS
     except ImportError:
-        return f"unknown generated task {task!r}: expected 'arithmetic' (reasoning-gym, for its datasets, is not installed)"
+        from oxrl.dependencies import install_hint
+
+        return (f"unknown generated task {task!r}: expected 'arithmetic' (reasoning-gym, for its datasets, is not "
+                f"installed: {install_hint('reasoning-gym')})")
     close = difflib.get_close_matches(task, ["arithmetic", *DATASETS], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"unknown generated task {task!r}.{hint} Expected 'arithmetic' or a reasoning-gym dataset: {', '.join(sorted(DATASETS))}"

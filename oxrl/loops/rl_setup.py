@@ -19,20 +19,27 @@ def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLProm
     return loaded.train, loaded.validation
 
 
-def reward_function(cfg: Config, rl: RLConfig):
+def reward_specs(cfg: Config, rl: RLConfig) -> list[RewardSpec]:
+    """The rewards the run scores with: `rl.rewards`, else the task's default; none for SPIN without either."""
     if cfg.algorithm.name == "spin" and not rl.rewards and rl.task is None:
+        return []
+    if rl.rewards:
+        return [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
+                for s in rl.rewards]
+    # Prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward of their own.
+    formats = {spec.format for spec in cfg.data.train + cfg.data.validation}
+    task = rl.task if rl.task is not None else ("rl2" if "rl2" in formats else "gsm8k")
+    specs = default_reward_specs(task, rl.answer_format)
+    for spec in specs:
+        spec.on_error = rl.on_reward_error
+    return specs
+
+
+def reward_function(cfg: Config, rl: RLConfig):
+    specs = reward_specs(cfg, rl)
+    if not specs:
         logger.info("rewards: none (spin pairs each own answer with the gold one; name rl.rewards to score them)")
         return CombinedReward([])  # every sample scores 0
-    if rl.rewards:
-        specs = [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
-                 for s in rl.rewards]
-    else:
-        # Prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward of their own.
-        formats = {spec.format for spec in cfg.data.train + cfg.data.validation}
-        task = rl.task if rl.task is not None else ("rl2" if "rl2" in formats else "gsm8k")
-        specs = default_reward_specs(task, rl.answer_format)
-        for spec in specs:
-            spec.on_error = rl.on_reward_error
     logger.info("rewards: %s", ", ".join(f"{s.name} x{s.weight}" for s in specs))
     return build_reward_fn(specs)
 

@@ -265,7 +265,8 @@ class BoundReward:
                 raise  # on_error does not apply: the hung call keeps running in the background
             except Exception as error:  # noqa: BLE001 - raised with the sample, or counted and logged
                 description = self._describe(error, batch, index, f"sample {index + 1} of {len(batch.prompts)}")
-                if self.on_error == "raise":
+                # A missing package fails every sample alike: scoring them all 0 would hide it.
+                if self.on_error == "raise" or isinstance(error, ImportError):
                     raise RewardError(description) from error
                 failed.append(description)
                 scores.append(0.0)
@@ -298,22 +299,26 @@ class BoundReward:
         return [_as_score(value) for value in values]
 
     def _describe(self, error: BaseException, batch: _Batch, index: int, where: str) -> str:
+        """One line (the console's error line): the reward, the sample, what it raised, and what to do."""
         origin = f" ({batch.origins[index]})" if batch.origins else ""
         fields = ", ".join(f"{key}={_excerpt(repr(value), 120)}" for key, value in batch.rows[index].items())
+        cause = " ".join(f"{type(error).__name__}: {error}".split())
+        if isinstance(error, ImportError):
+            advice = "install the missing package"
+        else:
+            advice = "fix the reward or the data; with `on_error: zero` such samples score 0 and are counted instead"
         return (
-            f"reward {self.label!r} failed on {where}{origin}: "
-            f"{type(error).__name__}: {error}\n"
-            f"  prompt:     {_excerpt(batch.prompts[index])!r}\n"
-            f"  completion: {_excerpt(batch.completions[index])!r}\n"
-            f"  fields:     {fields}\n"
+            f"reward {self.label!r} failed on {where}{origin}: {cause}; "
+            f"prompt {_excerpt(batch.prompts[index])!r}, completion {_excerpt(batch.completions[index])!r}, "
+            f"fields {fields or '-'} "
             f"{_THREAD_HINT if 'signal only works in main thread' in str(error) else ''}"
-            "  (fix the reward or the data; with `on_error: zero` such samples score 0 and are counted instead)"
+            f"({advice})"
         )
 
 
 _THREAD_HINT = (
-    "  (a reward runs in a worker thread under rl.reward_timeout_s, where signal-based timeouts fail: turn them "
-    "off, e.g. math-verify's `parsing_timeout=None, timeout_seconds=None`)\n"
+    "(a reward runs in a worker thread under rl.reward_timeout_s, where signal-based timeouts fail: turn them "
+    "off, e.g. math-verify's `parsing_timeout=None, timeout_seconds=None`) "
 )
 
 

