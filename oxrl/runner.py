@@ -77,10 +77,26 @@ def _named(cfg: Config, name: str) -> Config:
 
 
 def write_config(cfg: Config, run_dir: Path, is_main: bool) -> None:
-    """The resolved config, written (by rank 0) once the inputs are checked, and logged."""
+    """The resolved config, written (by rank 0) once the inputs are checked; the console gets a summary of it."""
     if is_main:
         save_config(cfg, run_dir / "config.yaml")
-        logger.info("run directory %s\n%s", run_dir, (run_dir / "config.yaml").read_text())
+        logger.info("%s", config_summary(cfg, run_dir))
+
+
+def config_summary(cfg: Config, run_dir: Path) -> str:
+    """Two lines: where the run and its whole config are, and what it runs with the settings that differ from
+    the defaults (a whole config is some 180 lines, too many to read at every start)."""
+    from oxrl.logging.report import model_name, non_default_settings
+
+    skipped = {"run.name", "run.output_dir", "algorithm.name", "model.name_or_path"}  # said on the first line
+    changed = ", ".join(f"{key}={_short(value)}" for key, value, _ in non_default_settings(cfg) if key not in skipped)
+    return (f"run directory {run_dir} (the whole config: {run_dir / 'config.yaml'})\n"
+            f"  {cfg.algorithm.name} on {model_name(cfg)}; changed from the defaults: {changed or 'nothing'}")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | None:
@@ -287,7 +303,6 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
     saved_with = processor or tokenizer  # what checkpoints and the final folder are saved with
     data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor)
-    logger.info("data: %d train / %d validation examples %s", len(data.train), len(data.validation), data.counts)
     longest_rows = sorted(example.num_tokens for example in data.train)[-cfg.train.micro_batch_size_per_device:]
     log_memory_estimate(cfg, strategy.device, strategy.world_size, sum(longest_rows) or None)
     write_config(cfg, run_dir, strategy.is_main)

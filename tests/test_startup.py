@@ -99,7 +99,7 @@ def test_help_imports_no_torch():
 def test_no_progress_bars_is_scoped_and_restores_the_users_hook():
     from transformers.utils import logging as hf_logging
 
-    from oxrl.models.save import no_progress_bars
+    from oxrl.logging.quiet import no_progress_bars
 
     if not hasattr(hf_logging, "set_tqdm_hook"):
         pytest.skip("this transformers has no tqdm hook (and draws no bar on save)")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from oxrl.config.schema import DatasetSpec
 from oxrl.data.errors import DataError
 from oxrl.data.files import InputFileError, check_regular, first_irregular
+from oxrl.logging.quiet import no_dataset_bars
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -174,7 +175,8 @@ def _load_folder(folder: Path, split: str) -> Dataset:
         return _load_saved(folder, split)
     # A plain folder of data files (train.jsonl, test.jsonl, ...): `datasets` maps files to splits.
     try:
-        return load_dataset(str(folder), split=split)
+        with no_dataset_bars():
+            return load_dataset(str(folder), split=split)
     except (FileNotFoundError, ValueError) as error:  # no data files (EmptyDatasetError); no such split
         raise DataError(str(folder), None, None, f"cannot read this folder of data files: {error}") from error
 
@@ -208,7 +210,8 @@ def _load_file(path: Path) -> Dataset | list[Row]:
             logger.info("%s: a record nests too deep for datasets' parser; reading it record by record", path)
             return _read_json_records(path)
         if no_rows is None:
-            return _load_csv(path) if builder == "csv" else load_dataset(builder, data_files=str(path), split="train")
+            with no_dataset_bars():  # a local file: its "Generating train split" bar says nothing
+                return _load_csv(path) if builder == "csv" else load_dataset(builder, data_files=str(path), split="train")
     except (DatasetGenerationError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         if builder != "json":
             raise _unreadable(path, builder, error) from error

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 
+from oxrl.logging.quiet import quiet_other_libraries
 from oxrl.logging.redaction import RedactingFilter
 
 
 def setup_logging(level: str | int = "INFO") -> None:
     rank = int(os.environ.get("RANK", "0"))
+    quiet_other_libraries()
     root = logging.getLogger("oxrl")
     if root.handlers:
         return

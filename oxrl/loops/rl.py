@@ -163,6 +163,8 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     if rl.strict_on_policy and rollout.old_logprobs is not None:  # else the update checks it
         check_on_policy(metrics["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
     started = time.perf_counter()
+    # The learning rate of the step's (first) update, read before the update advances the schedule, as SFT logs it.
+    metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]
     warming_up = h.critic is not None and step <= rl.critic_warmup_steps  # only the critic learns
     metrics.update(update(h, rollout, step, train_policy=not warming_up))
     metrics.update(sync(h, step))  # e.g. vLLM: the sync's seconds and probe gap
@@ -170,7 +172,6 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     metrics["train/nonfinite_steps"] = h.strategy.nonfinite.skipped
     if isinstance(h.critic, Critic):
         metrics["critic/nonfinite_steps"] = h.critic.strategy.nonfinite.skipped
-    metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]
     return metrics, rollout
 
 
@@ -181,10 +182,10 @@ def online_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str
         selection = h.online.select(rollout.batch, rollout)
     metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
     started = time.perf_counter()
+    metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]  # the step's (first) update's, before it advances the schedule
     metrics.update(online_update(h, selection, step))
     metrics.update(sync(h, step))
-    metrics.update({"time/train": time.perf_counter() - started, "train/nonfinite_steps": h.strategy.nonfinite.skipped,
-                    "lr": h.strategy.scheduler.get_last_lr()[0]})
+    metrics.update({"time/train": time.perf_counter() - started, "train/nonfinite_steps": h.strategy.nonfinite.skipped})
     return metrics, rollout
 
 

@@ -46,7 +46,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from oxrl.models.save import no_progress_bars
+    from oxrl.logging.quiet import no_progress_bars
 
     logger.info("converting %s to a safetensors folder in %s (once)", gguf_path.name, out_dir)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)

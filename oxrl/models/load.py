@@ -15,6 +15,7 @@ import torch
 from oxrl.algorithms.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
 from oxrl.data.files import first_irregular
+from oxrl.logging.quiet import no_progress_bars
 from oxrl.models.bundled import BUNDLED, resolve_bundled
 from oxrl.models.packed_attention import use_packed_attention
 
@@ -68,7 +69,8 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
     if kwargs.get("use_safetensors") and Path(source.path).is_dir():
         check_weights(Path(source.path))
     try:
-        return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
+        with no_progress_bars():  # transformers' "Loading weights" bar (a hub download keeps huggingface_hub's)
+            return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
     except SafetensorError as error:  # a hub model's cached file
         raise ModelWeightsError(f"{what} `{source.path}`: a damaged safetensors file ({error}): delete the model from "
                                 "the Hugging Face cache and download it again") from None

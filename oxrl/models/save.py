@@ -4,43 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import contextmanager
 from pathlib import Path
 
+from oxrl.logging.quiet import no_progress_bars
 from oxrl.models.load import is_vision_language
 from oxrl.models.lora import is_peft
 from oxrl.models.value_head import value_head_of, without_value_head, write_value_head
 
 logger = logging.getLogger(__name__)
-
-
-@contextmanager
-def no_progress_bars():
-    """Within the block, transformers draws no progress bars (its "Writing model shards" bar on every
-    `save_pretrained`); the user's own setting is back afterwards.
-
-    Uses transformers' `set_tqdm_hook` (which returns the previous hook to restore): the hook creates
-    every bar with `disable=True`, passing it on through any hook already set. Versions without the
-    hook (before 5.x) draw no bar on save, so there it does nothing. A scoped toggle, not the global
-    `disable_progress_bar()`, which would also switch off the user's huggingface_hub download bars.
-    """
-    from transformers.utils import logging as hf_logging
-
-    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
-    if set_hook is None:
-        yield
-        return
-    previous = None
-
-    def quiet(factory, args, kwargs):
-        kwargs = {**kwargs, "disable": True}
-        return previous(factory, args, kwargs) if previous is not None else factory(*args, **kwargs)
-
-    previous = set_hook(quiet)
-    try:
-        yield
-    finally:
-        set_hook(previous)
 
 
 def save_hf_folder(model, tokenizer, out_dir: str | Path, lora_save: str = "merged") -> Path:

@@ -51,7 +51,7 @@ from oxrl.data.types import VisionInputs
 from oxrl.models.load import is_vision_language
 from oxrl.models.lora import is_peft, merged_state_dict
 from oxrl.models.value_head import without_value_head
-from oxrl.models.save import no_progress_bars
+from oxrl.logging.quiet import no_progress_bars
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import eos_token_ids
 from oxrl.rollout.probe import DEFAULT_TOLERANCE, WeightSyncError, probe_ids, trainer_probe_logprobs  # noqa: F401 (re-exported)

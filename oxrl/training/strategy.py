@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from oxrl.models.lora import is_peft, merged_state_dict
-from oxrl.models.save import no_progress_bars
+from oxrl.logging.quiet import no_progress_bars
 from oxrl.training import distributed
 from oxrl.training.checkpoint import (
     ConfiguredSchedule,
