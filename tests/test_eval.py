@@ -193,3 +193,34 @@ def test_prompt_files_are_evaluated_row_by_row(tmp_path, model_dirs):
     assert result.description.startswith(f"4 prompts ({data})") and "rewards: math x1" in result.description
     assert [r["answer"] for r in rows_of(out)] == ["0", "2", "4", "6"]
     assert [r["origin"] for r in rows_of(out)] == [f"{data} row {i}" for i in range(1, 5)]
+
+
+def test_a_pass_shows_its_progress_and_samples_in_chunks_as_in_one_call(tmp_path, model_dirs, smollm2_tokenizer, capsys):
+    """The progress bar counts prompts chunk by chunk; the chunks are the `hf` engine's own (max_batch_size // n
+    prompts), so the samples are those of one call over every prompt."""
+    import torch
+
+    from oxrl.data.rl_tasks import encode_prompts, generate_rl_prompts
+    from oxrl.evaluation.run import _sample_with_progress
+    from oxrl.loops.rl_stages import sample_and_reward
+    from oxrl.models.load import load_model
+    from oxrl.config.schema import ModelConfig
+    from oxrl.rewards import build_reward_fn
+    from oxrl.rollout.base import SamplingParams
+    from oxrl.rollout.hf import HFEngine
+
+    assert main(["eval", str(model_dirs[0]), *FAST, "--n", "2", "--set", "rl.rollout.max_batch_size=2"]) == 0
+    progress = capsys.readouterr().err
+    assert f"{model_dirs[0]} (greedy): 100%" in progress and "3/3" in progress and f"{model_dirs[0]} (sampled)" in progress
+
+    prompts, _ = generate_rl_prompts("arithmetic", train_size=5, validation_size=0)
+    batch = encode_prompts(prompts, smollm2_tokenizer)
+    model = load_model(ModelConfig(name_or_path=str(model_dirs[0])), torch.device("cpu")).requires_grad_(False)
+    engine, reward_fn = HFEngine(model, smollm2_tokenizer, max_batch_size=4), build_reward_fn(["math"])
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4)
+    torch.manual_seed(0)
+    whole, whole_scores, _ = sample_and_reward(engine, reward_fn, None, batch, params)
+    torch.manual_seed(0)
+    chunked, chunked_scores = _sample_with_progress(engine, reward_fn, None, batch, params, "x", chunk=2)
+    assert [(c.prompt_index, c.completion_ids) for c in chunked] == [(c.prompt_index, c.completion_ids) for c in whole]
+    assert chunked_scores.totals == whole_scores.totals

@@ -192,7 +192,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
 
 
 def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
-    from oxrl.loops.rl_stages import sample_and_reward, sampling_params
+    from oxrl.loops.rl_stages import sampling_params
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl_setup import environment
     from oxrl.models.load import load_model, load_processor, load_tokenizer
@@ -212,7 +212,8 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
     try:
         for name, params in passes.items():
             set_seed(cfg.run.seed)  # both models sample from the same RNG state
-            completions, scored, _ = sample_and_reward(engine, reward_fn, env, batch, params)
+            completions, scored = _sample_with_progress(engine, reward_fn, env, batch, params, f"{label} ({name})",
+                                                        max(1, cfg.rl.rollout.max_batch_size // params.n))
             summary = summarise(completions, scored)
             if name == "sampled":
                 del summary["accuracy"]  # over all samples: pass@1 exactly
@@ -223,6 +224,31 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
     headline = {key: metrics[key] for key in ("greedy/accuracy", f"sampled/pass@{cfg.rl.rollout.n}", "greedy/reward/mean") if key in metrics}
     logger.info("%s: %s", label, ", ".join(f"{key} {_cell(key, value)}" for key, value in headline.items()))
     return ModelReport(label, cfg.model.name_or_path, metrics)
+
+
+def _sample_with_progress(engine, reward_fn, env, batch, params, what: str, chunk: int):
+    """`sample_and_reward` over the batch in chunks of `chunk` prompts, with a progress bar: a pass over a few hundred
+    prompts takes minutes on a CPU. `chunk` is what the `hf` engine decodes at once (rollout.max_batch_size // n
+    prompts), so its calls, and the samples they draw from the seeded RNG, are the same as in one call."""
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from oxrl.loops.rl_stages import sample_and_reward
+    from oxrl.rewards.combine import RewardOutput
+
+    completions, parts = [], []
+    total = len(batch.prompt_ids)
+    with tqdm(total=total, desc=what, unit="prompt", dynamic_ncols=True) as bar:
+        for start in range(0, total, chunk):
+            indices = list(range(start, min(start + chunk, total)))
+            # A seeded engine seeds prompt i of a call with seed + i: the chunk's prompts keep their own seeds.
+            seeded = params if params.seed is None else replace(params, seed=params.seed + start)
+            sampled, scored, _ = sample_and_reward(engine, reward_fn, env, batch.subset(indices), seeded)
+            completions += [replace(c, prompt_index=c.prompt_index + start) for c in sampled]
+            parts.append(scored)
+            bar.update(len(indices))
+    return completions, RewardOutput.concat(parts)
 
 
 def _describe(cfg: Config, count: int, source: str, reward_fn) -> str:
