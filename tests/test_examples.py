@@ -146,7 +146,8 @@ def _tiny_reward(spec: dict, models: TinyModels, output_dir: Path) -> dict:
     if spec["name"] == "reward_model":
         kwargs["path"] = str(models.reward_model)
     if spec["name"] == "judge" and "model" in kwargs:
-        kwargs |= {"model": str(models.policy), "max_new_tokens": 8}
+        # A random model writes no verdict: its babble is counted (on_error) rather than stopping the run.
+        kwargs |= {"model": str(models.policy), "max_new_tokens": 8, "max_unparsed_fraction": 1.0}
     if "cache_path" in kwargs:
         kwargs["cache_path"] = str(output_dir / Path(kwargs["cache_path"]).name)
     return {**spec, "kwargs": kwargs}

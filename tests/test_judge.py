@@ -282,12 +282,27 @@ def test_an_unparseable_reply_stops_the_run(server):
         reward_fn(["q1", "q2"], ["good", "GARBLE"])
 
 
+def test_a_judge_whose_replies_mostly_do_not_parse_stops_the_run_at_once(server):
+    """More than max_unparsed_fraction (half) of a batch unparsed: one error naming the judge, whatever on_error
+    says, and no sample judged again one at a time."""
+    from oxrl.rewards.judge import JudgeUnusableError
+
+    reward_fn = build_reward_fn([{"name": "judge", "kwargs": http_kwargs(server), "on_error": "zero"}])
+    with pytest.raises(JudgeUnusableError, match=r"^reward 'judge': 2 of 3 judgements of this batch do not parse "
+                                                 r"\(more than max_unparsed_fraction = 0.5\): the judge judge at http"):
+        reward_fn(["q1", "q2", "q3"], ["GARBLE", "good", "GARBLE too"])
+    assert server.requests == 3
+    lenient = build_reward_fn([{"name": "judge", "kwargs": http_kwargs(server, max_unparsed_fraction=1.0),
+                                "on_error": "zero"}])
+    assert lenient(["q1", "q2", "q3"], ["GARBLE", "good", "GARBLE too"]).failures["judge"] == 2
+
+
 def test_an_unparseable_reply_is_counted_and_the_rest_keep_their_scores(server, oxrl_log):
     reward_fn = build_reward_fn([{"name": "judge", "kwargs": http_kwargs(server), "on_error": "zero"}])
     out = reward_fn(["q1", "q2", "q3"], ["good", "GARBLE", "good good"])
     assert out.failures["judge"] == 1
     assert out.components["judge"] == [pytest.approx(1 / 9), 0.0, pytest.approx(2 / 9)]
-    assert server.requests == 4  # the batch, then only the failure asked again (the rest from the cache)
+    assert server.requests == 3  # the batch; scored one by one after, nothing is asked again (a greedy judge)
     assert "did not parse" in oxrl_log.text
     with pytest.raises(JudgeParseError, match="I cannot decide.*GARBLE"):
         judge_reward(["q"], ["GARBLE"], **http_kwargs(server))
@@ -333,7 +348,8 @@ def test_a_tiny_local_judge_loads_once_and_its_babble_is_counted(tmp_path, smoll
     loads = []
     real_load = oxrl.models.load.load_model
     monkeypatch.setattr(oxrl.models.load, "load_model", lambda *args, **kw: loads.append(args) or real_load(*args, **kw))
-    spec = {"name": "judge", "kwargs": {"model": str(folder), "device": "cpu", "max_new_tokens": 4}, "on_error": "zero"}
+    spec = {"name": "judge", "kwargs": {"model": str(folder), "device": "cpu", "max_new_tokens": 4,
+                                        "max_unparsed_fraction": 1.0}, "on_error": "zero"}
     for _ in range(2):  # a second reward_fn, as a second reward or stage would build: the same judge
         out = build_reward_fn([spec])(["What is 2+2?", "Name a colour."], ["4", "blue"])
         assert out.failures["judge"] == 2  # a random model writes no `Score: N`

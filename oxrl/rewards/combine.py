@@ -244,8 +244,10 @@ class BoundReward:
             return self._score_one_by_one(batch)
         try:
             return self._call(batch, range(size)), 0
-        except RewardTimeoutError:
-            raise  # scoring the samples one by one would wait out the time limit again, once per sample
+        except RewardError:
+            # The reward's verdict on the whole batch (a timeout, a judge that does not follow its rubric): scoring
+            # the samples one by one would only repeat it, once per sample.
+            raise
         except Exception as batch_error:  # noqa: BLE001 - find the failing samples: score them one at a time
             scores, failures = self._score_one_by_one(batch)
             if failures == 0:  # each sample scores alone but not together: a bug in the batched reward itself

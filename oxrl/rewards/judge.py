@@ -28,8 +28,11 @@ which helps and guarantees nothing (docs/rewards.md).
 
 A reply that does not parse is never scored 0 silently: the whole batch is judged first (every reply
 that parses is cached), then `JudgeParseError` is raised with the reply and the sample. `oxrl.rewards.combine`
-then scores the batch one sample at a time, which costs a request only for the failures, and stops the run
-or counts them (`on_error`). Every setting is checked by `preflight`, when the reward is built, and the
+then scores the batch one sample at a time, and stops the run or counts the failures (`on_error`); the judge
+decodes greedily, so a reply that did not parse is remembered (in memory, never in the cache file) and not asked
+again. When more than `max_unparsed_fraction` of a batch's judgements do not parse (default: half), the judge does
+not follow its rubric and no later batch would do better: `JudgeUnusableError` stops the run at once, naming the
+judge and its first reply, whatever `on_error` says. Every setting is checked by `preflight`, when the reward is built, and the
 local model loads there, before the policy does; `judge_for` keeps one judge per settings for the process.
 
 The settings and default rubrics are in `oxrl.rewards.judge_settings`, the backends in
@@ -44,7 +47,9 @@ import re
 import unicodedata
 from typing import Any
 
-from oxrl.rewards.base import batched
+from collections import OrderedDict
+
+from oxrl.rewards.base import RewardError, batched
 from oxrl.rewards.judge_backends import HTTPBackend, local_backend
 from oxrl.rewards.judge_cache import JudgementCache
 from oxrl.rewards.judge_settings import JudgeSettings
@@ -66,6 +71,13 @@ VERDICT_MENTION = re.compile(r"verdict[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12
 COMPLETION_AS_A = {"A": 1.0, "B": 0.0, "tie": 0.5}
 COMPLETION_AS_B = {"A": 0.0, "B": 1.0, "tie": 0.5}
 EXCERPT_CHARS = 300
+
+
+MAX_UNPARSED_REMEMBERED = 4096
+
+
+class JudgeUnusableError(RewardError):
+    """Most of a batch's judgements do not parse: the judge does not follow its rubric."""
 
 
 class JudgeParseError(ValueError):
@@ -133,6 +145,9 @@ class Judge:
         self.backend = backend
         self.cache = JudgementCache(settings.cache_path)
         self.parse_failures = 0  # over the judge's life, for the logs
+        # Rendered judge prompt -> a reply that did not parse, so that scoring the batch's samples one at a time
+        # (oxrl.rewards.combine, after a failure) does not ask a greedy judge again for the same reply. Bounded.
+        self.unparsed: OrderedDict[str, str] = OrderedDict()
 
     def rewards(self, prompts: list[str], completions: list[str], references: list[Any] | None) -> list[float]:
         references = references if references is not None else [None] * len(prompts)
@@ -146,6 +161,13 @@ class Judge:
                 failures.append(error)
         if failures:
             self.parse_failures += len(failures)
+            if len(prompts) > 1 and len(failures) > self.settings.max_unparsed_fraction * len(prompts):
+                judge = self.settings.model or f"{self.settings.model_name} at {self.settings.url}"
+                raise JudgeUnusableError(
+                    f"reward 'judge': {len(failures)} of {len(prompts)} judgements of this batch do not parse (more "
+                    f"than max_unparsed_fraction = {self.settings.max_unparsed_fraction:g}): the judge {judge} does not "
+                    "follow its rubric; use a larger judge model, more max_new_tokens or a rubric it follows. The first: "
+                    + " ".join(str(failures[0]).split()))
             logger.warning("judge: %d of %d replies did not parse (%d so far); the first: %s",
                            len(failures), len(prompts), self.parse_failures, failures[0])
             raise failures[0]
@@ -163,12 +185,17 @@ class Judge:
         # A cached reply that does not parse by today's rules (a cache written under looser ones) is asked again.
         found = {text: reply for text in texts
                  if (reply := self.cache.get(identity, text)) is not None and self._parse(reply) is not None}
+        found |= {text: self.unparsed[text] for text in texts if text not in found and text in self.unparsed}
         missing = [text for text in texts if text not in found]
 
         def record(index: int, reply: str) -> None:
             found[missing[index]] = reply
-            if self._parse(reply) is not None:  # an unparseable reply is asked again, never cached
+            if self._parse(reply) is not None:  # an unparseable reply is never cached in the file
                 self.cache.put(identity, missing[index], reply)
+            else:
+                self.unparsed[missing[index]] = reply
+                while len(self.unparsed) > MAX_UNPARSED_REMEMBERED:
+                    self.unparsed.popitem(last=False)
 
         if missing:
             self.backend.complete(missing, record)

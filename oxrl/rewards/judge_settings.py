@@ -75,6 +75,10 @@ class JudgeSettings:
     concurrency: int = 8  # HTTP requests in flight
     max_reply_bytes: int = MAX_REPLY_BYTES  # a larger HTTP reply is refused (an error), never read whole
     cache_path: str | None = None  # JSONL of judgements, read at start and appended to
+    # A batch in which a larger share of the judgements do not parse stops the run at once, whatever `on_error`
+    # says: the judge does not follow its rubric (too small a model, too few tokens), and every later batch would fail
+    # alike. 1.0: never (each failure is then handled by `on_error`).
+    max_unparsed_fraction: float = 0.5
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> JudgeSettings:
@@ -115,6 +119,8 @@ class JudgeSettings:
         for name, low in (("scale", 2), ("max_new_tokens", 1), ("retries", 0), ("concurrency", 1), ("max_reply_bytes", 1024)):
             if getattr(self, name) < low:
                 raise ValueError(f"reward 'judge': {name} must be at least {low}, got {getattr(self, name)}")
+        if not 0 <= self.max_unparsed_fraction <= 1:
+            raise ValueError(f"reward 'judge': max_unparsed_fraction must be in [0, 1], got {self.max_unparsed_fraction}")
         if not self.timeout_s > 0 or not self.backoff_s >= 0:
             raise ValueError(f"reward 'judge': timeout_s must be > 0 and backoff_s >= 0, got {self.timeout_s}, {self.backoff_s}")
         check_rubric(self.rubric_text, self.mode)
