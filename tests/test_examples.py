@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oxrl.config.load import apply_override, load_config
+from oxrl.config.load import apply_override, find_beside, load_config
 from oxrl.config.names import ALL_ALGORITHMS, OFFLINE_ALGORITHMS, ONLINE
 from tests.conftest import make_tiny_llama, save_tiny_model
 from tests.vlm_fixtures import save_tiny_qwen2_vl
@@ -33,7 +33,7 @@ IDS = [path.stem for path in EXAMPLES]
 
 @pytest.fixture(autouse=True)
 def _in_the_repository(monkeypatch):
-    """Examples name their data relative to the repository root, where their commands run."""
+    """Examples' commands run from the repository root (their data files are found beside them from anywhere)."""
     monkeypatch.chdir(ROOT)
 
 
@@ -104,7 +104,7 @@ def tiny_run_tree(path: Path, models: TinyModels, output_dir: Path) -> dict:
     or reach full marks (RFT), and a random model's answers all score 0: `coin_reward` is added to the
     example's rewards (or its task's default one), with 4 answers per prompt, so some answers are kept.
     """
-    tree = yaml.safe_load(path.read_text())
+    tree = find_beside(yaml.safe_load(path.read_text()), path.parent)  # its data files, as `oxrl train` finds them
     policy = models.vision_language if path.name.startswith("vlm_") else models.policy
     settings = {
         "model.name_or_path": str(policy), "run.output_dir": str(output_dir), "train.max_steps": 1,

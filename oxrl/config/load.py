@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import reprlib
@@ -249,7 +250,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        tree.update(loaded)
+        tree.update(find_beside(loaded, file.parent))
     for override in overrides:
         keys, value = parse_override(override)
         apply_override(tree, keys, value)
@@ -257,6 +258,35 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         return Config.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(describe_errors(error, source)) from None
+
+
+def find_beside(tree: dict, folder: Path) -> dict:
+    """The file's tree with each relative path it names (data files, `rl.env.path`, a reward's `file.py:function`)
+    that is not found from the working directory but is found beside the config file replaced by that one, made
+    absolute: a config and its data travel together (the examples run from any directory, outside a checkout too),
+    and a path that exists from the working directory means what it always meant."""
+
+    def beside(text: Any) -> Any:
+        if not isinstance(text, str) or not text or text.startswith("bundled:") or Path(text).is_absolute():
+            return text
+        if Path(text).exists() or not (folder / text).exists():
+            return text
+        return str((folder / text).resolve())
+
+    tree = copy.deepcopy(tree)  # (a malformed section is left as it is, for validation to name)
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    rl = tree.get("rl") if isinstance(tree.get("rl"), dict) else {}
+    specs = [spec for split in ("train", "validation") if isinstance(data.get(split), list) for spec in data[split]]
+    for spec in specs:
+        if isinstance(spec, dict) and "path" in spec:
+            spec["path"] = beside(spec["path"])
+    if isinstance(rl.get("env"), dict) and "path" in rl["env"]:
+        rl["env"]["path"] = beside(rl["env"]["path"])
+    for reward in rl.get("rewards") if isinstance(rl.get("rewards"), list) else []:
+        if isinstance(reward, dict) and isinstance(reward.get("name"), str) and ".py:" in reward["name"]:
+            file, function = reward["name"].rsplit(":", 1)
+            reward["name"] = f"{beside(file)}:{function}"
+    return tree
 
 
 def saved_form(config: Config) -> dict[str, Any]:
