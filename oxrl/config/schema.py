@@ -375,7 +375,7 @@ class RolloutConfig(Section):
     engine: Literal[ROLLOUT_ENGINES] = Field(
         "hf",
         description="Rollout engine: `hf` (transformers generate, built in) or `vllm` (vLLM colocated in the trainer's "
-        "process, weights synced after every update; install with `pip install 'oxrl[vllm]'` on GPU or "
+        "process, weights synced after every update; install with `pip install 'vllm>=0.32'` on GPU or "
         "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
         "rollout worker owns one, beside any trainer strategy).",
     )
@@ -733,7 +733,7 @@ class LoggingConfig(Section):
         description="Experiment trackers that also get every metrics row (`metrics.jsonl` is always written), from "
         "rank 0: `mlflow` (sqlite store, see `mlflow_tracking_uri`), `tensorboard` (event files in "
         "`<run dir>/tensorboard`), `wandb` (files in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the "
-        "network). Each needs its extra, e.g. `pip install 'oxrl[wandb]'`.",
+        "network). Each needs its package, e.g. `pip install 'wandb>=0.19.10'` (`oxrl` on PyPI is another project).",
     )
     project: str = Field("oxrl", min_length=1, description="MLflow experiment and Weights & Biases project the run "
                          "is logged under (named `run.name` there).")
