@@ -109,7 +109,8 @@ def test_the_call_ends_on_a_token_boundary(traces, smollm2_tokenizer):
 
 def test_both_configs_load_and_chain(traces):
     sft, rl = load_config(SFT_CONFIG), load_config(RL_CONFIG)
-    assert [spec.path for spec in sft.data.train] == ["examples/data/calculator_traces.jsonl"]
+    # Files named relative to the config resolve beside it, from any working directory.
+    assert [Path(spec.path) for spec in sft.data.train] == [ROOT / "examples/data/calculator_traces.jsonl"]
     assert rl.model.name_or_path == f"{sft.run.output_dir}/{sft.run.name}/final", "GRPO starts from the SFT model"
-    assert rl.rl.env.path == "examples/envs/calculator.py" and rl.rl.rollout.stop == ["</calc>"]
+    assert Path(rl.rl.env.path) == ROOT / "examples/envs/calculator.py" and rl.rl.rollout.stop == ["</calc>"]
     assert rl.rl.validation_every is not None
