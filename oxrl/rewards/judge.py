@@ -148,19 +148,28 @@ class Judge:
         # Rendered judge prompt -> a reply that did not parse, so that scoring the batch's samples one at a time
         # (oxrl.rewards.combine, after a failure) does not ask a greedy judge again for the same reply. Bounded.
         self.unparsed: OrderedDict[str, str] = OrderedDict()
+        # Samples whose failure was already counted and logged (their rendered prompts): scored again one at a time,
+        # they fail again without a second warning line or count. Bounded like `unparsed`.
+        self.reported: OrderedDict[tuple[str, ...], None] = OrderedDict()
 
     def rewards(self, prompts: list[str], completions: list[str], references: list[Any] | None) -> list[float]:
         references = references if references is not None else [None] * len(prompts)
         asked = [self._render(p, c, r) for p, c, r in zip(prompts, completions, references)]
         replies = self._replies(list(dict.fromkeys(text for texts in asked for text in texts)))
-        rewards, failures = [], []
+        rewards, failures, failed = [], [], []
         for prompt, completion, texts in zip(prompts, completions, asked):
             try:
                 rewards.append(self._reward([replies[text] for text in texts], prompt, completion))
             except JudgeParseError as error:
                 failures.append(error)
+                failed.append(tuple(texts))
         if failures:
-            self.parse_failures += len(failures)
+            fresh = [index for index, texts in enumerate(failed) if texts not in self.reported]
+            for texts in failed:
+                self.reported[texts] = None
+                while len(self.reported) > MAX_UNPARSED_REMEMBERED:
+                    self.reported.popitem(last=False)
+            self.parse_failures += len(fresh)
             if len(prompts) > 1 and len(failures) > self.settings.max_unparsed_fraction * len(prompts):
                 judge = self.settings.model or f"{self.settings.model_name} at {self.settings.url}"
                 raise JudgeUnusableError(
@@ -168,8 +177,9 @@ class Judge:
                     f"than max_unparsed_fraction = {self.settings.max_unparsed_fraction:g}): the judge {judge} does not "
                     "follow its rubric; use a larger judge model, more max_new_tokens or a rubric it follows. The first: "
                     + " ".join(str(failures[0]).split()))
-            logger.warning("judge: %d of %d replies did not parse (%d so far); the first: %s",
-                           len(failures), len(prompts), self.parse_failures, failures[0])
+            if fresh:  # a sample scored again alone after its batch failed was reported with the batch
+                logger.warning("judge: %d of %d replies did not parse (%d so far); the first: %s",
+                               len(fresh), len(prompts), self.parse_failures, failures[fresh[0]])
             raise failures[0]
         return rewards
 
