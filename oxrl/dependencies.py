@@ -26,6 +26,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The built-in rewards that need a package: (import name, distribution name). Checked by `oxrl.preflight` before
+# anything loads and by each reward when it is built.
+REWARD_PACKAGES = {"math": ("math_verify", "math-verify"), "reasoning_gym": ("reasoning_gym", "reasoning-gym")}
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency the config asks for is not installed; the message says how to install it."""
 

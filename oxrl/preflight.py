@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from oxrl.config.rl_presets import is_rl
 from oxrl.config.schema import Config
-from oxrl.dependencies import MissingDependencyError, install_hint, installed
-
-# The built-in rewards that need a package: (import name, distribution name).
-REWARD_PACKAGES = {"math": ("math_verify", "math-verify"), "reasoning_gym": ("reasoning_gym", "reasoning-gym")}
+from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, installed
 
 
 def missing_for(cfg: Config) -> list[str]:

@@ -15,6 +15,7 @@ import torch
 from oxrl.algorithms.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
 from oxrl.data.files import first_irregular
+from oxrl.dependencies import installed
 from oxrl.logging.quiet import no_progress_bars
 from oxrl.models.bundled import BUNDLED, resolve_bundled
 from oxrl.models.packed_attention import use_packed_attention
@@ -132,15 +133,9 @@ def _first_sentence(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
-def _torchvision_installed() -> bool:
-    from oxrl.dependencies import installed
-
-    return installed("torchvision")
-
-
 def _needs_torchvision(error: BaseException) -> bool:
     text = str(error).lower()
-    return not _torchvision_installed() and ("torchvision" in text or "video processor" in text)
+    return not installed("torchvision") and ("torchvision" in text or "video processor" in text)
 
 
 def load_processor(cfg: ModelConfig, tokenizer=None):
@@ -170,7 +165,7 @@ def load_processor(cfg: ModelConfig, tokenizer=None):
         raise ProcessorLoadError(
             f"{cfg.name_or_path} is a vision-language model but AutoProcessor gave a {type(processor).__name__}, not a "
             "processor: " + (f"{', '.join(present)} is there, but the processor it names could not be built (a missing "
-                             f"package?{_TORCHVISION_HINT if not _torchvision_installed() else ''})" if present else
+                             f"package?{_TORCHVISION_HINT if not installed('torchvision') else ''})" if present else
                              f"the model holds none of {', '.join(PROCESSOR_FILES)}"))
     if cfg.chat_template is not None:
         processor.chat_template = cfg.chat_template

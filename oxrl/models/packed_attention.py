@@ -59,8 +59,6 @@ from oxrl.algorithms.model_inputs import PACKED_ATTENTION, PackedRow, hf_config
 
 logger = logging.getLogger(__name__)
 
-KERNELS = ("sdpa", "varlen", "flex")  # what `packed_kernel` chooses from
-
 
 class VarlenCall:
     """`torch.nn.attention.varlen.varlen_attn` as the installed torch spells it (None where it has none)."""
@@ -129,7 +127,7 @@ def compiled(function):
 
 
 def packed_kernel(query: torch.Tensor, scaling: float | None) -> str:
-    """Which kernel computes a packed row whose queries are `query` (one of `KERNELS`)."""
+    """Which kernel computes a packed row whose queries are `query`: "sdpa" (per sequence), "varlen" or "flex"."""
     if not query.is_cuda:
         return "sdpa"
     return "varlen" if VARLEN.applies(query, scaling) else "flex"

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from oxrl.dependencies import MissingDependencyError, install_hint, require
+from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, require
 from oxrl.rewards.extract import last_boxed, tag_content
 
 
@@ -41,7 +41,7 @@ def reasoning_gym_reward(
 
 def check_reasoning_gym_reward(**kwargs: Any) -> None:
     """`reasoning_gym_reward.preflight`: reasoning-gym is installed (checked when the reward is built)."""
-    require("reasoning_gym", "reasoning-gym", "the `reasoning_gym` reward")
+    require(*REWARD_PACKAGES["reasoning_gym"], "the `reasoning_gym` reward")
 
 
 reasoning_gym_reward.preflight = check_reasoning_gym_reward  # type: ignore[attr-defined]

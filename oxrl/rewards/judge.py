@@ -45,9 +45,8 @@ import functools
 import logging
 import re
 import unicodedata
-from typing import Any
-
 from collections import OrderedDict
+from typing import Any
 
 from oxrl.rewards.base import RewardError, batched
 from oxrl.rewards.judge_backends import HTTPBackend, local_backend
@@ -74,6 +73,13 @@ EXCERPT_CHARS = 300
 
 
 MAX_UNPARSED_REMEMBERED = 4096
+
+
+def remember(memory: OrderedDict, key, value=None) -> None:
+    """Put `key` in `memory`, forgetting the oldest entries beyond MAX_UNPARSED_REMEMBERED."""
+    memory[key] = value
+    while len(memory) > MAX_UNPARSED_REMEMBERED:
+        memory.popitem(last=False)
 
 
 class JudgeUnusableError(RewardError):
@@ -166,9 +172,7 @@ class Judge:
         if failures:
             fresh = [index for index, texts in enumerate(failed) if texts not in self.reported]
             for texts in failed:
-                self.reported[texts] = None
-                while len(self.reported) > MAX_UNPARSED_REMEMBERED:
-                    self.reported.popitem(last=False)
+                remember(self.reported, texts)
             self.parse_failures += len(fresh)
             if len(prompts) > 1 and len(failures) > self.settings.max_unparsed_fraction * len(prompts):
                 judge = self.settings.model or f"{self.settings.model_name} at {self.settings.url}"
@@ -203,9 +207,7 @@ class Judge:
             if self._parse(reply) is not None:  # an unparseable reply is never cached in the file
                 self.cache.put(identity, missing[index], reply)
             else:
-                self.unparsed[missing[index]] = reply
-                while len(self.unparsed) > MAX_UNPARSED_REMEMBERED:
-                    self.unparsed.popitem(last=False)
+                remember(self.unparsed, missing[index], reply)
 
         if missing:
             self.backend.complete(missing, record)

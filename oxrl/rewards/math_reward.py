@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from oxrl.dependencies import MissingDependencyError, install_hint, require
+from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, require
 from oxrl.rewards.base import signal_timed
 from oxrl.rewards.extract import final_answer
 
@@ -57,7 +57,7 @@ def math_reward(
 
 def check_math_reward(**kwargs: Any) -> None:
     """`math_reward.preflight`: math-verify is installed (checked when the reward is built, before any model loads)."""
-    require("math_verify", "math-verify", "the `math` reward")
+    require(*REWARD_PACKAGES["math"], "the `math` reward")
 
 
 math_reward.preflight = check_math_reward  # type: ignore[attr-defined]
