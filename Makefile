@@ -19,7 +19,7 @@ demo-sft: env
 	$(PY) -m oxrl train examples/sft_smollm2_chat.yaml run.overwrite=true
 
 test: env
-	$(PY) -m pytest -q -rs tests --ignore=tests/vllm
+	$(PY) -m pytest -q -rfEs tests --ignore=tests/vllm
 
 # The vLLM rollout engine's tier, with the checkout's oxrl on the path (the venv is shared by clones).
 test-vllm:
