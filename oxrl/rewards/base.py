@@ -44,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from oxrl.errors import UserError
+
 RewardFn = Callable[..., Any]  # per sample -> float (or one float per token); @batched -> a list of those
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -77,7 +79,7 @@ def time_limit(fn: RewardFn, timeout_s: float | None) -> float | None:
     return timeout_s
 
 
-class RewardError(RuntimeError):
+class RewardError(UserError, RuntimeError):
     """A reward failed on a sample; the message names the reward and shows the sample."""
 
 

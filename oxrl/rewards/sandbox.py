@@ -104,6 +104,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from oxrl.errors import UserError
 from oxrl.rewards.sandbox_cgroup import CGROUP_ENV, CallCgroup, CgroupSetup, cgroup_setup
 from oxrl.rewards.sandbox_launch import Launched, launch_bwrap, wait_then_kill
 from oxrl.rewards.sandbox_mounts import (
@@ -130,7 +131,7 @@ OPT_OUT_HINT = (
 )
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxUnavailableError(UserError, RuntimeError):
     """The code sandbox cannot run on this machine (bwrap missing or unable to create namespaces); nothing ran."""
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from oxrl.config.load import flatten, read_yaml_file, saved_form
 from oxrl.config.schema import Config
 from oxrl.data.files import not_regular
+from oxrl.errors import UserError
 from oxrl.training.checkpoint import check_intact, latest_checkpoint, list_checkpoints, step_of
 from oxrl.training.checkpoint_files import folder_step
 from oxrl.training.folders import OutputWriteError, remove_path
@@ -71,7 +72,7 @@ IGNORED_ON_RESUME = frozenset({
 })
 
 
-class RunDirError(Exception):
+class RunDirError(UserError):
     """The run directory cannot be used as asked (in use, holds another run, config changed on resume)."""
 
 
