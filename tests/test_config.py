@@ -208,3 +208,29 @@ def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
     error = raised_within(20, lambda: read_yaml_file(fifo), [fifo])
     assert isinstance(error, ConfigError)
     assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: is it a YAML config?"
+
+
+@pytest.mark.parametrize("algorithm, overrides, refused, reader", [
+    ("sft", ["rl.rollout.n=4"], "rl.rollout.n = 4", "by RL and online algorithms"),
+    ("sft", ["rl.kl_coef=0.1"], "rl.kl_coef = 0.1", "by RL and online algorithms"),
+    ("dpo", ["rl.task=arithmetic"], "rl.task = 'arithmetic'", "by RL and online algorithms"),
+    ("sft", ["lora.rank=8"], "lora.rank = 8", "with lora.enabled: true"),
+    ("grpo", ["rl.task=arithmetic", "train.global_batch_size=64"], "train.global_batch_size = 64",
+     "rl.prompts_per_step x rl.rollout.n"),
+    ("grpo", ["rl.task=arithmetic", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
+     "rl.rollout.vllm.gpu_memory_utilization = 0.3", "with rl.rollout.engine: vllm"),
+])
+def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm, overrides, refused, reader):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["model.name_or_path=m", f"algorithm.name={algorithm}", *overrides])
+    assert refused in str(raised.value) and reader in str(raised.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.name=sft", "lora.enabled=true", "lora.rank=8"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.kl_coef=0.1", "rl.rollout.n=4"],
+    ["algorithm.name=sft", "train.global_batch_size=64"],
+])
+def test_the_same_settings_are_accepted_where_they_are_read(overrides):
+    load_config(None, ["model.name_or_path=m", *overrides])

@@ -768,6 +768,30 @@ class LoggingConfig(Section):
 # Settings an RL run does not read, and what to use instead: refused unless left at their default.
 RL_UNUSED_SETTINGS = (
     ("train", "eval_every", "RL validates on its held-out prompts every rl.validation_every steps: use rl.validation_every"),
+    ("train", "global_batch_size", "an RL step trains on rl.prompts_per_step x rl.rollout.n completions: set those"),
+)
+
+
+def changed_settings(value: BaseModel, default: BaseModel, prefix: str) -> list[str]:
+    """The dotted keys under `prefix` whose value differs from `default`'s, nested sections followed."""
+    keys = []
+    for name in type(value).model_fields:
+        mine, theirs = getattr(value, name), getattr(default, name)
+        if isinstance(mine, BaseModel) and type(mine) is type(theirs):
+            keys += changed_settings(mine, theirs, f"{prefix}.{name}")
+        elif mine != theirs:
+            keys.append(f"{prefix}.{name}")
+    return keys
+
+
+# Sections read only when a choice elsewhere names them: (the section, the fields read regardless, who reads it,
+# whether this run does). A changed setting in a section the run does not read is an error naming its reader.
+CONDITIONAL_SECTIONS = (
+    ("rl", (), "by RL and online algorithms (" + ", ".join(SAMPLING_ALGORITHMS) + ")",
+     lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS),
+    ("lora", ("enabled",), "with lora.enabled: true", lambda cfg: cfg.lora.enabled),
+    ("rl.rollout.vllm", ("sync_check_tolerance",), "with rl.rollout.engine: vllm",
+     lambda cfg: cfg.rl.rollout.engine == "vllm"),
 )
 
 
@@ -917,6 +941,30 @@ class Config(Section):
         if name == "rm" and self.logging.samples:
             raise ValueError("`rm` trains a reward model, which scores text but does not generate: remove logging.samples")
         return self
+
+    @model_validator(mode="after")
+    def _every_section_set_is_read(self) -> "Config":
+        """A changed setting in a section this run does not read (CONDITIONAL_SECTIONS) names who reads it."""
+        unread = []
+        for path, always, reader, reads in CONDITIONAL_SECTIONS:
+            if reads(self):
+                continue
+            section = self
+            for part in path.split("."):
+                section = getattr(section, part)
+            unread += [f"{key} = {self.value_at(key)!r} is not read: it is read only {reader}"
+                       for key in changed_settings(section, type(section)(), path)
+                       if key.split(".")[path.count(".") + 1] not in always]
+        if unread:
+            raise ValueError(f"`{self.algorithm.name}` run: " + "; ".join(unread))
+        return self
+
+    def value_at(self, key: str):
+        """The value of a dotted key, e.g. `rl.rollout.n`."""
+        value = self
+        for part in key.split("."):
+            value = getattr(value, part)
+        return value
 
     @model_validator(mode="after")
     def _data_fits_the_algorithm(self) -> "Config":

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oxrl.config.names import SAMPLING_ALGORITHMS
 from oxrl.config.schema import Config
 from oxrl.data.rl_tasks import RLPrompt
 from oxrl.evaluation.metrics import correct_flags, summarise
@@ -113,6 +114,10 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
         source = str(run_dir / "config.yaml")
         logger.info("prompts, rewards and sampling as in the run's %s (flags and --set override them)", source)
     tree = load_config(source).model_dump(mode="json") if source is not None else {"algorithm": {"name": DEFAULT_ALGORITHM}}
+    if tree["algorithm"]["name"] not in SAMPLING_ALGORITHMS:
+        # An offline run's config: evaluation samples, so it keeps what sampling reads (the model, the seed, the
+        # `rl` section) under the default RL algorithm; the offline sections would be settings nobody reads.
+        tree = {"run": tree["run"], "model": tree["model"], "rl": tree["rl"], "algorithm": {"name": DEFAULT_ALGORITHM}}
     given = {"rl.rollout.temperature": request.temperature, "rl.rollout.max_new_tokens": request.max_new_tokens,
              "rl.rollout.engine": request.engine, "run.seed": request.seed}
     flags = {"model.name_or_path": model_path, "rl.rollout.n": request.n, "strategy.name": "single",
