@@ -11,6 +11,9 @@ advantage or loss of their own.
 With `rl.critic_backbone: shared` the critic is instead a value head on the policy's own backbone
 (`SharedValueHead`, oxrl/models/value_head.py): the policy's forward passes give its values, and the update
 minimises the policy loss + `rl.value_coef` x the same clipped value loss in one backward and one optimizer step.
+
+The RL loop sees either through the same few calls (`prepare`, `values`, `update`, `metrics`, and
+`shared_head`, the head the policy's own passes run, None for a model of its own), so it never asks which.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack
 from oxrl.loops.rl_batch import completion_example, completion_index, pad_rows
 from oxrl.rollout.base import Completion
+from oxrl.training.optim import build_optimizer, build_scheduler
 
 
 def value_rows(critic, completions: list[Completion], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,6 +49,24 @@ class SharedValueHead:
     value_coef: float  # weight of the value loss in the one loss
     value_clip: float | None
 
+    @property
+    def shared_head(self) -> torch.nn.Module:
+        return self.head
+
+    def prepare(self, policy_strategy, cfg, total_updates: int) -> None:
+        """Nothing to prepare: the head is one of the policy's parameters, optimised and saved with it."""
+
+    def values(self, completions: list[Completion]) -> None:
+        """None: the policy's old-log-prob pass gives the values (`rl_stages.score`)."""
+        return None
+
+    def update(self, completions, old_values, returns, step: int) -> dict[str, float]:
+        """Nothing apart: the head learns in the policy's step (`rl_update.policy_step`)."""
+        return {}
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
 
 @dataclass
 class Critic:
@@ -54,6 +76,18 @@ class Critic:
     strategy: object  # a companion Strategy (oxrl/training/strategy.py)
     micro_batch_size: int
     value_clip: float | None
+    shared_head = None  # a model of its own: the policy's passes give no values
+
+    def prepare(self, policy_strategy, cfg, total_updates: int) -> None:
+        """Its optimizer and schedule (`train.optim` at `rl.critic_lr`), handed to its strategy, which is
+        checkpointed with the policy's."""
+        critic_optim = cfg.train.optim.model_copy(update={"lr": cfg.rl.critic_lr})
+        optimizer = build_optimizer(self.model, critic_optim, fused=self.strategy.fused_optimizer)
+        self.model = self.strategy.prepare(self.model, optimizer, build_scheduler(optimizer, total_updates, critic_optim))
+        policy_strategy.attach("critic", self.strategy)
+
+    def metrics(self) -> dict[str, float]:
+        return {"critic/nonfinite_steps": self.strategy.nonfinite.skipped}
 
     @classmethod
     def configured(cls, model: torch.nn.Module, policy_strategy, cfg) -> Critic:

@@ -1,6 +1,7 @@
 """Every offline objective by name: the token objectives (SFT, CPT) defined here, and the preference,
-KTO, reward-model and distillation ones of preference_objectives.py. The interface is objective.py;
-new objectives register here and the loop (sl.py) does not change.
+KTO, reward-model and distillation ones of preference_objectives.py, imported only by a run that names
+one (an SFT run reads none of them). The interface is objective.py; new objectives register here and
+the loop (sl.py) does not change.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, SUPERVISED, unk
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import PackedBatch
 from oxrl.loops.objective import Objective
-from oxrl.loops.preference_objectives import preference_objectives
 
 
 def _sequence_mask(batch: PackedBatch) -> torch.Tensor:
@@ -43,12 +43,14 @@ assert tuple(OBJECTIVES) == SUPERVISED, "keep oxrl.config.names.SUPERVISED in st
 def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Objective]:
     """The token objectives above plus the preference / KTO / RM / KD ones, built with `preference`'s
     hyper-parameters (defaults when None)."""
+    from oxrl.loops.preference_objectives import preference_objectives
+
     return {**OBJECTIVES, **preference_objectives(preference)}
 
 
 def get_objective(name: str, preference: PreferenceConfig | None = None) -> Objective:
-    objectives = all_objectives(preference)
     key = name.strip().lower()  # the config stores names in lower case; library callers may not
+    objectives = OBJECTIVES if key in OBJECTIVES else all_objectives(preference)
     if key not in objectives:
         if key in RL_ALGORITHMS:
             raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: oxrl.runner.run trains it "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -34,7 +35,10 @@ from oxrl.data.sampler import balanced_split, micro_batches
 from oxrl.data.types import Example, RLPromptBatch, Sequence
 from oxrl.loops.objective import Objective
 from oxrl.loops.objectives import get_objective
+from oxrl.loops.rl import naming_step, sync
 from oxrl.loops.rl_batch import completion_example
+from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
+from oxrl.loops.rl_stages import sample
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.reference import FrozenModel, build_reference
 
@@ -68,6 +72,19 @@ class OnlineMethod(ABC):
     def sync(self, h, step: int | None) -> dict[str, float]:
         """After each update (`step`), and on resume (None): the engine samples from the policy."""
         return h.engine.sync_weights(h.model)
+
+    def step(self, h, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], object]:
+        """sample -> select -> update -> sync: the RL loop's step for an online method; the metrics and rollout."""
+        with naming_step(step):
+            rollout, metrics = sample(h, batch, step)
+            selection = self.select(rollout.batch, rollout)
+        metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
+        started = time.perf_counter()
+        metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]  # the step's (first) update's, before the schedule moves
+        metrics.update(online_update(h, selection, step))
+        metrics.update(sync(h, step))
+        metrics.update({"time/train": time.perf_counter() - started, "train/nonfinite_steps": h.strategy.nonfinite.skipped})
+        return metrics, rollout
 
 
 class OnlineDPO(OnlineMethod):

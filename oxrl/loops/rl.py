@@ -9,7 +9,7 @@
         sync         engine.sync_weights(policy)
 
 Online DPO, RFT and SPIN run this same loop with `select` + an offline objective in place of score,
-estimate and update (`online_step`, oxrl/loops/online.py).
+estimate and update (`OnlineMethod.step`, oxrl/loops/online.py).
 
 The stages live in rl_stages.py and rl_update.py; each reads the run's handles (`RLHandles`) and the
 step's `Rollout`. Resume: a checkpoint holds the weights, optimizers, schedules (the critic's in
@@ -34,9 +34,7 @@ from oxrl.data.sampler import StepSampler, split_for_rank
 from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import summarise
 from oxrl.logging.metrics import MetricsLogger
-from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import check_on_policy
-from oxrl.loops.online import online_update
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
@@ -59,7 +57,7 @@ class RLHandles:
     reward_fn: Any = None  # scores single-turn completions (oxrl/rewards/combine.py); None with `env`
     env: Environment | None = None  # multi-turn episodes, which reward themselves
     reference: torch.nn.Module | None = None  # frozen, for the KL term (None when kl_coef is 0)
-    critic: Critic | SharedValueHead | None = None  # PPO (advantage `gae`): its own model, or a head on the policy
+    critic: Any = None  # PPO (advantage `gae`): a Critic or SharedValueHead (oxrl/loops/critic.py); None without
     tokenizer: Any = None  # saved with checkpoints: the tokenizer, or a vision-language model's processor
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`
     online: Any = None  # Online DPO / RFT / SPIN (oxrl/loops/online.py): the samples train an offline objective
@@ -84,12 +82,8 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
     optimizer = build_optimizer(h.model, cfg.train.optim, fused=h.strategy.fused_optimizer)
     h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
     h.policy.train()
-    if isinstance(h.critic, Critic):  # (a shared value head is one of the policy's parameters)
-        critic_optim = cfg.train.optim.model_copy(update={"lr": cfg.rl.critic_lr})
-        optimizer = build_optimizer(h.critic.model, critic_optim, fused=h.critic.strategy.fused_optimizer)
-        h.critic.model = h.critic.strategy.prepare(h.critic.model, optimizer,
-                                                   build_scheduler(optimizer, total_updates, critic_optim))
-        h.strategy.attach("critic", h.critic.strategy)  # checkpointed together
+    if h.critic is not None:
+        h.critic.prepare(h.strategy, cfg, total_updates)
     if h.strategy.world_size > 1:
         torch.manual_seed(cfg.run.seed + h.strategy.rank)  # weights are in sync already; samples must differ per rank
     resume_from = resume_path(cfg, run_dir)
@@ -153,8 +147,8 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
 def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
     """sample -> score -> estimate -> update -> sync, on this rank's prompts of step `step`."""
     rl = h.cfg.rl
-    if h.online is not None:
-        return online_step(h, batch, step)
+    if h.online is not None:  # Online DPO / RFT / SPIN: their own step over the same sampling (oxrl/loops/online.py)
+        return h.online.step(h, batch, step)
     with naming_step(step):  # e.g. sampling from weights that diverged in the last update
         rollout, metrics = sample(h, batch, step)
         metrics.update(score(h, rollout))
@@ -170,22 +164,8 @@ def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, f
     metrics.update(sync(h, step))  # e.g. vLLM: the sync's seconds and probe gap
     metrics["time/train"] = time.perf_counter() - started
     metrics["train/nonfinite_steps"] = h.strategy.nonfinite.skipped
-    if isinstance(h.critic, Critic):
-        metrics["critic/nonfinite_steps"] = h.critic.strategy.nonfinite.skipped
-    return metrics, rollout
-
-
-def online_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
-    """sample -> select -> update -> sync (oxrl/loops/online.py): the samples train the online method's objective."""
-    with naming_step(step):
-        rollout, metrics = sample(h, batch, step)
-        selection = h.online.select(rollout.batch, rollout)
-    metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
-    started = time.perf_counter()
-    metrics["lr"] = h.strategy.scheduler.get_last_lr()[0]  # the step's (first) update's, before it advances the schedule
-    metrics.update(online_update(h, selection, step))
-    metrics.update(sync(h, step))
-    metrics.update({"time/train": time.perf_counter() - started, "train/nonfinite_steps": h.strategy.nonfinite.skipped})
+    if h.critic is not None:
+        metrics.update(h.critic.metrics())
     return metrics, rollout
 
 

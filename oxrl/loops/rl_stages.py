@@ -20,7 +20,6 @@ from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import balanced_split
 from oxrl.data.types import RLPromptBatch
 from oxrl.evaluation.metrics import accuracy_of
-from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_values
 from oxrl.config.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
@@ -133,19 +132,25 @@ def single_on_policy_update(rl: RLConfig) -> bool:
     return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0) and not shared_head
 
 
+def shared_value_head(h) -> torch.nn.Module | None:
+    """The critic's value head on the policy's backbone (`rl.critic_backbone: shared`), else None."""
+    return h.critic.shared_head if h.critic is not None else None
+
+
 def score(h, rollout: Rollout) -> dict[str, float]:
     """Stage 2: the frozen quantities of the samples: old and reference log-probs, the critic's values."""
     started = time.perf_counter()
     rl, micro = h.cfg.rl, h.cfg.train.micro_batch_size_per_device
     temperature = rl.rollout.temperature or 1.0
-    if isinstance(h.critic, SharedValueHead):  # one pass of the policy: old log-probs and values together
+    head = shared_value_head(h)
+    if head is not None:  # one pass of the policy: old log-probs and values together
         rollout.old_logprobs, rollout.values = score_logprobs_and_values(h.policy, rollout.completions, micro,
-                                                                         temperature, h.critic.head)
+                                                                         temperature, head)
     elif not single_on_policy_update(rl):
         rollout.old_logprobs = score_logprobs(h.policy, rollout.completions, micro, temperature)
     if h.reference is not None:
         rollout.ref_logprobs = score_logprobs(h.reference, rollout.completions, micro, temperature)
-    if isinstance(h.critic, Critic):  # a model of its own
+    if h.critic is not None and head is None:  # a model of its own
         rollout.values = h.critic.values(rollout.completions)
     return {"time/logprobs": time.perf_counter() - started}
 

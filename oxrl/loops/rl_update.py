@@ -25,9 +25,9 @@ from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack
 from oxrl.models.packed_attention import prefix_sharing
-from oxrl.loops.critic import Critic, SharedValueHead
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
+from oxrl.loops.rl_stages import shared_value_head
 from oxrl.config.params import loss_params
 
 
@@ -42,10 +42,10 @@ def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]
     for _epoch in range(rl.epochs):
         for mini in micro_batches(order, per_mini):
             sums = {}
-            if train_policy or isinstance(h.critic, SharedValueHead):  # a shared head learns in the policy's step
+            if train_policy or shared_value_head(h) is not None:  # a shared head learns in the policy's step
                 sums = policy_step(h, rollout, mini, params, check=rl.strict_on_policy and updates == 0, step=step,
                                    train_policy=train_policy)
-            if isinstance(h.critic, Critic):
+            if h.critic is not None:  # a critic of its own steps apart ({} for a shared head)
                 sums.update(h.critic.update([rollout.completions[i] for i in mini], [rollout.values[i] for i in mini],
                                             [rollout.returns[i] for i in mini], step))
             for key, value in sums.items():
@@ -65,7 +65,7 @@ def policy_step(h, rollout, indices: list[int], params: PolicyLossParams, check:
     lengths = [rollout.completions[i].num_sampled for i in indices]  # trained tokens per completion
     normaliser = strategy.all_reduce_sum(float(local_normaliser(pad_rows([torch.ones(n) for n in lengths], max(lengths)),
                                                                 params.aggregation)))
-    shared = h.critic if isinstance(h.critic, SharedValueHead) else None
+    shared = h.critic if shared_value_head(h) is not None else None
     tokens = strategy.all_reduce_sum(float(sum(lengths))) if shared else None  # the value loss's normaliser
     sums: dict[str, float] = {}
     gap: dict[str, float] = {}  # engine/trainer mismatch sums, when this update supplies the old log-probs
@@ -99,7 +99,7 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
     # A group's completions share their prompt: it runs once where the policy reads continuations.
     batch = pack([completion_example(rollout.completions[i]) for i in mb],
                  share_prefixes=prefix_sharing(h.policy)).to(h.strategy.device)
-    shared_head = h.critic.head if isinstance(h.critic, SharedValueHead) else None
+    shared_head = shared_value_head(h)
     value_head = shared_head
     if shared_head is not None and head_only:
         value_head = lambda hidden: shared_head(hidden.detach())  # the backbone gets no gradient

@@ -43,23 +43,18 @@ from oxrl.rewards.base import (
     load_reward_fn,
     time_limit,
 )
-from oxrl.rewards.code_reward import code_reward
-from oxrl.rewards.format_reward import format_reward
-from oxrl.rewards.gym_reward import reasoning_gym_reward
-from oxrl.rewards.judge import judge_reward
-from oxrl.rewards.math_reward import math_reward
-from oxrl.rewards.reward_model_reward import reward_model_reward
 
 logger = logging.getLogger(__name__)
 
-# Built-in rewards by config name. Anything else is loaded as a dotted or file path.
-REWARDS: dict[str, RewardFn] = {
-    "math": math_reward,
-    "format": format_reward,
-    "code": code_reward,
-    "reasoning_gym": reasoning_gym_reward,
-    "judge": judge_reward,
-    "reward_model": reward_model_reward,
+# Built-in rewards by config name, each imported only by a run that names it (a `math` run loads no sandbox,
+# judge or reward model). Anything else is loaded as a dotted or file path.
+REWARDS: dict[str, str] = {
+    "math": "oxrl.rewards.math_reward:math_reward",
+    "format": "oxrl.rewards.format_reward:format_reward",
+    "code": "oxrl.rewards.code_reward:code_reward",
+    "reasoning_gym": "oxrl.rewards.gym_reward:reasoning_gym_reward",
+    "judge": "oxrl.rewards.judge:judge_reward",
+    "reward_model": "oxrl.rewards.reward_model_reward:reward_model_reward",
 }
 
 EXCERPT_CHARS = 300
@@ -193,7 +188,7 @@ def _as_spec(spec: RewardSpec | dict[str, Any] | str) -> RewardSpec:
 def resolve_reward(name: str) -> RewardFn:
     """A built-in reward by name, else the function a dotted/file reference names."""
     if name in REWARDS:
-        return REWARDS[name]
+        return load_reward_fn(REWARDS[name])
     if ":" in name or "." in name or "/" in name:
         return load_reward_fn(name)
     raise RewardLoadError(
