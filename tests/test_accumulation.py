@@ -29,8 +29,15 @@ def test_accumulation_is_exact_for_sft_and_cpt():
 
 
 def test_per_micro_batch_normalisation_would_differ():
-    # Guard that the test above can fail: dividing each micro-batch by its own token count
-    # (the common bug) gives a different loss on these unequal micro-batches.
+    # Guard that the test above can fail: the common bug, each micro-batch divided by its own token count
+    # and the micro-batch losses averaged, gives another loss on these unequal micro-batches.
+    from oxrl.data.sampler import micro_batches
+    from oxrl.data.types import pack
+
+    model, objective = make_tiny_llama(), get_objective("sft")
     examples = _examples(1) + _examples(2)
-    counts = [e.num_loss_tokens for e in examples]
-    assert len(set(counts)) > 1
+    right, _ = run_micro_batches(objective, model, examples, 8, SingleDevice(torch.device("cpu"), "no"), train=False)
+    with torch.no_grad():
+        parts = [pack(mb) for mb in micro_batches(examples, 2)]
+        wrong = sum(float(objective.compute(model, b, objective.count_units(b)).loss) for b in parts) / len(parts)
+    assert abs(right["loss"] - wrong) > 1e-3, (right["loss"], wrong)

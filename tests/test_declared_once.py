@@ -60,6 +60,8 @@ def test_every_literal_of_the_schema_is_a_tuple_of_names():
 def test_the_registries_implement_exactly_the_declared_choices():
     from oxrl.algorithms.advantages import ADVANTAGES
     from oxrl.algorithms.kl import KL_ESTIMATORS
+    from oxrl.config.schema import ONLINE_READ_BY, RL_PROMPT_FORMATS, OnlineConfig
+    from oxrl.data.rl_prompts import ROW_CONVERTERS
     from oxrl.algorithms.policy_loss import AGGREGATIONS, POLICY_LOSSES
     from oxrl.data.rl_tasks import ANSWER_INSTRUCTIONS
     from oxrl.rollout.build import ENGINES
@@ -76,6 +78,9 @@ def test_the_registries_implement_exactly_the_declared_choices():
     assert ("auto", *DEFAULT_TOLERANCE) == names.DTYPES
     assert all(isinstance(getattr(torch, dtype), torch.dtype) for dtype in names.DTYPES[1:])  # models.load.resolve_dtype
     assert tuple(PRESETS) == names.RL_ALGORITHMS
+    assert tuple(ROW_CONVERTERS) == RL_PROMPT_FORMATS
+    assert set(ONLINE_READ_BY) == set(OnlineConfig.model_fields)
+    assert {reader for readers in ONLINE_READ_BY.values() for reader in readers} == set(names.ONLINE)
 
 
 def test_the_dispatches_handle_exactly_the_declared_choices():

@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from oxrl.algorithms.kl import KL_ESTIMATORS, k3, kl_estimate
-from oxrl.config.names import AGGREGATION_MODES, POLICY_LOSS_NAMES
 
 
 @dataclass
@@ -116,7 +115,6 @@ AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int | None], Tensor]] = {
     # (max_len) - no length bias. normaliser = number of sequences in the step.
     "seq_mean_token_sum_norm": _token_sum_over_max_len,
 }
-assert tuple(AGGREGATIONS) == AGGREGATION_MODES, "keep oxrl.config.names.AGGREGATION_MODES in step"
 
 
 def aggregate(
@@ -310,7 +308,6 @@ def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[s
 
 PolicyLoss = Callable[[PolicyLossInput, PolicyLossParams], tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo, "cispo": cispo, "gspo": gspo}
-assert tuple(POLICY_LOSSES) == POLICY_LOSS_NAMES, "keep oxrl.config.names.POLICY_LOSS_NAMES in step"
 
 
 def policy_loss(

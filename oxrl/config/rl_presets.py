@@ -69,7 +69,6 @@ PRESETS: dict[str, dict] = {
     "rlaif": _GRPO,
 }
 DEFAULTS = {"eps_low": 0.2, "eps_high": 0.2, "kl_coef": 0.0}
-assert tuple(PRESETS) == RL_ALGORITHMS, "keep oxrl.config.names.RL_ALGORITHMS in step with PRESETS"
 
 # Settings that only some choices read: field -> (the choices under which it is read, why). A choice is
 # a deciding `rl` field and the values (or a test of the value) under which the field is read; all must

@@ -626,7 +626,6 @@ ONLINE_READ_BY: dict[str, tuple[str, ...]] = {
     "gold_field": ("spin",),
     "iteration_steps": ("spin",),
 }
-assert set(ONLINE_READ_BY) == set(OnlineConfig.model_fields) and {r for rs in ONLINE_READ_BY.values() for r in rs} == set(ONLINE)
 
 
 class StrategyConfig(Section):

@@ -276,4 +276,3 @@ def _rl2_row(values: dict[str, Any], where: RowChecker, template: PromptTemplate
 ROW_CONVERTERS: dict[str, Callable[[dict[str, Any], RowChecker, PromptTemplate], Converted]] = {
     "gsm8k": _gsm8k_row, "openr1": _openr1_row, "rl2": _rl2_row,
 }
-assert tuple(ROW_CONVERTERS) == RL_PROMPT_FORMATS, "a converter for each RL prompt format of the schema"

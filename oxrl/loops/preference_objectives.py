@@ -31,7 +31,6 @@ from oxrl.algorithms.kto import KTOInput, KTOParams, kto_loss
 from oxrl.algorithms.logprobs import forward_logits, sequence_sums, token_logprobs
 from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, LossOutput, PreferenceInput, PreferenceParams
 from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
-from oxrl.config.names import DISTILLATION, PREFERENCE, REWARD_MODEL
 from oxrl.config.params import params_from
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
@@ -43,9 +42,6 @@ DISTILL_OBJECTIVES = {"kd_forward": "forward_kl", "kd_reverse": "reverse_kl", "k
 REWARD_MODEL_OBJECTIVE = "rm"
 # The count each loss reports that is the objective's own unit (dividing it by the normaliser gives 1).
 _UNIT_COUNTS = ("count/pairs", "count/examples", "count/tokens")
-# The names preference_objectives() builds, checked against the one declaration of every algorithm name.
-_IMPLEMENTED = {*PREFERENCE_LOSSES, "kto", REWARD_MODEL_OBJECTIVE, *DISTILL_OBJECTIVES}
-assert _IMPLEMENTED == {*PREFERENCE, *REWARD_MODEL, *DISTILLATION}, "keep oxrl.config.names in step with this module"
 
 
 def _normalised(out: LossOutput, normaliser: float) -> LossOutput:
