@@ -122,9 +122,11 @@ def test_every_params_field_is_a_setting_of_the_same_name_or_listed(params_class
         if name in special:  # derived (kl_coef: the setting, or 0 when the KL is a reward penalty) or fixed
             continue
         assert name in section.model_fields, f"{params_class.__name__}.{name} is not a setting: expose it or list it"
-        config_default = section.model_fields[name].default
+        setting = section.model_fields[name]
+        config_default = setting.get_default(call_default_factory=True)
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         if config_default is not None:
-            assert config_default == field.default, f"{name}: the config's default differs from the dataclass's"
+            assert config_default == default, f"{name}: the config's default differs from the dataclass's"
     if section is PreferenceConfig:  # derived values too: the default config gives the dataclass's defaults
         assert params_from(params_class, PreferenceConfig()) == params_class()
 

@@ -275,7 +275,9 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
 # ----------------------------------------------------------------------------- one signature for all
 
 
-def _outcome(estimator: OutcomeEstimator) -> Callable[[RolloutRewards, AdvantageParams], Advantages]:
+def outcome_on_tokens(estimator: OutcomeEstimator) -> Callable[[RolloutRewards, AdvantageParams], Advantages]:
+    """`estimator`, which scores each completion by its reward ([B] -> [B]), as an estimator over token rewards."""
+
     def on_tokens(inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:
         returns = (_as_float(inp.token_rewards) * inp.mask).sum(dim=1)  # [B] each completion's return
         scalar = estimator(AdvantageInput(rewards=returns, group_ids=inp.group_ids), params)
@@ -299,7 +301,7 @@ def gae_advantages(inp: RolloutRewards, params: AdvantageParams = AdvantageParam
 
 AdvantageEstimator = Callable[[RolloutRewards, AdvantageParams], Advantages]
 ADVANTAGES: dict[str, AdvantageEstimator] = {
-    **{name: _outcome(estimator) for name, estimator in OUTCOME_ESTIMATORS.items()},
+    **{name: outcome_on_tokens(estimator) for name, estimator in OUTCOME_ESTIMATORS.items()},
     "gae": gae_advantages,
 }
 NEEDS_VALUES = frozenset({"gae"})  # estimators that read a critic's values

@@ -1,7 +1,7 @@
 """Policy-gradient losses: PPO-clip, CISPO, GSPO, with one aggregation and one set of extras.
 
 Every loss is `POLICY_LOSSES[name](PolicyLossInput, PolicyLossParams) -> (loss, metrics)`:
-the loss builds a per-token objective [B, T]; then, in one place (`_finish`), the
+the loss builds a per-token objective [B, T]; then, in one place (`finish`), the
 optional truncated-importance-sampling weight multiplies it, `aggregate` reduces it,
 and the KL-to-reference and entropy terms are added:
 
@@ -27,7 +27,7 @@ over sequences of per-sequence token means. Sum them; don't average them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -69,6 +69,8 @@ class PolicyLossParams:
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS (GRPO uses k3)
     entropy_coef: float = 0.0  # entropy bonus weight; needs entropy
     tis_cap: float | None = None  # truncated IS cap C (Yao et al. 2025); needs behaviour_logprobs
+    # The own parameters of a loss an extension registers with a parameter class (oxrl/extensions.py).
+    policy_loss_params: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -178,7 +180,7 @@ def _log_ratio(inp: PolicyLossInput, trained: Tensor) -> Tensor:
     return torch.where(trained, log_ratio, torch.zeros_like(log_ratio))
 
 
-def _finish(
+def finish(
     inp: PolicyLossInput,
     params: PolicyLossParams,
     per_token_pg: Tensor,  # [B, T] the loss's objective, to be minimised
@@ -256,7 +258,7 @@ def ppo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[st
         capped = torch.minimum(per_token, -params.dual_clip * inp.advantages.detach())
         per_token = torch.where(negative, capped, per_token)
         metrics["dual_clip_frac"] = _metric((negative & (ratio > params.dual_clip)).float(), inp, params)
-    return _finish(inp, params, per_token, ratio, metrics)
+    return finish(inp, params, per_token, ratio, metrics)
 
 
 def cispo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[str, Tensor]]:
@@ -280,7 +282,7 @@ def cispo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[
         "clip_frac_high": _metric((ratio > 1 + params.eps_high).float(), inp, params),
         "clip_frac_low": _metric((ratio < 1 - params.eps_low).float(), inp, params),
     }
-    return _finish(inp, params, per_token, ratio, metrics)
+    return finish(inp, params, per_token, ratio, metrics)
 
 
 def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[str, Tensor]]:
@@ -303,7 +305,7 @@ def gspo(inp: PolicyLossInput, params: PolicyLossParams) -> tuple[Tensor, dict[s
     token_log_ratio = torch.where(trained, token_log_ratio, torch.zeros_like(token_log_ratio))
     ratio = torch.exp(token_log_ratio)  # [B, T], value s_i on every trained token
     per_token, metrics = _clipped_surrogate(ratio, inp, params)
-    return _finish(inp, params, per_token, ratio, metrics)
+    return finish(inp, params, per_token, ratio, metrics)
 
 
 PolicyLoss = Callable[[PolicyLossInput, PolicyLossParams], tuple[Tensor, dict[str, Tensor]]]

@@ -61,7 +61,7 @@ class RolloutWorker:
         _worker_logging()
         self.index = index
         rollout = cfg.rl.rollout
-        device = _device() if rollout.engine == "hf" else torch.device("cpu")  # vLLM holds its own GPU copy
+        device = torch.device("cpu") if rollout.engine == "vllm" else _device()  # vLLM holds its own GPU copy
         self.tokenizer = load_tokenizer(cfg.model)
         # Plain weights: a LoRA policy's adapters arrive merged into them with every sync.
         self.model = load_model(cfg.model, device, None).eval().requires_grad_(False)

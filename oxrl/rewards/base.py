@@ -35,16 +35,12 @@ which cut a pathological expression after seconds and score it 0 instead of stop
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from oxrl.errors import UserError
+from oxrl.user_code import load_function
 
 RewardFn = Callable[..., Any]  # per sample -> float (or one float per token); @batched -> a list of those
 F = TypeVar("F", bound=Callable[..., Any])
@@ -125,71 +121,7 @@ def call_with_timeout(call: Callable[[], T], timeout_s: float | None, what: str)
 
 
 def load_reward_fn(reference: str) -> RewardFn:
-    """The reward function that `reference` names (see `load_function`); errors are `RewardLoadError`s."""
+    """The reward function that `reference` names (`oxrl.user_code.load_function`); errors are `RewardLoadError`s."""
     return load_function(reference, "reward", RewardLoadError)
 
 
-def load_function(reference: str, kind: str, error: type[Exception]) -> Callable[..., Any]:
-    """The callable that `reference` names: `path/to/file.py:fn`, `pkg.module:fn` or `pkg.module.fn`.
-
-    `fn` may be dotted (`module:Class.method`, `module:instance`). Raises `error`, worded for a `kind`
-    ("reward", "environment"), when the file or module does not exist, has no such attribute, or the
-    attribute is not callable. Shared by user rewards and multi-turn environments.
-    """
-    if reference.endswith(".py"):
-        raise error(f"{kind} {reference!r}: name the function too, as in `{reference}:my_{kind}`")
-    module_part, separator, attribute = reference.rpartition(":")
-    if not separator:  # pkg.module.fn
-        module_part, _, attribute = reference.rpartition(".")
-    if not module_part or not attribute:
-        raise error(
-            f"{kind} {reference!r}: expected `pkg.module:function`, `pkg.module.function` or `path/to/file.py:function`"
-        )
-    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _import_file(Path(module_part), f"{kind} {reference!r}", error)
-    else:
-        module = _import_module(module_part, f"{kind} {reference!r}", error)
-    target: Any = module
-    for name in attribute.split("."):
-        if not hasattr(target, name):
-            available = sorted(n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n)))
-            raise error(
-                f"{kind} {reference!r}: {getattr(target, '__name__', module_part)!r} has no attribute {name!r}; "
-                f"its public callables are {available}"
-            )
-        target = getattr(target, name)
-    if not callable(target):
-        raise error(f"{kind} {reference!r}: {attribute!r} is a {type(target).__name__}, not a function")
-    return target
-
-
-def _import_module(name: str, what: str, error: type[Exception]) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as missing:
-        if missing.name and name.startswith(missing.name):  # the module itself (or its package) is missing
-            raise error(f"{what}: no module named {name!r} (is it installed, or on PYTHONPATH?)") from missing
-        raise  # the module exists but one of *its* imports is missing: show the real error
-
-
-def _import_file(path: Path, what: str, error: type[Exception]) -> Any:
-    resolved = path.expanduser().resolve()
-    if not resolved.is_file():
-        raise error(f"{what}: file {str(path)!r} not found (resolved to {str(resolved)!r})")
-    # A unique module name per file, so that two `rewards.py` in different folders do not collide;
-    # registered in sys.modules because dataclasses and pickle look modules up there.
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    module_name = f"oxrl_user_{resolved.stem}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None or spec.loader is None:
-        raise error(f"{what}: {str(path)!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]  # do not leave a half-imported module behind
-        raise
-    return module

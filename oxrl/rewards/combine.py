@@ -47,8 +47,9 @@ from oxrl.rewards.base import (
 logger = logging.getLogger(__name__)
 
 # Built-in rewards by config name, each imported only by a run that names it (a `math` run loads no sandbox,
-# judge or reward model). Anything else is loaded as a dotted or file path.
-REWARDS: dict[str, str] = {
+# judge or reward model); an extension adds its functions themselves (oxrl/extensions.py). Anything else
+# is loaded as a dotted or file path.
+REWARDS: dict[str, str | RewardFn] = {
     "math": "oxrl.rewards.math_reward:math_reward",
     "format": "oxrl.rewards.format_reward:format_reward",
     "code": "oxrl.rewards.code_reward:code_reward",
@@ -188,7 +189,7 @@ def _as_spec(spec: RewardSpec | dict[str, Any] | str) -> RewardSpec:
 def resolve_reward(name: str) -> RewardFn:
     """A built-in reward by name, else the function a dotted/file reference names."""
     if name in REWARDS:
-        return load_reward_fn(REWARDS[name])
+        return REWARDS[name] if callable(REWARDS[name]) else load_reward_fn(REWARDS[name])
     if ":" in name or "." in name or "/" in name:
         return load_reward_fn(name)
     raise RewardLoadError(

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oxrl.rewards.base import load_function
+from oxrl.user_code import load_function
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
 

@@ -1,0 +1,92 @@
+"""Extending oxRL from outside the package: four registries, a decorator for each (docs/extending.md).
+
+A file or module that uses these decorators is an extension. A config names it at the top level,
+`extensions: [my_loss.py]`, and it is imported before the rest of the config is read (in every process
+that reads the config: torchrun ranks, Ray workers, a resumed run), so the names it registers are valid
+choices in that same config:
+
+    @register_advantage("name")                      rl.advantage: name
+    @register_policy_loss("name", params=MyParams)   rl.policy_loss: name, rl.policy_loss_params: {...}
+    @register_reward("name")                         rl.rewards: [{name: name}]
+    @register_engine("name")                         rl.rollout.engine: name
+
+Each decorator adds to the registry the built-ins live in, with the built-ins' own signature, so the
+loop calls an extension exactly as it calls a built-in. A name that is taken is an error. The core never
+imports this module: only extensions do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from oxrl.algorithms.advantages import ADVANTAGES
+from oxrl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInput, PolicyLossParams
+from oxrl.config.names import declare
+from oxrl.rewards.combine import REWARDS
+from oxrl.rollout.build import ENGINES
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def register_advantage(name: str) -> Callable[[F], F]:
+    """An advantage estimator `(RolloutRewards, AdvantageParams) -> Advantages` (oxrl/algorithms/advantages.py),
+    chosen by `rl.advantage: name`. It gets the token rewards, the mask and the group ids (no critic values:
+    an estimator that needs a critic is not an extension yet)."""
+
+    def add(estimator: F) -> F:
+        declare("advantage", name, list(ADVANTAGES))
+        ADVANTAGES[name] = estimator
+        return estimator
+
+    return add
+
+
+def register_policy_loss(name: str, params: type | None = None) -> Callable[[F], F]:
+    """A policy loss, chosen by `rl.policy_loss: name`.
+
+    Without `params`: `(PolicyLossInput, PolicyLossParams) -> (loss, metrics)`, as the built-ins. With
+    `params`, a dataclass of the loss's own parameters: `(PolicyLossInput, PolicyLossParams, own) ->
+    (loss, metrics)`, where `own` is `params(**rl.policy_loss_params)`, checked when the config loads.
+    `oxrl.algorithms.policy_loss.finish` applies the shared terms (truncated IS, aggregation, KL, entropy)
+    to a per-token objective, as every built-in loss does."""
+    if params is not None and not dataclasses.is_dataclass(params):
+        raise TypeError(f"policy loss {name!r}: params must be a dataclass of its parameters, got {params!r}")
+
+    def add(loss: F) -> F:
+        declare("policy_loss", name, list(POLICY_LOSSES), params)
+        if params is None:
+            POLICY_LOSSES[name] = loss
+        else:
+            def with_own(inp: PolicyLossInput, shared: PolicyLossParams):
+                return loss(inp, shared, params(**shared.policy_loss_params))
+
+            POLICY_LOSSES[name] = with_own
+        return loss
+
+    return add
+
+
+def register_reward(name: str) -> Callable[[F], F]:
+    """A reward `(prompt, completion, **row fields) -> float` (or `@batched`; oxrl/rewards/base.py), named in
+    `rl.rewards` as `{name: name}` like a built-in."""
+
+    def add(reward: F) -> F:
+        declare("reward", name, list(REWARDS))
+        REWARDS[name] = reward
+        return reward
+
+    return add
+
+
+def register_engine(name: str) -> Callable[[F], F]:
+    """A rollout engine factory `(RolloutConfig, model, tokenizer, strategy, seed, processor) -> RolloutEngine`
+    (oxrl/rollout/base.py), chosen by `rl.rollout.engine: name`."""
+
+    def add(factory: F) -> F:
+        declare("engine", name, list(ENGINES))
+        ENGINES[name] = factory
+        return factory
+
+    return add
