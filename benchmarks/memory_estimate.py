@@ -82,7 +82,7 @@ def run_case(case: Case, model_dir: str | None) -> dict:
     """The child's work: train as the module docstring says, return the peak, the estimate and the speed."""
     import torch
 
-    from oxrl.algorithms.logprobs import token_logprobs
+    from oxrl.models.logprobs import token_logprobs
     from oxrl.config.schema import LoraConfig, ModelConfig, OptimConfig
     from oxrl.data.types import Example, Sequence, pack
     from oxrl.models.fit import model_shape

@@ -58,7 +58,7 @@ def main() -> None:
     from oxrl.loops.rl_stages import sampling_params
     from oxrl.rollout.hf import HFEngine
     from oxrl.training.allocator import keep_freed_memory
-    from oxrl.training.precision import samples_from_bf16_copy
+    from oxrl.models.precision import samples_from_bf16_copy
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # what `oxrl train` does on a CPU (run.keep_freed_memory)

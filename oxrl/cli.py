@@ -54,8 +54,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_onboard(args: argparse.Namespace) -> int:
-    from oxrl.models.onboard import model_slug, onboard
-    from oxrl.models.onboard_report import format_report
+    from oxrl.onboard import model_slug, onboard
+    from oxrl.onboard_report import format_report
 
     out_dir = Path(args.out) if args.out else Path("oxrl-onboard") / model_slug(args.model)
     report = onboard(args.model, out_dir, trust_remote_code=args.trust_remote_code, smoke=not args.no_smoke)

@@ -21,7 +21,7 @@ def report() -> str:
     import torch
     import torch.distributed as dist
 
-    from oxrl.training import precision
+    from oxrl.models import precision
 
     lines = [f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPU cores"]
     lines.append(f"torch {torch.__version__}")

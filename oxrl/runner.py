@@ -260,7 +260,7 @@ def _engine(cfg: Config, model, tokenizer, strategy, remote, processor=None):
     if remote is None:
         rollout = cfg.rl.rollout.model_copy(update={"precision": cfg.rl.engine_precision})
         return build_engine(rollout, model, tokenizer, strategy, cfg.run.seed, processor)
-    from oxrl.training.precision import uses_bf16
+    from oxrl.models.precision import uses_bf16
 
     # The probe's tolerance is that of the precision the trainers compute in (bf16 rounds the probe too).
     dtype = ("bfloat16" if uses_bf16(cfg.train.mixed_precision, strategy.device.type)

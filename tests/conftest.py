@@ -1,4 +1,12 @@
-"""Shared fixtures: tiny random models built from a config, and the real SmolLM2 tokenizer."""
+"""Shared fixtures (tiny random models built from a config, the real SmolLM2 tokenizer) and the test tiers.
+
+    tests/unit/         pure maths and logic: losses, estimators, config, data parsing (no model)
+    tests/integration/  tiny random models in one process: loops, engines, rewards, checkpoints
+    tests/system/       processes: torchrun, Ray, the sandbox, the CLI as a user starts it, the real model
+
+`make test-fast` runs the first two tiers (`-m "not system"`); a test elsewhere that starts processes or
+loads the real model carries `distributed` or `slow`, and counts as `system` too.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,19 @@ from pathlib import Path
 
 import pytest
 import torch
+
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with one tier: its folder's, or `system` where it is marked slow, distributed or system."""
+    for item in items:
+        tier = next((part for part in Path(str(item.path)).parts if part in TIERS), None)
+        if any(item.get_closest_marker(mark) for mark in ("slow", "distributed", "system")):
+            tier = "system"
+        if tier is not None and not item.get_closest_marker(tier):
+            item.add_marker(tier)
+
 
 # Two cores: keep each test process from oversubscribing them.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -24,7 +24,7 @@ from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.models.reference import FrozenModel
 from tests.conftest import make_tiny_critic, make_tiny_llama, rl_handles
-from tests.test_preference_training import preference_pairs
+from tests.integration.test_preference_training import preference_pairs
 
 PROBE_IDS = [[1, 5, 9, 12, 30, 7, 2]]
 
@@ -175,13 +175,13 @@ def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path, critic: bool =
     from oxrl.loops.rl import train_rl
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
-    from tests.test_rollout_hf import TinyTokenizer
+    from tests.integration.test_rollout_hf import TinyTokenizer
 
     model = make_tiny_llama()
     ids = [[1, 3 + i, 4 + i] for i in range(8)]
     prompts = RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in ids])
     engine = HFEngine(model, TinyTokenizer(), synced=strategy.shards_parameters)
-    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    reward = build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}])
     h = rl_handles(cfg, model, engine, reward, strategy, critic_model=make_tiny_critic(seed=3) if critic else None)
     result = train_rl(h, prompts, RLPromptBatch([], [], [], []), run_dir)
     return {"rewards": result.rewards, "metrics": result.final_metrics}
@@ -282,10 +282,10 @@ def scenario_deepspeed_sft(out: Path) -> dict:
 
 
 def chunk_every_row() -> None:
-    """Send every row down oxrl/algorithms/lm_head.py's chunked path, 3 positions a chunk (the tiny vocabulary's
+    """Send every row down oxrl/models/lm_head.py's chunked path, 3 positions a chunk (the tiny vocabulary's
     logits would otherwise always be held whole), so the sharded output layer runs once per chunk and again in its
     recomputed backward."""
-    from oxrl.algorithms import lm_head
+    from oxrl.models import lm_head
 
     lm_head.FULL_LOGITS_ELEMENTS = 0
     lm_head.CHUNK_ELEMENTS = 3 * make_tiny_llama().config.vocab_size

@@ -22,7 +22,7 @@ from oxrl.training.build import build_strategy
 from oxrl.training.strategy import Strategy
 from tests.conftest import make_tiny_llama
 from tests.distributed_worker import config, grad_norms, probe_logits, run_as_worker, train_sft
-from tests.test_preference_training import preference_pairs
+from tests.integration.test_preference_training import preference_pairs
 
 LORA = LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
 

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from benchmarks.common import current_rss_bytes
-from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.models.logprobs import token_logprobs
 from oxrl.config.schema import LoraConfig, ModelConfig, OptimConfig
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.load import load_model

@@ -21,7 +21,7 @@ import math
 import operator
 import re
 
-from oxrl.rewards.extract import last_boxed
+from oxrl.data.extract import last_boxed
 
 CALL = re.compile(r"<calc>(.*?)</calc>\s*$", re.DOTALL)  # a calculator call that ends the action
 MAX_EXPRESSION_CHARS = 120

@@ -191,10 +191,7 @@ def finish(
     trained = inp.mask.bool()
     agg = dict(mode=params.aggregation, normaliser=inp.normaliser, max_len=params.max_len)
 
-    if inp.behaviour_logprobs is not None:
-        # Log the train/inference mismatch always (DESIGN sec. 7); correct it only on request.
-        behaviour_kl = k3(inp.behaviour_logprobs, inp.old_logprobs)  # KL(behaviour || old), y ~ behaviour
-        metrics["behaviour_kl"] = _metric(behaviour_kl, inp, params)
+    # The train/inference mismatch itself is logged once, by the loop (oxrl/loops/mismatch.py); corrected here on request.
     if params.tis_cap is not None:
         if inp.behaviour_logprobs is None:
             raise ValueError("tis_cap is set but PolicyLossInput.behaviour_logprobs is None")

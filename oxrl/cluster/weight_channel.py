@@ -3,7 +3,7 @@
 The group is its own (a TCP store on rank 0's node and gloo, or NCCL where the trainer holds a GPU, created without
 touching the trainers' default group), so trainer ranks keep their FSDP2/DeepSpeed group and rollout workers never
 join it. A vLLM rollout worker's members are its engine's own processes, one per tensor-parallel rank
-(oxrl/rollout/vllm_transfer.py): the weights go straight into vLLM. Tensors travel
+(oxrl/cluster/vllm_transfer.py): the weights go straight into vLLM. Tensors travel
 as flat buckets of one dtype, at most `bucket_bytes` each (a larger tensor alone), so neither side ever holds
 a second whole copy of the model. Every operation is bounded by the group's timeout: a worker that died or
 hangs makes the broadcast fail instead of waiting forever. A restarted worker joins a new generation of the

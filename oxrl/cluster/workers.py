@@ -4,7 +4,7 @@
                     with `strategy` exactly as a torchrun process does, its engine being the rollout workers
     RolloutWorker   a rollout engine refreshed from trainer rank 0 over the weight group
                     (oxrl/cluster/weight_channel.py) after every update: vLLM's processes receive the weights
-                    themselves (oxrl/rollout/vllm_transfer.py); the hf engine samples from the worker's own copy
+                    themselves (oxrl/cluster/vllm_transfer.py); the hf engine samples from the worker's own copy
     RewardWorker    the run's reward functions, scoring a slice of each step's completions
 
 Only trainer rank 0 talks to the rollout and reward workers (oxrl/cluster/remote_engine.py).
@@ -68,14 +68,15 @@ class RolloutWorker:
         self.device = device
         self.into_vllm = rollout.engine == "vllm"  # the weights go straight into vLLM's processes
         if self.into_vllm:
+            from oxrl.cluster.vllm_transfer import BACKEND
             from oxrl.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(self.model, self.tokenizer, rollout.vllm, cfg.run.seed + index,
-                                     receives_broadcast=True, processor=load_processor(cfg.model, self.tokenizer))
+                                     weight_backend=BACKEND, processor=load_processor(cfg.model, self.tokenizer))
             self.model = None  # vLLM holds the weights from here on, and receives every update itself
         else:
             from oxrl.rollout.hf import HFEngine
-            from oxrl.training.precision import autocast_for
+            from oxrl.models.precision import autocast_for
 
             # The trainers' precision, so the log-probs it reports are of the numbers they recompute.
             self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size,

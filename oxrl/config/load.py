@@ -145,7 +145,7 @@ def read_yaml_file(file: Path) -> Any:
     """The YAML document in `file` (a config, a saved run's config.yaml, a registry file), read as ConfigLoader
     reads it; a ConfigError naming the file, line and column if it is not valid YAML, and naming the file if it is
     not a regular file of at most MAX_CONFIG_BYTES (a FIFO would wait forever, a device never end)."""
-    from oxrl.data.files import InputFileError, read_bounded
+    from oxrl.files import InputFileError, read_bounded
 
     try:
         text = read_bounded(file, MAX_CONFIG_BYTES, "a config file").decode("utf-8")

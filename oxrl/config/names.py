@@ -33,6 +33,9 @@ ALGORITHM_GROUPS: dict[str, tuple[str, ...]] = {
 }
 OFFLINE_ALGORITHMS = SUPERVISED + PREFERENCE + REWARD_MODEL + DISTILLATION
 SAMPLING_ALGORITHMS = RL_ALGORITHMS + ONLINE  # the ones that run the rollout loop (oxrl/loops/rl.py)
+# The offline objectives that train against no fixed model (no reference, no teacher): the others need one, so the
+# memory estimate counts it before the objective is built (tests/unit/test_declared_once.py checks the objectives).
+REFERENCE_FREE = ("sft", "cpt", "simpo", "orpo", "rm")
 ALL_ALGORITHMS = OFFLINE_ALGORITHMS + SAMPLING_ALGORITHMS
 
 
@@ -68,7 +71,7 @@ MIXED_PRECISION_MODES = ("auto", "no", "bf16")  # train.mixed_precision (the str
 REFERENCE_MODES = ("frozen_copy", "lora_disabled", "precomputed")  # preference.reference (oxrl.models.reference)
 ROLLOUT_ENGINES = ("hf", "vllm")  # rl.rollout.engine (oxrl.rollout.build.ENGINES)
 ROLLOUT_DECODES = ("auto", "generate", "static", "compiled")  # rl.rollout.decode (oxrl.rollout.hf.static_decoder)
-ROLLOUT_PRECISIONS = ("auto", "trainer", "bf16")  # rl.rollout.precision (oxrl.training.precision.samples_from_bf16_copy)
+ROLLOUT_PRECISIONS = ("auto", "trainer", "bf16")  # rl.rollout.precision (oxrl.models.precision.samples_from_bf16_copy)
 REWARD_ERROR_MODES = ("raise", "zero")  # rl.on_reward_error (oxrl.rewards.combine)
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")  # rl.advantage (advantages.ADVANTAGES)
 CRITIC_BACKBONES = ("separate", "shared")  # rl.critic_backbone (gae's critic)

@@ -426,7 +426,9 @@ class RolloutConfig(Section):
         return registered_name("engine", value)
 
 
-class RewardSpec(Section):
+class RewardConfig(Section):
+    """One entry of `rl.rewards`; the run builds an `oxrl.rewards.combine.RewardSpec` from it."""
+
     name: str = Field(
         ...,
         description="Built-in reward (`math`, `format`, `code`, `reasoning_gym`, `reward_model`: a trained reward "
@@ -463,7 +465,7 @@ class RLConfig(Section):
     )
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
-    rewards: list[RewardSpec] = Field(
+    rewards: list[RewardConfig] = Field(
         default_factory=list, description="Rewards and weights; default: the task's own reward."
     )
     env: EnvConfig | None = Field(
@@ -823,6 +825,10 @@ CONDITIONAL_SECTIONS = (
     ("lora", ("enabled",), "with lora.enabled: true", lambda cfg: cfg.lora.enabled),
     ("rl.rollout.vllm", ("sync_check_tolerance",), "with rl.rollout.engine: vllm",
      lambda cfg: cfg.rl.rollout.engine == "vllm"),
+    ("strategy", ("name", "cpu_offload", "reshard_after_forward", "collective_timeout_s"),
+     "with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed"),
+    ("strategy", ("name", "cpu_offload", "zero_stage", "deepspeed_config", "collective_timeout_s"),
+     "with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)", lambda cfg: cfg.strategy.name in ("fsdp2", "auto")),
 )
 
 

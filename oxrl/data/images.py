@@ -34,7 +34,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from oxrl.data.errors import DataError
-from oxrl.data.files import InputFileError, read_bounded
+from oxrl.files import InputFileError, read_bounded
 
 # A string this long made only of base64 characters is image data, not a path (a path has a dot, or is short).
 _BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}\s*")

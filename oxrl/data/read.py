@@ -15,7 +15,7 @@ line, in a CSV file the N-th line after the header.
 A source with no rows (an empty file, a CSV file with only its header, an empty JSON array, a
 parquet file or saved dataset of 0 rows) is a `DataError`, as is a file `datasets` cannot parse.
 
-A data path is a regular file or a folder of them (oxrl/data/files.py): a FIFO, a device such as /dev/zero
+A data path is a regular file or a folder of them (oxrl/files.py): a FIFO, a device such as /dev/zero
 (or a symlink to one), anywhere under a data folder too, is a `DataError` before anything opens it. A JSON
 record nested more than MAX_JSON_DEPTH levels deep is an invalid row, found before a parser recurses into it
 (oxrl/data/nesting.py); the file is then read record by record, as one with a broken line is.
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from oxrl.config.schema import DatasetSpec
 from oxrl.data.errors import DataError
-from oxrl.data.files import InputFileError, check_regular, first_irregular
+from oxrl.files import InputFileError, check_regular, first_irregular
 from oxrl.logging.quiet import no_dataset_bars
 
 if TYPE_CHECKING:

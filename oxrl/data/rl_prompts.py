@@ -43,7 +43,7 @@ from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation
 from oxrl.data.mix import mix
 from oxrl.data.read import Row, read_dataset
 from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, generate_rl_prompts, plain_text
-from oxrl.rewards.extract import last_boxed
+from oxrl.data.extract import last_boxed
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ or a plain `prompt`, plus `fields` the reward reads (the gold `answer`, `tests`,
 `metadata`, ...) and where it came from (`source`, 1-based `row`, the `column` of its question).
 Prompt files (GSM8K, OpenR1 math, RL2) are read by `oxrl.data.rl_prompts`.
 
-Tasks and their default reward (`TASK_REWARDS`, `default_reward_specs`):
+Tasks and their default reward (`TASK_REWARDS`, `default_rewards`):
 
     arithmetic      built in: "What is 12+7?" (1-2 digit + and -), gold "19"   -> math
     gsm8k           file: question, answer ending in "#### 42"              -> math
@@ -34,9 +34,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from oxrl.config.schema import RewardConfig
 from oxrl.data.errors import DataError
 from oxrl.data.types import RLPromptBatch, VisionInputs
-from oxrl.rewards import RewardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class RLPrompt:
         return f"{self.source} row {self.row}"
 
 
-def default_reward_specs(task: str, answer_format: str = "boxed") -> list[RewardSpec]:
+def default_rewards(task: str, answer_format: str = "boxed") -> list[RewardConfig]:
     """The reward a task is scored with by default (with `answer_format="tags"`, math reads the `<answer>` tag first)."""
     reward = TASK_REWARDS.get(task) or ("reasoning_gym" if _is_reasoning_gym_task(task) else None)
     if reward is None:
@@ -97,7 +97,7 @@ def default_reward_specs(task: str, answer_format: str = "boxed") -> list[Reward
             f"{sorted(TASK_REWARDS)} and the reasoning-gym datasets)"
         )
     prefer_tag = {"prefer": "tag"} if answer_format == "tags" and reward == "math" else {}
-    return [RewardSpec(reward, kwargs=prefer_tag)]
+    return [RewardConfig(name=reward, kwargs=prefer_tag)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ they mean in training, and the RL loop's own functions do the work:
   `rl.validation_size`, `run.seed`), or the config's `data.validation` or held-out `data.train` rows.
   `--limit N` keeps the first N;
 - rewards: `rl.rewards` (`--reward`), else the task's default (`reward_function`); the first reward
-  decides correctness (oxrl/evaluation/metrics.py);
+  decides correctness (oxrl/loops/accuracy.py);
 - a greedy pass (T = 0, one sample per prompt, `sampling_params(rl, greedy=True)`: what the RL loop's
   `evaluate` runs) and, with `--n K` > 1, a sampled pass of K samples per prompt at
   `rl.rollout.temperature` for pass@k. Each pass is `sample_and_reward` then `summarise`, as in the
@@ -37,7 +37,7 @@ from pathlib import Path
 from oxrl.config.names import SAMPLING_ALGORITHMS
 from oxrl.config.schema import Config
 from oxrl.data.rl_tasks import RLPrompt
-from oxrl.evaluation.metrics import correct_flags, summarise
+from oxrl.loops.accuracy import correct_flags, summarise
 
 logger = logging.getLogger(__name__)
 

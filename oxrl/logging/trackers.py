@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from oxrl.config.load import flatten
 from oxrl.config.names import TRACKERS
-from oxrl.training.run_dir import mlflow_tracking_uri
 
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
@@ -32,6 +31,11 @@ def tracker_name(key: str) -> str:
     """A metric name every tracker accepts. MLflow allows only letters, digits and `_-./ ` (and `:` outside
     Windows): `val/pass@1` -> `val/pass_at_1`, any other character -> `_`."""
     return re.sub(r"[^\w./ -]", "_", key.replace("@", "_at_"))
+
+
+def mlflow_tracking_uri(cfg: Config, run_dir: Path) -> str:
+    """`logging.mlflow_tracking_uri`, or one SQLite store beside the runs of `run.output_dir`."""
+    return cfg.logging.mlflow_tracking_uri or f"sqlite:///{Path(run_dir).resolve().parent / 'mlflow.db'}"
 
 
 def open_trackers(config: Config, run_dir: Path, start_step: int) -> list[Tracker]:

@@ -1,7 +1,7 @@
 """PPO's critic in the loop: the value of each sampled token's state, and the critic's updates.
 
 The value of the state before completion token t is the critic's output at position t - 1, the same
-position whose logits predict token t (see `oxrl.algorithms.logprobs`). The critic is its own model
+position whose logits predict token t (see `oxrl.models.logprobs`). The critic is its own model
 (oxrl/models/critic.py), trained through a companion of the policy's `Strategy`: prepared and sharded
 like the policy, clipped to `rl.critic_max_grad_norm`, stepped on `train.optim`'s schedule at
 `rl.critic_lr`, and saved in every checkpoint's `critic/` folder. In a multi-turn episode the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oxrl.algorithms.model_inputs import forward_inputs
+from oxrl.models.model_inputs import forward_inputs
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack

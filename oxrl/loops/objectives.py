@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.models.logprobs import token_logprobs
 from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
 from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, unknown_algorithm_message
 from oxrl.config.schema import PreferenceConfig

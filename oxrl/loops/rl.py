@@ -32,13 +32,13 @@ import torch
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, split_for_rank
 from oxrl.data.types import RLPromptBatch
-from oxrl.evaluation.metrics import summarise
+from oxrl.loops.accuracy import summarise
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.mismatch import check_on_policy
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
-from oxrl.rollout.multiturn import Environment
+from oxrl.loops.multiturn import Environment
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path

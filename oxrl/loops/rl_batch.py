@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.models.logprobs import token_logprobs
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.models.packed_attention import prefix_sharing

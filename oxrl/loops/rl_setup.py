@@ -6,9 +6,9 @@ import logging
 
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_prompts import load_rl_prompts
-from oxrl.data.rl_tasks import RLPrompt, default_reward_specs
+from oxrl.data.rl_tasks import RLPrompt, default_rewards
 from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
-from oxrl.rollout.multiturn import Environment, load_environment
+from oxrl.loops.multiturn import Environment, load_environment
 
 logger = logging.getLogger(__name__)
 
@@ -23,16 +23,13 @@ def reward_specs(cfg: Config, rl: RLConfig) -> list[RewardSpec]:
     """The rewards the run scores with: `rl.rewards`, else the task's default; none for SPIN without either."""
     if cfg.algorithm.name == "spin" and not rl.rewards and rl.task is None:
         return []
-    if rl.rewards:
-        return [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
-                for s in rl.rewards]
-    # Prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward of their own.
-    formats = {spec.format for spec in cfg.data.train + cfg.data.validation}
-    task = rl.task if rl.task is not None else ("rl2" if "rl2" in formats else "gsm8k")
-    specs = default_reward_specs(task, rl.answer_format)
-    for spec in specs:
-        spec.on_error = rl.on_reward_error
-    return specs
+    entries = rl.rewards
+    if not entries:  # prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward
+        formats = {spec.format for spec in cfg.data.train + cfg.data.validation}
+        entries = default_rewards(rl.task if rl.task is not None else ("rl2" if "rl2" in formats else "gsm8k"),
+                                  rl.answer_format)
+    return [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
+            for s in entries]
 
 
 def reward_function(cfg: Config, rl: RLConfig):

@@ -16,15 +16,16 @@ from dataclasses import dataclass, replace
 import torch
 
 from oxrl.algorithms.advantages import NEEDS_VALUES, RolloutRewards, estimate_advantages, place_outcome_reward
+from oxrl.algorithms.kl import kl_penalty_rewards
 from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import balanced_split
 from oxrl.data.types import RLPromptBatch
-from oxrl.evaluation.metrics import accuracy_of
+from oxrl.loops.accuracy import accuracy_of
 from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_values
-from oxrl.config.params import advantage_params
+from oxrl.loops.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
-from oxrl.rollout.multiturn import run_episodes
+from oxrl.loops.multiturn import run_episodes
 
 
 @dataclass
@@ -71,7 +72,7 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
                       params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
     """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
     engine samples and the reward functions score the text. Multi-turn (`env`): the episodes' summed
-    environment rewards are the rewards (oxrl/rollout/multiturn.py). `oxrl eval` samples with it too."""
+    environment rewards are the rewards (oxrl/loops/multiturn.py). `oxrl eval` samples with it too."""
     started = time.perf_counter()
     if env is not None:
         episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
@@ -164,7 +165,7 @@ def estimate(h, rollout: Rollout) -> None:
     rl = h.cfg.rl
     if rollout.ref_logprobs is not None and rl.kl_in_reward:
         # k1 penalty per token: r_t - beta * (log pi_old - log pi_ref); summed, r - beta * KL of the sequence.
-        rollout.token_rewards = [r - rl.kl_coef * (o - f) for r, o, f in
+        rollout.token_rewards = [kl_penalty_rewards(r, o, f, rl.kl_coef) for r, o, f in
                                  zip(rollout.token_rewards, rollout.old_logprobs, rollout.ref_logprobs)]
     mine = (rollout.token_rewards, rollout.values, rollout.group_ids)
     gathered = h.strategy.gather_objects(mine)

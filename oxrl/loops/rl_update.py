@@ -28,7 +28,7 @@ from oxrl.models.packed_attention import prefix_sharing
 from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
 from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
 from oxrl.loops.rl_stages import shared_value_head
-from oxrl.config.params import loss_params
+from oxrl.loops.params import loss_params
 
 
 def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]:

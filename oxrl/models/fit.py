@@ -15,7 +15,7 @@ from oxrl.config.schema import Config, ModelConfig
 from oxrl.models.hardware import Devices, available_memory
 from oxrl.models.memory import MemoryEstimate, TrainingPlan, estimate_memory, gib, refuse_oversized, weights_sharded
 from oxrl.models.shape import ModelShape, ModelTooLargeError
-from oxrl.training.precision import samples_from_bf16_copy, uses_bf16
+from oxrl.models.precision import samples_from_bf16_copy, uses_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +45,17 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
 
 
 def needs_reference(cfg: Config) -> bool:
+    """Whether the run holds a fixed model beside the policy: a reference, a teacher or SPIN's opponent."""
+    from oxrl.config.names import REFERENCE_FREE
     from oxrl.config.rl_presets import is_rl
-    from oxrl.loops.objectives import get_objective
 
     if cfg.algorithm.name == "spin":
         return True  # the opponent
     if cfg.algorithm.name in ("online_dpo", "rft"):
-        return get_objective(cfg.trained_objective, cfg.preference).needs_reference
+        return cfg.trained_objective not in REFERENCE_FREE
     if is_rl(cfg.algorithm.name):
         return cfg.rl.kl_coef > 0
-    return get_objective(cfg.algorithm.name, cfg.preference).needs_reference
+    return cfg.algorithm.name not in REFERENCE_FREE
 
 
 def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_tokens: int | None = None) -> TrainingPlan:

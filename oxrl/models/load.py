@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from oxrl.algorithms.model_inputs import PADDED_FAMILIES
+from oxrl.models.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
-from oxrl.data.files import first_irregular
+from oxrl.files import first_irregular
 from oxrl.dependencies import installed
 from oxrl.logging.quiet import no_progress_bars
 from oxrl.models.bundled import BUNDLED, resolve_bundled
@@ -236,7 +236,7 @@ def refuse_sequence_mixing_layers(config) -> None:
 
 
 # Vision-language families whose attention oxRL does not reproduce: neither a packed row's positions nor the padded
-# batches of `oxrl.algorithms.model_inputs.PADDED_FAMILIES` (Gemma 3) give their masks.
+# batches of `oxrl.models.model_inputs.PADDED_FAMILIES` (Gemma 3) give their masks.
 UNPACKABLE_VISION_FAMILIES = {
     "paligemma": "its whole prompt attends both ways (prefix-LM)",
     "mllama": "its images enter through cross-attention layers with their own mask",

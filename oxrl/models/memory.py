@@ -35,7 +35,7 @@ weights; `single` shards nothing):
   per such token and vocabulary entry: the fp32 log-softmax cross-entropy keeps, and in backward the
   gradient of the logits and the chunk being added into it, in the compute dtype: 4 + 2 x compute bytes
   (the bf16 logits are not kept, and their fp32 copy lives one chunk at a time). Above
-  FULL_LOGITS_ELEMENTS trained tokens x vocabulary the logits are never whole (oxrl/algorithms/lm_head.py):
+  FULL_LOGITS_ELEMENTS trained tokens x vocabulary the logits are never whole (oxrl/models/lm_head.py):
   the kept hidden states (tokens x h x compute) and one checkpointed chunk of CHUNK_ELEMENTS logits, which
   holds them in the compute dtype and as fp32 log-softmax, its exponential and their gradients at once
   (16 + 2 x compute bytes each).
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from oxrl.algorithms.lm_head import CHUNK_ELEMENTS, FULL_LOGITS_ELEMENTS
+from oxrl.models.lm_head import CHUNK_ELEMENTS, FULL_LOGITS_ELEMENTS
 from oxrl.models.hardware import Devices
 from oxrl.models.shape import ModelShape, ModelTooLargeError
 

@@ -18,7 +18,7 @@ Which kernel does it (`packed_kernel`), all shipped with torch:
 * CUDA otherwise (fp32, or a torch without `varlen`): FlexAttention (arXiv:2412.05496) under
   `torch.compile`, with a document block mask built once per row (`document_block_mask`).
 
-Where the boundaries come from: the packer. `row_forward` (oxrl/algorithms/model_inputs.py) hands the
+Where the boundaries come from: the packer. `row_forward` (oxrl/models/model_inputs.py) hands the
 row's `PackedRow` to the model as the keyword `packed_row`; transformers' Llama-style decoder layers
 forward their keyword arguments to the attention function, where the kernel reads it. Position ids
 are never parsed for boundaries (a family whose layers mix sequences some other way, linear attention,
@@ -55,7 +55,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from oxrl.algorithms.model_inputs import PACKED_ATTENTION, PackedRow, hf_config
+from oxrl.models.model_inputs import PACKED_ATTENTION, PackedRow, hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def refuse_unlabelled_packing(module: torch.nn.Module, position_ids: torch.Tenso
     if positions.numel() > 1 and bool((positions[1:] - positions[:-1] != 1).any()):
         raise ValueError(
             f"a packed row (position ids restarting) reached {PACKED_ATTENTION} without its layout: run packed rows "
-            "through oxrl.algorithms.model_inputs.row_forward (or pass `packed_row=packed_row(batch, device)`)"
+            "through oxrl.models.model_inputs.row_forward (or pass `packed_row=packed_row(batch, device)`)"
         )
 
 

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import torch
 
-from oxrl.algorithms.logprobs import forward_logits, sequence_sums, token_logprobs
+from oxrl.models.logprobs import forward_logits, sequence_sums, token_logprobs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, pack

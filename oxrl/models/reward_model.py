@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from oxrl.algorithms.model_inputs import forward_inputs
+from oxrl.models.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
 from oxrl.models.load import hf_attn_implementation

@@ -6,7 +6,7 @@ checkpoints carry it like any other parameter. It reads the final hidden state, 
 `output_hidden_states=True` -> `hidden_states[-1]`, which transformers gives AFTER the final norm (checked
 for Llama in transformers 5.x by tests/test_shared_value_head.py: it equals the backbone's
 `last_hidden_state` and the LM head on it gives the logits). The values are computed in the same forward
-as the log-probs (`oxrl.algorithms.logprobs.token_logprobs(value_head=...)`).
+as the log-probs (`oxrl.models.logprobs.token_logprobs(value_head=...)`).
 
 The head is not part of the Hugging Face architecture: `save_hf_folder` writes it beside the causal LM as
 `value_head.safetensors` (keys `value_head.weight`, `value_head.bias`), so the folder loads in plain

@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from oxrl.data.files import InputFileError, check_regular
+from oxrl.files import InputFileError, check_regular
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from oxrl.rewards.base import batched
 from oxrl.rewards.code_harness import AssertTest, count_passed, parse_assert_test, stopped_by_limit
-from oxrl.rewards.extract import extract_code
+from oxrl.data.extract import extract_code
 from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, require
-from oxrl.rewards.extract import last_boxed, tag_content
+from oxrl.data.extract import last_boxed, tag_content
 
 
 def reasoning_gym_reward(

@@ -1,7 +1,7 @@
 """`math`: 1.0 when the completion's final answer equals the gold answer mathematically (math-verify), else 0.0.
 
 The final answer is the completion's last `\\boxed{}`, else its last `<answer>` tag, else its last
-number (see `oxrl.rewards.extract.final_answer`); math-verify then decides equivalence
+number (see `oxrl.data.extract.final_answer`); math-verify then decides equivalence
 ("0.5" == "\\frac{1}{2}", "1,000" == "1000", "x^2+1" == "1+x^2").
 
 Threads: math-verify bounds parsing and comparison time with `signal.alarm`, which Python allows
@@ -18,7 +18,7 @@ from typing import Any
 
 from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, require
 from oxrl.rewards.base import signal_timed
-from oxrl.rewards.extract import final_answer
+from oxrl.data.extract import final_answer
 
 MAX_ANSWER_CHARS = 1000
 TIMEOUT_SECONDS = 5  # math-verify's default, for parsing and for comparing

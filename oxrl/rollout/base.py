@@ -35,7 +35,7 @@ class Completion:
     logprobs: list[float]  # engine's log-prob of each SAMPLED token under softmax(logits / temperature)
     finish_reason: Literal["eos", "length", "stop"]
     text: str  # decoded completion, for rewards and logs (multi-turn: actions and environment text in order)
-    # Multi-turn episodes (oxrl/rollout/multiturn.py) interleave environment-written tokens with the
+    # Multi-turn episodes (oxrl/loops/multiturn.py) interleave environment-written tokens with the
     # sampled ones. loss_mask[t] says whether completion_ids[t] was sampled (trained, has a log-prob in
     # `logprobs`) or written by the environment (never trained). None: every token was sampled.
     loss_mask: list[bool] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oxrl.config.schema import RolloutConfig
 from oxrl.dependencies import MissingDependencyError, install_hint
-from oxrl.training.precision import samples_from_bf16_copy
+from oxrl.models.precision import samples_from_bf16_copy
 
 VLLM_INSTALL_HINT = (
     f"install it with `{install_hint('vllm')}` on a GPU machine, or on CPU run `bash scripts/setup_vllm_cpu.sh` from "

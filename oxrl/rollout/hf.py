@@ -49,7 +49,7 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from oxrl.data.types import VisionInputs, batch_vision
-from oxrl.algorithms.model_inputs import cache_keyword, image_token_ids, padded_positions, rope_index_owner, token_type_inputs
+from oxrl.models.model_inputs import cache_keyword, image_token_ids, padded_positions, rope_index_owner, token_type_inputs
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.bf16_copy import bf16_copy, refresh

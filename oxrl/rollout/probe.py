@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from oxrl.algorithms.logprobs import token_logprobs
+from oxrl.models.logprobs import token_logprobs
 from oxrl.data.types import Example, Sequence, pack
 
 PROBE_LENGTH = 64  # tokens scored after every sync

@@ -34,7 +34,7 @@ import weakref
 import torch
 from transformers import StaticCache
 
-from oxrl.algorithms.model_inputs import cache_keyword
+from oxrl.models.model_inputs import cache_keyword
 from oxrl.rollout.base import SamplingParams
 
 # Cache lengths are multiples of this many tokens (prompt + completion), so nearby prompt widths share a compilation.

@@ -12,8 +12,8 @@ Weights reach vLLM through public vLLM APIs only. In the trainer's process (one 
     trainer weights (LoRA merged on the fly) --save_pretrained--> <sync_dir>/weights-<k>/   (/dev/shm)
     llm.collective_rpc("reload_weights", kwargs={"weights_path": ...}); then the prefix and encoder caches are reset
 
-In a Ray rollout worker (`receives_broadcast`), straight from trainer rank 0's broadcast into vLLM's processes
-through vLLM's weight-transfer API (`join_weight_group`, `receive_broadcast`; oxrl/rollout/vllm_transfer.py).
+In a Ray rollout worker (`weight_backend`: the backend oxrl/cluster/vllm_transfer.py registers), straight from trainer rank 0's broadcast into vLLM's processes
+through vLLM's weight-transfer API (`join_weight_group`, `receive_broadcast`; oxrl/cluster/vllm_transfer.py).
 
 and every sync is VERIFIED: a fixed probe sequence is scored by the trainer (its own forward) and by
 vLLM (`prompt_logprobs`); a mean gap above the tolerance raises WeightSyncError instead of letting a
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from oxrl.algorithms.model_inputs import image_token_ids
+from oxrl.models.model_inputs import image_token_ids
 from oxrl.config.schema import VLLMConfig
 from oxrl.data.types import VisionInputs
 from oxrl.models.load import is_vision_language
@@ -62,13 +62,11 @@ CPU_KV_CACHE_GIB = 1.0
 
 
 class VLLMEngine:
-    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0, receives_broadcast: bool = False,
+    def __init__(self, model, tokenizer, options: VLLMConfig, seed: int = 0, weight_backend: str | None = None,
                  processor=None):
         """`processor`: a vision-language model's (its image processor and `tokenizer`); None for a text model."""
         from vllm import LLM
         from vllm.platforms import current_platform
-
-        from oxrl.rollout.vllm_transfer import BACKEND
 
         if processor is None and is_vision_language(_base(model).config):
             raise ValueError("a vision-language model's vLLM engine needs the model's processor (`processor=`): vLLM "
@@ -110,7 +108,7 @@ class VLLMEngine:
             enforce_eager=on_cpu if options.enforce_eager is None else options.enforce_eager,
             enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs",
             hf_overrides={"tie_word_embeddings": False} if self.tied else None,
-            weight_transfer_config={"backend": BACKEND} if receives_broadcast else None,
+            weight_transfer_config={"backend": weight_backend} if weight_backend else None,
         )
         self.probe_ids = probe_ids(_base(model), tokenizer)
         gap = self.check_sync(model)  # vLLM's own loading of the first folder is checked like every reload

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 
 from oxrl.config.names import STRATEGY_NAMES
-from oxrl.training import distributed, precision
+from oxrl.models import precision
+from oxrl.training import distributed
 from oxrl.training.allocator import keep_freed_memory
 from oxrl.training.strategy import SingleDevice, Strategy
 

@@ -44,7 +44,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from oxrl.data.files import not_regular
+from oxrl.files import not_regular
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
 from oxrl.training.checkpoint_files import (

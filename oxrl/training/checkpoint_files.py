@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from oxrl.data.files import InputFileError, check_regular, read_bounded
+from oxrl.files import InputFileError, check_regular, read_bounded
 
 STEP_PREFIX = "step_"
 STEP_FOLDER = re.compile(STEP_PREFIX + r"([0-9]+)")

@@ -38,7 +38,7 @@ import torch
 from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
-from oxrl.training.precision import uses_bf16
+from oxrl.models.precision import uses_bf16
 from oxrl.training.strategy import MultiProcessStrategy
 from oxrl.models.lora import is_peft
 

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from oxrl.config.schema import StrategyConfig
-from oxrl.training.precision import uses_bf16
+from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
 from oxrl.training.strategy import MultiProcessStrategy
@@ -92,7 +92,7 @@ class FSDP2Strategy(MultiProcessStrategy):
         for layer in layers:
             fully_shard(layer, **options)
         # The root unit (embeddings, final norm, output layer) stays gathered from its forward to the end of its
-        # backward, as torch does for a root by default: the chunked log-probs (oxrl/algorithms/lm_head.py) call
+        # backward, as torch does for a root by default: the chunked log-probs (oxrl/models/lm_head.py) call
         # the output layer after the forward, and again when a chunk is recomputed in the backward.
         fully_shard(model, **{**options, "reshard_after_forward": False})
         return model

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from oxrl.config.load import flatten, read_yaml_file, saved_form
 from oxrl.config.schema import Config
-from oxrl.data.files import not_regular
+from oxrl.files import not_regular
 from oxrl.errors import UserError
 from oxrl.training.checkpoint import check_intact, latest_checkpoint, list_checkpoints, step_of
 from oxrl.training.checkpoint_files import folder_step
@@ -106,11 +106,6 @@ def resume_path(cfg: Config, run_dir: Path) -> Path | None:
     if cfg.run.resume is True and found is None:
         logger.warning("run.resume is true but %s holds no checkpoint: starting from scratch", run_dir)
     return found
-
-
-def mlflow_tracking_uri(cfg: Config, run_dir: Path) -> str:
-    """`logging.mlflow_tracking_uri`, or one SQLite store beside the runs of `run.output_dir`."""
-    return cfg.logging.mlflow_tracking_uri or f"sqlite:///{Path(run_dir).resolve().parent / 'mlflow.db'}"
 
 
 class RunLock:

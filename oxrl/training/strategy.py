@@ -51,7 +51,7 @@ from oxrl.training.checkpoint import (
 )
 from oxrl.training.checkpoint_files import load_counts, read_trainer_state
 from oxrl.training.folders import remove_path, writing_folder
-from oxrl.training.precision import uses_bf16
+from oxrl.models.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)

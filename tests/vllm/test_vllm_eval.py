@@ -20,7 +20,7 @@ def test_vllm_and_hf_evaluations_agree(tmp_path):
     results = {}
     for engine in ("vllm", "hf"):
         out = tmp_path / f"{engine}.jsonl"
-        result = evaluate_models(EvalRequest(str(model_dir), data=[str(data)], rewards=["tests.test_rl_loop:share_of_sevens"],
+        result = evaluate_models(EvalRequest(str(model_dir), data=[str(data)], rewards=["tests.integration.test_rl_loop:share_of_sevens"],
                                              n=4, max_new_tokens=6, engine=engine, out=str(out),
                                              overrides=["rl.rollout.vllm.max_model_len=256", "rl.rollout.vllm.kv_cache_gib=0.25",
                                                         "train.mixed_precision=no"]))  # both engines in fp32

@@ -8,8 +8,8 @@ from oxrl.loops.rl_batch import score_logprobs
 from oxrl.loops.rl_batch import completion_example
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT
-from oxrl.rollout.multiturn import load_environment, run_episodes
-from tests.test_multiturn import EXTENDING, RESTARTING, RecordingEngine, env_file
+from oxrl.loops.multiturn import load_environment, run_episodes
+from tests.integration.test_multiturn import EXTENDING, RESTARTING, RecordingEngine, env_file
 from tests.vllm.conftest import make_model
 
 pytest.importorskip("vllm", reason=f"vLLM is not installed: {VLLM_INSTALL_HINT}")

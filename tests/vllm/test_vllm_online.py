@@ -33,7 +33,7 @@ def online_run(engine, tokenizer, tmp_path, algorithm: str, steps: int, **sectio
                           [f"row {i}" for i in range(8)])
     online, sampled = build_online(cfg, model, tokenizer, strategy, len(ids))
     engine.sync_weights(sampled)
-    h = RLHandles(cfg, model, strategy, engine, build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}]),
+    h = RLHandles(cfg, model, strategy, engine, build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}]),
                   tokenizer=tokenizer, online=online)
     return train_rl(h, train, RLPromptBatch([], [], [], []), tmp_path / "run"), h
 

@@ -45,7 +45,7 @@ def test_two_vllm_rollout_workers_get_every_update_and_the_reward_rises(tokenize
         engine = RemoteWorkers(actors, [], cfg.ray).engine(model, tokenizer, strategy, "float32", None)
         ids = [[1, 4 + i, 5 + i] for i in range(8)]
         train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])
-        h = RLHandles(cfg, model, strategy, engine, build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}]),
+        h = RLHandles(cfg, model, strategy, engine, build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}]),
                       tokenizer=tokenizer, shared_rollouts=True)
         result = train_rl(h, train, RLPromptBatch([], [], [], []), tmp_path / "run")
     finally:

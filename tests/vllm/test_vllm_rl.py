@@ -30,7 +30,7 @@ def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
     engine.sync_weights(model)
     ids = [[1, 4 + i, 5 + i] for i in range(8)]
     train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])
-    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])  # the words "7" in the decoded text
+    reward = build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}])  # the words "7" in the decoded text
     h = rl_handles(cfg, model, engine, reward, SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0), tokenizer=tokenizer)
     result = train_rl(h, train, RLPromptBatch([], [], [], []), tmp_path / "run")
     first, last = sum(result.rewards[:4]) / 4, sum(result.rewards[-4:]) / 4
@@ -59,7 +59,7 @@ def test_ppo_with_a_shared_value_head_syncs_only_the_policy_to_vllm(engine, toke
     engine.sync_weights(model)
     ids = [[1, 4 + i, 5 + i] for i in range(8)]
     train = RLPromptBatch(ids, [tokenizer.decode(p) for p in ids], [{} for _ in ids], [f"row {i}" for i in range(8)])
-    reward = build_reward_fn([{"name": "tests.test_rl_loop:share_of_sevens"}])
+    reward = build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}])
     h = rl_handles(cfg, model, engine, reward, SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0), tokenizer=tokenizer)
     h.critic = SharedValueHead(head, cfg.rl.value_coef, cfg.rl.value_clip)
     before = head.weight.detach().clone()

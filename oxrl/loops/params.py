@@ -1,0 +1,73 @@
+"""Config section -> the hyper-parameter dataclass of a loss, by field name.
+
+Each field of a `*Params` dataclass (oxrl/algorithms) is filled from the same-named setting of its
+config section, so a hyper-parameter is named once, in the dataclass and in the config, and not mapped
+by hand. The few fields that are not a setting of that name are listed in `NOT_BY_NAME`, the one place
+that says where each comes from; a field in neither place is an error, and tests/test_declared_once.py
+checks every such field is exposed (with the dataclass's default) or listed.
+
+Imports torch (through the dataclasses' modules): the config schema does not import this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, TypeVar
+
+from pydantic import BaseModel
+
+from oxrl.algorithms.advantages import AdvantageParams
+from oxrl.algorithms.distill import DistillParams
+from oxrl.algorithms.kto import KTOParams
+from oxrl.algorithms.policy_loss import PolicyLossParams
+from oxrl.algorithms.preference import PreferenceParams
+from oxrl.config.schema import RLConfig
+
+P = TypeVar("P")
+
+# Keeps the dataclass's default: an implementation constant, not a setting.
+FIXED = None
+
+# Params class -> {field: how it is derived from the section, or FIXED}, for the fields that are not a
+# same-named setting of the section.
+NOT_BY_NAME: dict[type, dict[str, Callable[[Any], Any] | None]] = {
+    PolicyLossParams: {
+        "max_len": lambda rl: rl.rollout.max_new_tokens,  # seq_mean_token_sum_norm's constant (Dr. GRPO)
+        "kl_coef": lambda rl: 0.0 if rl.kl_in_reward else rl.kl_coef,  # kl_in_reward: a reward penalty, no loss term
+    },
+    AdvantageParams: {
+        "eps": FIXED,  # added to the std before dividing
+        "unbiased_std": FIXED,  # Bessel-corrected group std, as TRL and verl use
+        "group_baseline": FIXED,  # reinforce_pp subtracts the group mean (REINFORCE++-baseline)
+    },
+    PreferenceParams: {},
+    KTOParams: {
+        "desirable_weight": lambda preference: preference.kto_desirable_weight,
+        "undesirable_weight": lambda preference: preference.kto_undesirable_weight,
+    },
+    DistillParams: {"chunk_size": FIXED},  # memory only: the loss is the same for any chunking
+}
+
+
+def params_from(params_class: type[P], section: BaseModel) -> P:
+    """`params_class` with each field from `section`'s same-named setting, or as `NOT_BY_NAME` says."""
+    special = NOT_BY_NAME.get(params_class, {})
+    values = {}
+    for field in dataclasses.fields(params_class):
+        if field.name in special:
+            if special[field.name] is not FIXED:
+                values[field.name] = special[field.name](section)
+        elif field.name in type(section).model_fields:
+            values[field.name] = getattr(section, field.name)
+        else:
+            raise TypeError(f"{params_class.__name__}.{field.name} is neither a setting of {type(section).__name__} "
+                            "nor listed in oxrl.loops.params.NOT_BY_NAME: expose it in the config, or list it")
+    return params_class(**values)
+
+
+def loss_params(rl: RLConfig) -> PolicyLossParams:
+    return params_from(PolicyLossParams, rl)
+
+
+def advantage_params(rl: RLConfig) -> AdvantageParams:
+    return params_from(AdvantageParams, rl)

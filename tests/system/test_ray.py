@@ -1,0 +1,362 @@
+"""The Ray launcher (oxrl/cluster): worker groups on placement groups, the weight group, the shared sampling.
+
+Ray's local cluster starts in seconds on CPU; every test here uses the tiny random Llama. What is checked:
+the pure parts by hand (buckets, slices, layouts, a step's split over trainer ranks); the weight broadcast
+between processes; the probe catching a stale rollout worker; a killed rollout worker restarted and the step
+sampled again identically; a Ray trainer group of 2 (FSDP2, DeepSpeed ZeRO-3) updating exactly like one
+process; whole runs (reward rising, reproducible, kill -9 of the driver then resume); attaching to a cluster
+that `ray start --head` runs; layouts the cluster cannot hold failing fast.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+
+from oxrl.cluster.placement import PlacementError, Placement, check_fits, placements, reserve  # noqa: E402
+from oxrl.cluster.remote_engine import RemoteWorkers, WorkerError, slices  # noqa: E402
+from oxrl.cluster.weight_channel import (  # noqa: E402
+    GroupAddress, TensorSpec, WeightChannel, free_port, plan_buckets, specs_of,
+)
+from oxrl.config.schema import Config, RayConfig  # noqa: E402
+from oxrl.rollout.base import SamplingParams  # noqa: E402
+from oxrl.rollout.probe import WeightSyncError  # noqa: E402
+from tests.conftest import save_tiny_model  # noqa: E402
+from tests.ray_workers import LOWER_HALF_REWARD  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---- pure parts ---------------------------------------------------------------------------------------------
+
+def test_buckets_group_consecutive_tensors_of_one_dtype_up_to_the_limit():
+    specs = [TensorSpec("a", (4,), "float32"), TensorSpec("b", (2, 2), "float32"), TensorSpec("c", (10,), "float32"),
+             TensorSpec("d", (1,), "bfloat16"), TensorSpec("e", (3,), "bfloat16"), TensorSpec("f", (1,), "float32")]
+    # 32 bytes: a (16) + b (16) fill one; c (40) is larger than a bucket: alone; d (2) + e (6) share (bf16);
+    # f is float32 after bf16: a new bucket.
+    assert plan_buckets(specs, 32) == [[0, 1], [2], [3, 4], [5]]
+    assert plan_buckets(specs, 10**6) == [[0, 1, 2], [3, 4], [5]]
+
+
+def test_slices_are_consecutive_and_differ_by_at_most_one():
+    assert slices(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
+    assert slices(2, 3) == [range(0, 1), range(1, 2)]  # an idle worker gets nothing
+    assert slices(0, 2) == []
+
+
+def _ray_cfg(**groups) -> RayConfig:
+    return RayConfig.model_validate(groups)
+
+
+def test_disaggregated_and_colocated_layouts():
+    cfg = _ray_cfg(trainers={"count": 2, "cpus": 2, "gpus": 1}, rollout={"count": 2, "cpus": 1, "gpus": 1},
+                   reward={"count": 1, "cpus": 4})
+    trainers, rollout, reward = placements(cfg)
+    assert trainers.bundles == [{"CPU": 2, "GPU": 1}] * 2 and rollout.bundles == [{"CPU": 1, "GPU": 1}] * 2
+    assert reward.bundles == [{"CPU": 4}] and reward.workers == [(0, 4, 0)]
+    colocated = placements(cfg.model_copy(update={"layout": "colocated", "rollout": cfg.rollout.model_copy(update={"count": 1})}))
+    trainers, rollout = colocated[:2]
+    # Bundle 0 holds trainer 0 and rollout worker 0, sharing its GPU; bundle 1 trainer 1 alone.
+    assert trainers.bundles == [{"CPU": 3, "GPU": 1}, {"CPU": 2, "GPU": 1}]
+    assert trainers.workers == [(0, 2, 0.5), (1, 2, 1)] and rollout.workers == [(0, 1, 0.5)] and rollout.bundles == []
+
+
+def test_a_layout_the_cluster_cannot_hold_names_the_group_and_the_resource():
+    groups = placements(_ray_cfg(trainers={"count": 2, "cpus": 1, "gpus": 1}, rollout={"count": 1, "cpus": 1}))
+    with pytest.raises(PlacementError, match="worker group `trainers`: a worker needs 1 GPU on one node, and the largest node"):
+        check_fits(groups, [{"CPU": 16.0}])
+    with pytest.raises(PlacementError, match=r"need 3 CPU in all and the cluster has 2"):
+        check_fits(placements(_ray_cfg(trainers={"count": 2}, rollout={"count": 1})), [{"CPU": 2.0}])
+    check_fits(placements(_ray_cfg(trainers={"count": 2}, rollout={"count": 1})), [{"CPU": 2.0}, {"CPU": 1.0}])
+
+
+def _config(tmp_path: Path, **overrides) -> Config:
+    base = {"run": {"name": "ray", "output_dir": str(tmp_path), "launcher": "ray"}, "model": {"name_or_path": "unused"},
+            "algorithm": {"name": "grpo"}, "rl": {"prompts_per_step": 4}}
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value}
+    return Config.model_validate(base)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algorithm": {"name": "sft"}, "data": {"train": [{"path": "x.jsonl"}]}}, "runs the RL loop"),
+    ({"ray": {"layout": "colocated", "trainers": {"count": 1}, "rollout": {"count": 2}}}, "must be <= ray.trainers.count"),
+    ({"ray": {"trainers": {"count": 3}}}, "must be a multiple of ray.trainers.count"),
+    ({"run": {"launcher": "local"}, "ray": {"rollout": {"count": 2}}}, "read only with run.launcher: ray"),
+    ({"algorithm": {"name": "spin"}}, "`spin` runs in one local process"),
+])
+def test_layouts_the_config_refuses(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, **overrides)
+
+
+def test_a_run_directory_in_use_or_holding_a_run_fails_before_ray_starts(tmp_path):
+    from oxrl.cluster.driver import run_on_ray
+    from oxrl.training.run_dir import RunDirError, RunLock
+
+    cfg = _config(tmp_path)
+    run_dir = tmp_path / "ray"
+    run_dir.mkdir()
+    lock = RunLock(run_dir).acquire()  # another run is using it
+    try:
+        with pytest.raises(RunDirError, match=f"in use by process {os.getpid()}"):
+            run_on_ray(cfg, entry=None)
+    finally:
+        lock.release()
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # a finished run's output: kept unless resumed or overwritten
+    with pytest.raises(RunDirError, match="already holds a run"):
+        run_on_ray(cfg, entry=None)
+    assert not ray.is_initialized() and (run_dir / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_a_step_sampled_for_every_rank_is_split_into_whole_groups_balanced_by_tokens():
+    from oxrl.data.types import RLPromptBatch
+    from oxrl.loops.rl_stages import rank_share
+    from oxrl.rewards.combine import RewardOutput
+    from oxrl.rollout.base import Completion
+
+    prompts = [[1] * 2, [1] * 2, [1] * 2, [1] * 2]
+    lengths = [[9, 9], [1, 1], [2, 2], [8, 8]]  # prompt + completion tokens per group: 22, 6, 8, 20
+    completions = [Completion(p, prompts[p], [5] * n, [0.0] * n, "length", "") for p, group in enumerate(lengths) for n in group]
+    batch = RLPromptBatch(prompts, ["a", "b", "c", "d"], [{}] * 4, ["r0", "r1", "r2", "r3"])
+    scored = RewardOutput([float(i) for i in range(8)], {"r": [float(i) for i in range(8)]}, {"r": 0}, {"r": 0.1})
+    shares = [rank_share(batch, completions, scored, rank, 2) for rank in (0, 1)]
+    # Largest first onto the lighter rank: 22 -> 0, 20 -> 1, 8 -> 1 (20 < 22), 6 -> 0: tokens 28 and 28.
+    assert [s[0].prompt_texts for s in shares] == [["a", "b"], ["c", "d"]]
+    assert [c.prompt_index for c in shares[1][1]] == [0, 0, 1, 1]  # renumbered within the share
+    assert shares[0][2].totals == [0.0, 1.0, 2.0, 3.0] and shares[1][2].totals == [4.0, 5.0, 6.0, 7.0]
+    assert RewardOutput.concat([shares[0][2], shares[1][2]]).totals == scored.totals
+
+
+# ---- the weight group between processes ----------------------------------------------------------------------
+
+def _address(port: int, world_size: int, timeout_s: float = 20) -> GroupAddress:
+    return GroupAddress("127.0.0.1", port, world_size, generation=1, timeout_s=timeout_s, backend="gloo")
+
+
+def _receive(port: int, rank: int, specs, queue) -> None:
+    channel = WeightChannel(_address(port, 3), rank)
+    buffer = io.BytesIO()  # bytes, not tensors: a tensor put on a queue is shared through a file this process removes
+    torch.save({name: tensor.clone() for name, tensor in channel.receive(specs, bucket_bytes=64)}, buffer)
+    queue.put((rank, buffer.getvalue()))
+
+
+def test_weights_broadcast_in_buckets_reach_every_member_exactly():
+    state = {"w": torch.randn(5, 7), "b": torch.randn(30), "h": torch.randn(3).to(torch.bfloat16), "i": torch.arange(4)}
+    specs = specs_of(state)
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    members = [context.Process(target=_receive, args=(port, rank, specs, queue)) for rank in (1, 2)]
+    for member in members:
+        member.start()
+    WeightChannel(_address(port, 3), 0).send(state, specs, bucket_bytes=64)
+    received = {rank: torch.load(io.BytesIO(data)) for rank, data in (queue.get(timeout=60) for _ in members)}
+    for member in members:
+        member.join(timeout=30)
+    for rank in (1, 2):
+        assert set(received[rank]) == set(state)
+        for name, tensor in state.items():
+            assert received[rank][name].dtype == tensor.dtype and torch.equal(received[rank][name], tensor)
+
+
+def test_a_missing_member_ends_the_group_with_an_error_not_a_hang():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):  # gloo's rendezvous gives up after the timeout
+        WeightChannel(_address(free_port(), 2, timeout_s=3), 0)
+    assert time.monotonic() - started < 30
+
+
+# ---- Ray actors (a private local cluster) ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_cfg(tmp_path_factory, smollm2_tokenizer) -> Config:
+    folder = save_tiny_model(tmp_path_factory.mktemp("ray") / "model", smollm2_tokenizer)
+    cfg = _config(folder.parent, model={"name_or_path": str(folder)}, rl={"rollout": {"n": 2, "max_new_tokens": 6}},
+                  ray={"rollout": {"count": 2}, "sync_bucket_mb": 0.05},  # 50 KB buckets: the sync takes many
+                  train={"mixed_precision": "no"})  # fp32: workers' log-probs are the trainer's to 1e-4
+    return cfg
+
+
+def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False):
+    """The trainer's RayRolloutEngine in this process (a one-device trainer) over rollout actors of `classes`."""
+    from oxrl.config.schema import LoraConfig
+    from oxrl.models.load import load_model, load_tokenizer
+    from oxrl.training.strategy import SingleDevice
+
+    settings = cfg.ray.model_copy(update={"max_restarts": restarts})
+    actors = [ray.remote(cls).options(num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i)
+              for i, cls in enumerate(classes)]
+    model = load_model(cfg.model, torch.device("cpu"), LoraConfig(enabled=True, rank=4) if lora else None)
+    strategy = SingleDevice(torch.device("cpu"), "no")
+    strategy.prepare(model, None)
+    engine = RemoteWorkers(actors, [], settings).engine(model, load_tokenizer(cfg.model), strategy, "float32", None)
+    return engine, model, actors
+
+
+def _nudge(model, seed: int) -> None:
+    """An update: every weight moves a little."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+
+
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=11)
+PROMPTS = [[1, 30, 40], [1, 50], [1, 60, 70, 80]]
+
+
+def test_every_sync_is_verified_on_every_worker_and_a_stale_worker_is_caught(ray_cluster, model_cfg):
+    from oxrl.cluster.workers import RolloutWorker
+    from tests.ray_workers import StaleRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker, RolloutWorker])
+    try:
+        for step in range(2):
+            _nudge(model, step)
+            metrics = engine.sync_weights(model)
+            assert metrics["weight_sync/probe_gap"] < 1e-5  # fp32 copies of the same weights
+        # What the workers sample with is the trainer's policy: their log-probs are the trainer's own.
+        from oxrl.loops.rl_batch import score_logprobs
+
+        completions = engine.generate(PROMPTS, PARAMS)
+        assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2]
+        recomputed = score_logprobs(model, completions, 8, 1.0)
+        for c, logprobs in zip(completions, recomputed):
+            torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    engine, model, actors = _engine(model_cfg, [RolloutWorker, StaleRolloutWorker])
+    try:
+        engine.sync_weights(model)  # both still hold the initial weights: no gap yet
+        _nudge(model, 5)
+        with pytest.raises(WeightSyncError, match="rollout worker 1: .* not sampling from the weights being trained"):
+            engine.sync_weights(model)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def test_lora_adapters_reach_the_workers_merged_into_their_plain_weights(ray_cluster, model_cfg):
+    from oxrl.cluster.workers import RolloutWorker
+    from oxrl.rollout.probe import trainer_probe_logprobs
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker], lora=True)
+    try:
+        engine.sync_weights(model)
+        before = trainer_probe_logprobs(model, engine.probe)
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # an update moves only the adapters
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+        assert (trainer_probe_logprobs(model, engine.probe) - before).abs().mean() > 1e-3  # the policy moved
+        assert engine.sync_weights(model)["weight_sync/probe_gap"] < 1e-5  # and the plain worker moved with it
+    finally:
+        ray.kill(actors[0])
+
+
+def test_a_killed_rollout_worker_is_restarted_and_the_step_sampled_again_alike(ray_cluster, model_cfg, oxrl_log):
+    from oxrl.cluster.workers import RolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker, RolloutWorker], restarts=1)
+    try:
+        _nudge(model, 1)
+        engine.sync_weights(model)
+        before = engine.generate(PROMPTS, PARAMS)
+        os.kill(ray.get(actors[1].ready.remote()), signal.SIGKILL)
+        after = engine.generate(PROMPTS, PARAMS)  # worker 1 restarts from the initial weights: it must get the new ones
+        assert [(c.completion_ids, c.logprobs) for c in after] == [(c.completion_ids, c.logprobs) for c in before]
+        assert "rollout worker 1 died during sampling" in oxrl_log.text
+        os.kill(ray.get(actors[1].ready.remote()), signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"rollout worker 1 died during sampling and its ray.max_restarts \(1\) restarts are spent"):
+            engine.generate(PROMPTS, PARAMS)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def test_without_restarts_a_dead_rollout_worker_stops_the_step(ray_cluster, model_cfg):
+    from oxrl.cluster.workers import RolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker], restarts=0)
+    try:
+        engine.sync_weights(model)
+        os.kill(ray.get(actors[0].ready.remote()), signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"rollout worker 0 died during sampling and its ray.max_restarts \(0\)"):
+            engine.generate(PROMPTS, PARAMS)
+    finally:
+        ray.kill(actors[0])
+
+
+def test_a_killed_reward_worker_is_restarted_and_its_slice_scored_again(ray_cluster, model_cfg, tmp_path):
+    from oxrl.cluster.workers import RewardWorker
+    from oxrl.training.strategy import SingleDevice
+
+    (tmp_path / "reward.py").write_text(LOWER_HALF_REWARD)
+    cfg = _config(tmp_path, rl={"rewards": [{"name": f"{tmp_path / 'reward.py'}:lower_half"}]})
+    workers = [ray.remote(RewardWorker).options(num_cpus=0.25, max_restarts=1, max_task_retries=1).remote(cfg)
+               for _ in range(2)]
+    try:
+        reward = RemoteWorkers([], workers, cfg.ray).rewards(None, SingleDevice(torch.device("cpu"), "no"))
+        ids = [[1, 30000], [5, 6], [40000], [7, 30001, 2]]
+        expected = [0.5, 1.0, 0.0, 2 / 3]
+        assert reward(["p"] * 4, ["c"] * 4, None, None, ids).totals == pytest.approx(expected)
+        pid = ray.get(workers[1].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        assert reward(["p"] * 4, ["c"] * 4, None, None, ids).totals == pytest.approx(expected)  # retried by Ray
+    finally:
+        for worker in workers:
+            ray.kill(worker)
+
+
+def test_a_group_the_cluster_cannot_place_fails_within_the_timeout(ray_cluster):
+    started = time.monotonic()
+    with pytest.raises(PlacementError, match=r"worker group `reward` .* could not be placed within ray.placement_timeout_s = 2s"):
+        reserve(Placement("reward", [{"CPU": 3.0}, {"CPU": 3.0}], [(0, 3.0, 0.0), (1, 3.0, 0.0)]), timeout_s=2)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", [{"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}], ids=["fsdp2", "zero3"])
+def test_a_ray_trainer_group_of_2_updates_like_one_process(ray_cluster, tmp_path, strategy):
+    from oxrl.cluster.workers import TrainerWorker
+    from tests import distributed_worker as worker
+    from tests.ray_workers import grpo_update_on_a_ray_rank
+    from tests.system.test_distributed import HAS_DEEPSPEED, assert_close, single
+
+    if strategy["name"] == "deepspeed" and not HAS_DEEPSPEED:
+        pytest.skip("deepspeed is not installed (pip install -e '.[deepspeed]')")
+    trainers = [ray.remote(TrainerWorker).options(num_cpus=1).remote(rank, 2) for rank in (0, 1)]
+    try:
+        master = ray.get(trainers[0].rendezvous.remote())
+        cfg = worker.rl_config(tmp_path / "ray", strategy)
+        ranks = ray.get([t.run.remote(grpo_update_on_a_ray_rank, cfg, None, master) for t in trainers], timeout=600)
+    finally:
+        for trainer in trainers:
+            ray.kill(trainer)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
+    assert ranks[0]["pid"] != ranks[1]["pid"] != os.getpid()
+    baseline = worker.grpo_update(worker.rl_config(tmp_path / "one"), single())
+    for name in ("grpo", "reinforce_pp"):
+        assert_close(ranks[0]["advantages"][name], baseline["advantages"][name], tol=1e-6)
+    for key in ("loss", "grad_norm", "clip_frac_high", "approx_kl"):
+        assert_close(ranks[0]["metrics"][key], baseline["metrics"][key], tol=1e-5)
+    assert_close(ranks[0]["logits"], baseline["logits"], tol=1e-5)  # the weights after the update

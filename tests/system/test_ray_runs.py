@@ -1,0 +1,110 @@
+"""Whole `run.launcher: ray` runs of `oxrl train`, attached to a cluster that `ray start --head` runs (as a user
+would on a node), with 2 trainer ranks (FSDP2), 2 rollout workers and a reward worker, on the tiny model:
+the reward of a learnable task rises, a rerun of the same seed and layout repeats every metric, and a driver
+killed with SIGKILL mid-run then resumed repeats the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+
+from oxrl.cluster.weight_channel import free_port, node_address  # noqa: E402
+from tests.conftest import save_tiny_model  # noqa: E402
+from tests.ray_workers import LOWER_HALF_REWARD  # noqa: E402
+from tests.system.test_rl_resume import kill_once_checkpointed, rows_by_step  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 12
+COMPARED = ("reward/mean", "reward/std", "loss", "grad_norm", "response_length/mean", "lr", "weight_sync/probe_gap")
+
+
+def _env() -> dict[str, str]:
+    # Ray >= 2.5x's `ray start` turns on token authentication; a driver naming the address must use it too.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"}
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A Ray cluster started by `ray start --head`; its address."""
+    ray_cli = Path(sys.executable).parent / "ray"
+    port = free_port()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in _env().items():  # also for the drivers tests/test_rl_resume.py starts
+            patch.setenv(key, value)
+        subprocess.run([str(ray_cli), "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+        yield f"{node_address()}:{port}"  # where the head listens (this node's address, not the loopback)
+        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, smollm2_tokenizer, head) -> Path:
+    tmp = tmp_path_factory.mktemp("ray_runs")
+    save_tiny_model(tmp / "model", smollm2_tokenizer)
+    (tmp / "reward.py").write_text(LOWER_HALF_REWARD)
+    cfg = {
+        "run": {"name": "full", "output_dir": str(tmp / "runs"), "seed": 5, "device": "cpu", "launcher": "ray"},
+        "model": {"name_or_path": str(tmp / "model")},
+        "algorithm": {"name": "grpo"},
+        "rl": {"task": "arithmetic", "task_size": 64, "validation_size": 0, "prompts_per_step": 4,
+               "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0},
+               "rewards": [{"name": f"{tmp / 'reward.py'}:lower_half"}]},
+        # fp32: the trainers' and workers' probes then agree to 1e-4 (bf16 compute rounds them differently).
+        "train": {"max_steps": STEPS, "micro_batch_size_per_device": 8, "mixed_precision": "no",
+                  "optim": {"lr": 2e-1, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
+        "ray": {"address": head, "trainers": {"count": 2, "cpus": 1}, "rollout": {"count": 2, "cpus": 0.5},
+                "reward": {"count": 1, "cpus": 0.5}},
+        "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
+        "logging": {"progress_bar": False, "plot": False},
+    }
+    path = tmp / "grpo_ray.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(config: Path, *overrides: str) -> Path:
+    done = subprocess.run([sys.executable, "-m", "oxrl", "train", str(config), *overrides], env=_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("run.name=")), "full")
+    return runs / name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config) -> dict[int, dict]:
+    return rows_by_step(_train(config))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_reward_of_a_learnable_task_rises_under_ray(uninterrupted):
+    rewards = [uninterrupted[step]["reward/mean"] for step in range(1, STEPS + 1)]
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    assert all(uninterrupted[step]["weight_sync/probe_gap"] < 1e-4 for step in uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_driver_killed_mid_run_then_resumed_repeats_the_uninterrupted_run(config, uninterrupted):
+    runs = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
+    kill_once_checkpointed([sys.executable, "-m", "oxrl", "train", str(config), "run.name=killed"],
+                           runs / "killed" / "checkpoints" / "step_000004", timeout_s=600)
+    before_kill = rows_by_step(runs / "killed")
+    # The same seed and layout sample and train alike: the steps before the kill are the uninterrupted run's.
+    for step in range(1, 5):
+        for key in COMPARED:
+            assert before_kill[step][key] == pytest.approx(uninterrupted[step][key], rel=1e-5, abs=1e-6), (step, key)
+    resumed = rows_by_step(_train(config, "run.name=killed", "run.resume=true"))
+    for step in range(5, STEPS + 1):
+        for key in COMPARED:
+            assert resumed[step][key] == pytest.approx(uninterrupted[step][key], rel=1e-5, abs=1e-6), (step, key)

@@ -1,0 +1,246 @@
+"""Config errors name the key, the bad value and the fix."""
+
+import os
+import time
+
+import pytest
+import yaml
+
+from oxrl.cli import main
+from oxrl.config.load import ConfigError, ConfigLoader, load_config, read_yaml_file, save_config
+from oxrl.config.reference import config_reference
+from tests.hostile_files import make_fifo, raised_within
+
+BASE = ["model.name_or_path=m", "data.train=[{path: d.jsonl}]", "algorithm.name=sft"]
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name_or_path: m}\ndata: {train: [{path: a.jsonl}]}\nalgorithm: {name: sft}\ntrain: {optim: {lr: 1.0e-4}}\n")
+    cfg = load_config(path, ["train.optim.lr=2e-6", "train.global_batch_size=16", "run.name=x"])
+    assert cfg.train.optim.lr == 2e-6 and cfg.train.global_batch_size == 16 and cfg.run.name == "x"
+    assert cfg.data.train[0].path == "a.jsonl"
+
+
+def test_unknown_key_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"unknown key `train.optim.learning_rate`.*Did you mean `train.optim.lr`\?"):
+        load_config(None, BASE + ["train.optim.learning_rate=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown key `data.train.0.wieght`.*Did you mean `data.train.0.weight`"):
+        load_config(None, ["model.name_or_path=m", "data.train=[{path: a, wieght: 2}]", "algorithm.name=sft"])
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"`train.global_batch_size` = 'eight'.*integer"):
+        load_config(None, BASE + ["train.global_batch_size=eight"])
+
+
+def test_bad_choice_lists_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"`train.optim.schedule` = 'cosin'.*'constant', 'linear' or 'cosine'"):
+        load_config(None, BASE + ["train.optim.schedule=cosin"])
+
+
+def test_missing_required_field():
+    with pytest.raises(ConfigError, match=r"missing required key `model.name_or_path`"):
+        load_config(None, ["model.dtype=auto", "data.train=[{path: a}]", "algorithm.name=sft"])
+
+
+def test_batch_sizes_must_divide():
+    with pytest.raises(ConfigError, match=r"global_batch_size \(10\) must be a multiple of .*micro_batch_size_per_device \(4\)"):
+        load_config(None, BASE + ["train.global_batch_size=10", "train.micro_batch_size_per_device=4"])
+
+
+def test_missing_file_and_bad_override():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent.yaml")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["no_equals_sign"])
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name_or_path: m}\ndata: {train: [{path: a.jsonl}]}\nalgorithm: {name: sft}\n")
+    assert main(["train", str(path), "train.optm.lr=1"]) == 2
+    assert main(["train", str(path), "algorithm.name=dpoo"]) == 2
+
+
+def test_reference_covers_every_field():
+    text = config_reference()
+    for key in ("run.seed", "model.name_or_path", "data.train[].weight", "train.optim.lr", "lora.rank", "checkpoint.keep_last"):
+        assert f"`{key}`" in text
+
+
+def test_docs_reference_is_up_to_date():
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config_reference.md"
+    assert doc.read_text() == config_reference(), "run `make docs` to regenerate docs/config_reference.md"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["doctor", "--help"],
+                                  ["config-reference", "--help"]])
+def test_every_command_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0 and "usage: oxrl" in capsys.readouterr().out
+
+
+def test_doctor_reports_without_changing_anything(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "cuda" in out
+
+
+def test_a_cross_key_check_names_its_keys_without_dumping_the_config():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["model.name_or_path=m", "algorithm.name=rm", "data.train=[{path: x.jsonl}]", "logging.samples=[hi]"])
+    message = str(caught.value)
+    assert "`rm` trains a reward model" in message and "remove logging.samples" in message
+    assert "'run':" not in message and "Value error" not in message  # no dump of the whole config
+
+
+def test_malformed_yaml_names_the_file_line_and_column(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  name_or_path: m\n algorithm: {name: sft}\n")  # line 3 is indented by one space
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}, line 3, column 2: not valid YAML: expected <block end>")
+    assert "(while parsing a block mapping that starts at line 1, column 1)" in message
+    assert message.endswith("\n     algorithm: {name: sft}\n     ^")  # the line, a caret under column 2
+    assert "<unicode string>" not in message
+    path.write_bytes(b"model: {name_or_path: \xff}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: not UTF-8 text \(byte 22\)"):
+        load_config(path)
+
+
+def test_malformed_override_value_names_the_override():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, BASE + ["data.train=[{path: a.jsonl"])
+    message = str(caught.value)  # the value ends (column 16) before its mapping and list are closed
+    assert message.startswith("the value of override 'data.train=[{path: a.jsonl', line 1, column 16: not valid YAML: "
+                              "expected ',' or '}'")
+    assert "<unicode string>" not in message
+
+
+def test_a_saved_rl_config_keeps_the_users_settings_and_takes_another_algorithms_preset(tmp_path):
+    cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=dapo", "rl.task=arithmetic", "rl.eps_low=0.1"])
+    assert (cfg.rl.advantage, cfg.rl.eps_low, cfg.rl.eps_high) == ("grpo", 0.1, 0.28)  # dapo's clip-higher
+    save_config(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["rl"]
+    assert saved["advantage"] is None and saved["eps_high"] is None and saved["eps_low"] == 0.1  # the preset's: unset
+    assert load_config(tmp_path / "config.yaml").rl == cfg.rl  # loading resolves the same values again
+    ppo = load_config(tmp_path / "config.yaml", ["algorithm.name=ppo"]).rl
+    assert (ppo.advantage, ppo.eps_low, ppo.eps_high) == ("gae", 0.1, 0.2)  # ppo's preset, the user's eps_low
+
+
+# --- hostile configs: each is a clear error at once, not a silent choice, a hang or a megabyte of message ----------
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    config = tmp_path / "dup.yaml"
+    config.write_text("model:\n  name_or_path: m\ntrain:\n  optim:\n    lr: 1.0e-5\n    lr: 1.0e+3\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml, line 6.*key `lr` appears twice, on line 5 and line 6"):
+        load_config(config)
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_config(None, [*BASE, "train.optim={lr: 1.0e-5, lr: 1.0e+3}"])
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path):
+    tree = yaml.load("a: &d {lr: 1}\nb:\n  <<: *d\n  lr: 2\n", Loader=ConfigLoader)
+    assert tree["b"] == {"lr": 2}
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    levels = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    config = tmp_path / "bomb.yaml"
+    config.write_text("\n".join(levels) + "\n")  # under 800 bytes: 9^9 strings once expanded
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="expands to more than 100,000 values") as raised:
+        load_config(config)
+    assert time.monotonic() - start < 2 and len(str(raised.value)) < 1000
+
+
+def test_an_error_quotes_a_bounded_part_of_a_huge_value(tmp_path):
+    # Shared lists that are small as YAML but megabytes as a repr: the message stays a few lines.
+    config = tmp_path / "wide.yaml"
+    config.write_text("model: {name_or_path: m}\nalgorithm: {name: sft}\ndata: {train: [{path: d.jsonl}]}\n"
+                      "x: &x [" + ", ".join(["'" + "y" * 60 + "'"] * 300) + "]\n"
+                      "train: {epochs: [*x, *x, *x, *x, *x, *x, *x, *x]}\n")
+    with pytest.raises(ConfigError, match=r"`train.epochs` = \[\['yyy.*\.\.\. \(") as raised:
+        load_config(config)
+    assert len(str(raised.value)) < 2000
+
+
+def test_thousands_of_problems_are_counted_not_listed():
+    with pytest.raises(ConfigError, match=r"\.\.\. and \d+ more") as raised:
+        load_config(None, [*BASE, "train={" + ", ".join(f"k{i}: 1" for i in range(3000)) + "}"])
+    assert len(str(raised.value).splitlines()) <= 23
+
+
+def test_a_config_that_is_not_a_small_regular_file_is_refused(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # reading it would wait forever for a writer
+    error = raised_within(20, lambda: load_config(fifo), [fifo])
+    assert isinstance(error, ConfigError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: is it a YAML config?"
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}: is a folder, not a regular file: is it a YAML config\?$"):
+        load_config(tmp_path)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match=r"huge.yaml: 2,097,155 bytes, more than the 1,048,576 a config file may have"):
+        load_config(huge)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml"):
+        load_config(deep)
+
+
+def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
+    # A registry file (`oxrl models --registry FILE`) and a run's saved config.yaml (read on resume) go through
+    # read_yaml_file: a key given twice, an alias bomb or a FIFO is refused naming the file, as in a config.
+    from oxrl.models.registry import RegistryError, read_registry_file
+
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("models:\n  - name: a/b\n    family: llama\n    family: qwen2\n")
+    with pytest.raises(RegistryError, match=r"registry.yaml, line 4.*key `family` appears twice, on line 3 and line 4"):
+        read_registry_file(registry)
+    fifo = make_fifo(tmp_path / "config.yaml")
+    error = raised_within(20, lambda: read_yaml_file(fifo), [fifo])
+    assert isinstance(error, ConfigError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: is it a YAML config?"
+
+
+@pytest.mark.parametrize("algorithm, overrides, refused, reader", [
+    ("sft", ["rl.rollout.n=4"], "rl.rollout.n = 4", "by RL and online algorithms"),
+    ("sft", ["rl.kl_coef=0.1"], "rl.kl_coef = 0.1", "by RL and online algorithms"),
+    ("dpo", ["rl.task=arithmetic"], "rl.task = 'arithmetic'", "by RL and online algorithms"),
+    ("sft", ["lora.rank=8"], "lora.rank = 8", "with lora.enabled: true"),
+    ("grpo", ["rl.task=arithmetic", "train.global_batch_size=64"], "train.global_batch_size = 64",
+     "rl.prompts_per_step x rl.rollout.n"),
+    ("grpo", ["rl.task=arithmetic", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
+     "rl.rollout.vllm.gpu_memory_utilization = 0.3", "with rl.rollout.engine: vllm"),
+])
+def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm, overrides, refused, reader):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["model.name_or_path=m", f"algorithm.name={algorithm}", *overrides])
+    assert refused in str(raised.value) and reader in str(raised.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.name=sft", "lora.enabled=true", "lora.rank=8"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.kl_coef=0.1", "rl.rollout.n=4"],
+    ["algorithm.name=sft", "train.global_batch_size=64"],
+])
+def test_the_same_settings_are_accepted_where_they_are_read(overrides):
+    load_config(None, ["model.name_or_path=m", *overrides])
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (["strategy.name=fsdp2", "strategy.zero_stage=2"], "strategy.zero_stage = 2"),
+    (["strategy.name=deepspeed", "strategy.reshard_after_forward=false"], "strategy.reshard_after_forward = False"),
+])
+def test_a_setting_of_another_strategy_is_refused(overrides, refused):
+    with pytest.raises(ConfigError, match=refused):
+        load_config(None, ["model.name_or_path=m", "algorithm.name=sft", *overrides])
+    load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.name=deepspeed", "strategy.zero_stage=2"])
