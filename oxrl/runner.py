@@ -217,11 +217,8 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
     the engine is the rollout workers, shared by every rank."""
     from oxrl.algorithms.advantages import NEEDS_VALUES
     from oxrl.config.names import ONLINE
-    from oxrl.loops.critic import Critic, SharedValueHead
     from oxrl.loops.rl import RLHandles
-    from oxrl.models.critic import load_critic
     from oxrl.models.load import load_model, resolve_source
-    from oxrl.models.value_head import attach_value_head
     from oxrl.training.strategy import SingleDevice
 
     rl, device = cfg.rl, strategy.device
@@ -242,9 +239,15 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
         reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
     critic = None
     if shared_head:  # PPO's critic as a head on the policy's backbone (saved beside a final folder: reused from one)
+        from oxrl.loops.critic import SharedValueHead
+        from oxrl.models.value_head import attach_value_head
+
         critic = SharedValueHead(attach_value_head(model, resolve_source(cfg.model.name_or_path).path), rl.value_coef,
                                  rl.value_clip)
-    elif rl.advantage in NEEDS_VALUES:
+    elif rl.advantage in NEEDS_VALUES:  # PPO's critic as a model of its own
+        from oxrl.loops.critic import Critic
+        from oxrl.models.critic import load_critic
+
         source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
         critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
     engine = _engine(cfg, model, tokenizer, strategy, remote, processor)
@@ -273,7 +276,6 @@ def run(cfg: Config) -> RunResult:
 
     setup_logging()
     from oxrl.preflight import check_dependencies
-    from oxrl.loops.objectives import get_objective
     from oxrl.config.rl_presets import is_rl
 
     check_dependencies(cfg)  # a package the config needs and lacks: one line now, not a traceback mid-run
@@ -283,6 +285,8 @@ def run(cfg: Config) -> RunResult:
         return run_on_ray(cfg, run_rl)
     if is_rl(cfg.algorithm.name):
         return run_rl(cfg)
+    from oxrl.loops.objectives import get_objective
+
     objective = get_objective(cfg.algorithm.name, cfg.preference)  # (names were checked when the config loaded)
     if not cfg.data.train:
         raise ValueError(f"algorithm `{cfg.algorithm.name}` needs training data: set data.train to a list of datasets")

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oxrl.data.errors import DataError
-from oxrl.data.images import decode_images
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -334,6 +333,8 @@ class _RowChecker:
             return prompt, []
         if not chat_template:
             raise self.fail("images", "images need the chat template, and this dataset sets `chat_template: false`")
+        from oxrl.data.images import decode_images  # image rows only: text runs load no image code
+
         images = decode_images(values["images"], location=self.location, row=self.row, root=root, max_pixels=max_pixels)
         return prompt_messages_with_images(prompt, len(images), self.location, self.row), images
 

@@ -17,10 +17,7 @@ from typing import Any, Callable, TypeVar
 from pydantic import BaseModel
 
 from oxrl.algorithms.advantages import AdvantageParams
-from oxrl.algorithms.distill import DistillParams
-from oxrl.algorithms.kto import KTOParams
 from oxrl.algorithms.policy_loss import PolicyLossParams
-from oxrl.algorithms.preference import PreferenceParams
 from oxrl.config.schema import RLConfig
 
 P = TypeVar("P")
@@ -28,30 +25,30 @@ P = TypeVar("P")
 # Keeps the dataclass's default: an implementation constant, not a setting.
 FIXED = None
 
-# Params class -> {field: how it is derived from the section, or FIXED}, for the fields that are not a
+# Params class name -> {field: how it is derived from the section, or FIXED}, for the fields that are not a
 # same-named setting of the section.
-NOT_BY_NAME: dict[type, dict[str, Callable[[Any], Any] | None]] = {
-    PolicyLossParams: {
+NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
+    "PolicyLossParams": {
         "max_len": lambda rl: rl.rollout.max_new_tokens,  # seq_mean_token_sum_norm's constant (Dr. GRPO)
         "kl_coef": lambda rl: 0.0 if rl.kl_in_reward else rl.kl_coef,  # kl_in_reward: a reward penalty, no loss term
     },
-    AdvantageParams: {
+    "AdvantageParams": {
         "eps": FIXED,  # added to the std before dividing
         "unbiased_std": FIXED,  # Bessel-corrected group std, as TRL and verl use
         "group_baseline": FIXED,  # reinforce_pp subtracts the group mean (REINFORCE++-baseline)
     },
-    PreferenceParams: {},
-    KTOParams: {
+    "PreferenceParams": {},
+    "KTOParams": {
         "desirable_weight": lambda preference: preference.kto_desirable_weight,
         "undesirable_weight": lambda preference: preference.kto_undesirable_weight,
     },
-    DistillParams: {"chunk_size": FIXED},  # memory only: the loss is the same for any chunking
+    "DistillParams": {"chunk_size": FIXED},  # memory only: the loss is the same for any chunking
 }
 
 
 def params_from(params_class: type[P], section: BaseModel) -> P:
     """`params_class` with each field from `section`'s same-named setting, or as `NOT_BY_NAME` says."""
-    special = NOT_BY_NAME.get(params_class, {})
+    special = NOT_BY_NAME.get(params_class.__name__, {})
     values = {}
     for field in dataclasses.fields(params_class):
         if field.name in special:

@@ -38,7 +38,6 @@ from oxrl.loops.mismatch import check_on_policy
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
-from oxrl.loops.multiturn import Environment
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
@@ -55,7 +54,7 @@ class RLHandles:
     strategy: Any  # oxrl/training/strategy.py
     engine: Any  # a RolloutEngine (oxrl/rollout/base.py)
     reward_fn: Any = None  # scores single-turn completions (oxrl/rewards/combine.py); None with `env`
-    env: Environment | None = None  # multi-turn episodes, which reward themselves
+    env: Any = None  # multi-turn episodes (oxrl/loops/multiturn.py Environment), which reward themselves
     reference: torch.nn.Module | None = None  # frozen, for the KL term (None when kl_coef is 0)
     critic: Any = None  # PPO (advantage `gae`): a Critic or SharedValueHead (oxrl/loops/critic.py); None without
     tokenizer: Any = None  # saved with checkpoints: the tokenizer, or a vision-language model's processor

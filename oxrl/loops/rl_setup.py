@@ -8,7 +8,6 @@ from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_prompts import load_rl_prompts
 from oxrl.data.rl_tasks import RLPrompt, default_rewards
 from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
-from oxrl.loops.multiturn import Environment, load_environment
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +40,13 @@ def reward_function(cfg: Config, rl: RLConfig):
     return build_reward_fn(specs)
 
 
-def environment(rl: RLConfig, tokenizer) -> Environment | None:
-    """The multi-turn environment `rl.env` names (checked now, before the model loads), or None."""
+def environment(rl: RLConfig, tokenizer):
+    """The multi-turn environment (oxrl/loops/multiturn.py) `rl.env` names, checked now, before the model loads;
+    None without one."""
     if rl.env is None:
         return None
+    from oxrl.loops.multiturn import load_environment
+
     env = load_environment(rl.env.path, rl.env.max_turns, tokenizer)
     logger.info("environment: %s, at most %d turns per episode", env.reference, env.max_turns)
     return env

@@ -25,7 +25,6 @@ from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_val
 from oxrl.loops.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams
-from oxrl.loops.multiturn import run_episodes
 
 
 @dataclass
@@ -75,6 +74,8 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
     environment rewards are the rewards (oxrl/loops/multiturn.py). `oxrl eval` samples with it too."""
     started = time.perf_counter()
     if env is not None:
+        from oxrl.loops.multiturn import run_episodes
+
         episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
         engine.offload()  # every turn is sampled: the trainer gets the memory back
         return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
