@@ -262,7 +262,7 @@ def smoke_tree(folder: Path, out_dir: Path, algorithm: str, trust_remote_code: b
         "run": {"name": algorithm, "output_dir": str(out_dir / "runs"), "overwrite": True},
         "model": {"name_or_path": str(folder), "trust_remote_code": trust_remote_code},
         "algorithm": {"name": algorithm},
-        "train": {"max_steps": 1, "global_batch_size": 2, "micro_batch_size_per_device": 2},
+        "train": {"max_steps": 1, "micro_batch_size_per_device": 2},
         "checkpoint": {"save_final": False},
         "logging": {"progress_bar": False, "plot": False},
     }
@@ -273,6 +273,7 @@ def smoke_sft(folder: Path, out_dir: Path, trust_remote_code: bool) -> CheckResu
     rows.write_text("".join(json.dumps({"messages": turn}) + "\n" for turn in (CONVERSATION[1:3], CONVERSATION[3:5])))
     tree = smoke_tree(folder, out_dir, "sft", trust_remote_code)
     tree["data"] = {"train": [{"path": str(rows)}], "max_length": 128}
+    tree["train"]["global_batch_size"] = 2  # an RL step's size is rl.prompts_per_step x rl.rollout.n instead
     return run_smoke("sft_smoke", tree)
 
 

@@ -222,7 +222,7 @@ def diverging_run(tmp_path, model_dir, algorithm: str) -> tuple[dict, object]:
         "run": {"name": algorithm, "output_dir": str(tmp_path / "runs")},
         "model": {"name_or_path": str(model_dir)},
         "algorithm": {"name": algorithm},
-        "train": {"global_batch_size": 2, "micro_batch_size_per_device": 2, "max_steps": 6,
+        "train": {"micro_batch_size_per_device": 2, "max_steps": 6,
                   "optim": {"lr": 1e10, "schedule": "constant"}},
         "checkpoint": {"every": 1, "keep_last": 2},
         "logging": {"progress_bar": False, "plot": False},
@@ -232,6 +232,7 @@ def diverging_run(tmp_path, model_dir, algorithm: str) -> tuple[dict, object]:
         cfg["rl"] = {"task": "arithmetic", "task_size": 8, "validation_size": 0, "prompts_per_step": 2,
                      "rollout": {"n": 4, "max_new_tokens": 6}, "rewards": [{"name": f"{tmp_path / 'reward.py'}:varied"}]}
     else:
+        cfg["train"]["global_batch_size"] = 2
         if algorithm == "dpo":
             rows = [{"prompt": f"What is {i}+{i}?", "chosen": f"It is {2 * i}.", "rejected": f"It is {2 * i + 1}."}
                     for i in range(12)]

@@ -91,17 +91,16 @@ def test_curves_png_has_the_title_and_only_moving_series(tmp_path):
 def test_config_diff_lists_exactly_the_keys_that_differ_from_the_schema_defaults():
     cfg = Config.model_validate({
         "model": {"name_or_path": "m"},
-        "algorithm": {"name": "sft"},
-        "data": {"train": [{"path": "a.jsonl"}]},
-        "train": {"global_batch_size": 8, "optim": {"lr": 3e-4}},  # 8 is the default: not listed
+        "algorithm": {"name": "grpo"},
+        "train": {"optim": {"lr": 3e-4}},
         "logging": {"plot": True, "every": 5},
-        "rl": {"task_config": {"max_operand": 20}},
+        "rl": {"task": "arithmetic", "prompts_per_step": 8, "task_config": {"max_operand": 20}},  # 8: the default
     })
     assert non_default_settings(cfg) == [
-        ("algorithm.name", "sft", REQUIRED),
-        ("data.train", [{"path": "a.jsonl"}], []),
+        ("algorithm.name", "grpo", REQUIRED),
         ("logging.every", 5, 1),
         ("model.name_or_path", "m", REQUIRED),
+        ("rl.task", "arithmetic", None),
         ("rl.task_config.max_operand", 20, NOT_SET),  # a key of a dict-valued field, absent from its default
         ("train.optim.lr", 3e-4, 1e-5),
     ]

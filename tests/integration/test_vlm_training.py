@@ -64,7 +64,7 @@ def config(tmp_path: Path, model_dir: Path, data: Path, algorithm: str, steps: i
         "model": {"name_or_path": str(model_dir)},
         "data": {"train": [{"path": str(data)}], "max_length": 128},
         "algorithm": {"name": algorithm},
-        "train": {"max_steps": steps, "global_batch_size": 8, "micro_batch_size_per_device": 8,
+        "train": {"max_steps": steps, "micro_batch_size_per_device": 8,
                   "mixed_precision": "no", "optim": {"lr": 3e-3, "schedule": "constant"}},
         "checkpoint": {"save_final": True},
         "logging": {"progress_bar": False, "plot": False},
@@ -151,7 +151,7 @@ def test_grpo_on_image_prompts_raises_the_reward(tmp_path, model_dirs):
     cfg = config(tmp_path, warm.final_model_dir, data, "grpo", 80,
                  rl={"prompts_per_step": 8, "validation_size": 0, "rollout": {"n": 8, "max_new_tokens": 4},
                      "rewards": [{"name": f"{tmp_path / 'reward.py'}:colour"}]},
-                 train={"global_batch_size": 64, "micro_batch_size_per_device": 32, "optim": {"lr": 1e-3}})
+                 train={"micro_batch_size_per_device": 32, "optim": {"lr": 1e-3}})
     rewards = [step["reward/mean"] for step in metrics(run(cfg).run_dir)]
     # Means of 8 steps x 64 completions: a standard error near 0.02, so a rise of 0.15 is no accident.
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
@@ -166,7 +166,7 @@ def test_spin_trains_on_image_prompts(tmp_path, model_dirs):
     cfg = config(tmp_path, model_dirs["qwen2_vl"], data, "spin", 4,
                  online={"loss": "dpo", "gold_field": "response", "iteration_steps": 2},
                  rl={"validation_size": 0, "prompts_per_step": 4, "rollout": {"n": 1, "max_new_tokens": 4}},
-                 train={"global_batch_size": 4, "micro_batch_size_per_device": 4})
+                 train={"micro_batch_size_per_device": 4})
     steps = metrics(run(cfg).run_dir)
     assert len(steps) == 4 and all(math.isfinite(step["loss"]) for step in steps)
     assert steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]  # the gold answers pull ahead
