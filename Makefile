@@ -24,7 +24,7 @@ test: env
 # The vLLM rollout engine's tier, with the checkout's oxrl on the path (the venv is shared by clones).
 test-vllm:
 	OXRL_VLLM_VENV=$(VLLM_VENV) bash scripts/setup_vllm_cpu.sh
-	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm
+	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -q -rfEs tests/vllm
 
 # The unit and integration tiers (tests/conftest.py): under 4 minutes on 2 cores.
 test-fast: env

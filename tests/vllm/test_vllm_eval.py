@@ -11,6 +11,10 @@ from tests.vllm.conftest import make_model, number_tokenizer
 pytest.importorskip("vllm", reason=f"vLLM is not installed: {VLLM_INSTALL_HINT}")
 
 
+# The `rl.rollout.vllm` section is read by the vLLM engine only (the `hf` run would refuse it).
+VLLM_OPTIONS = {"vllm": ["rl.rollout.vllm.max_model_len=256", "rl.rollout.vllm.kv_cache_gib=0.25"], "hf": []}
+
+
 def test_vllm_and_hf_evaluations_agree(tmp_path):
     model_dir = tmp_path / "model"
     make_model(3).save_pretrained(model_dir)
@@ -22,8 +26,7 @@ def test_vllm_and_hf_evaluations_agree(tmp_path):
         out = tmp_path / f"{engine}.jsonl"
         result = evaluate_models(EvalRequest(str(model_dir), data=[str(data)], rewards=["tests.integration.test_rl_loop:share_of_sevens"],
                                              n=4, max_new_tokens=6, engine=engine, out=str(out),
-                                             overrides=["rl.rollout.vllm.max_model_len=256", "rl.rollout.vllm.kv_cache_gib=0.25",
-                                                        "train.mixed_precision=no"]))  # both engines in fp32
+                                             overrides=["train.mixed_precision=no", *VLLM_OPTIONS[engine]]))  # fp32
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         results[engine] = (result.reports[0].metrics, [r["completion"] for r in rows if r["pass"] == "greedy"])
         assert len(rows) == 6 + 6 * 4 and f"engine {engine}" in result.description
