@@ -30,17 +30,23 @@ from oxrl.rollout.build import ENGINES
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _registering(kind: str, registry: dict, name: str, info: Any = None,
+                 entry: Callable[[F], Callable] = lambda fn: fn) -> Callable[[F], F]:
+    """The decorator that declares `name` of `kind` (a taken name is an error) and puts `entry(fn)` in `registry`."""
+
+    def add(fn: F) -> F:
+        declare(kind, name, list(registry), info)
+        registry[name] = entry(fn)
+        return fn
+
+    return add
+
+
 def register_advantage(name: str) -> Callable[[F], F]:
     """An advantage estimator `(RolloutRewards, AdvantageParams) -> Advantages` (oxrl/algorithms/advantages.py),
     chosen by `rl.advantage: name`. It gets the token rewards, the mask and the group ids (no critic values:
     an estimator that needs a critic is not an extension yet)."""
-
-    def add(estimator: F) -> F:
-        declare("advantage", name, list(ADVANTAGES))
-        ADVANTAGES[name] = estimator
-        return estimator
-
-    return add
+    return _registering("advantage", ADVANTAGES, name)
 
 
 def register_policy_loss(name: str, params: type | None = None) -> Callable[[F], F]:
@@ -51,42 +57,24 @@ def register_policy_loss(name: str, params: type | None = None) -> Callable[[F],
     (loss, metrics)`, where `own` is `params(**rl.policy_loss_params)`, checked when the config loads.
     `oxrl.algorithms.policy_loss.finish` applies the shared terms (truncated IS, aggregation, KL, entropy)
     to a per-token objective, as every built-in loss does."""
-    if params is not None and not dataclasses.is_dataclass(params):
+    if params is None:
+        return _registering("policy_loss", POLICY_LOSSES, name)
+    if not dataclasses.is_dataclass(params):
         raise TypeError(f"policy loss {name!r}: params must be a dataclass of its parameters, got {params!r}")
 
-    def add(loss: F) -> F:
-        declare("policy_loss", name, list(POLICY_LOSSES), params)
-        if params is None:
-            POLICY_LOSSES[name] = loss
-        else:
-            def with_own(inp: PolicyLossInput, shared: PolicyLossParams):
-                return loss(inp, shared, params(**shared.policy_loss_params))
+    def with_own(loss: F) -> Callable[[PolicyLossInput, PolicyLossParams], Any]:
+        return lambda inp, shared: loss(inp, shared, params(**shared.policy_loss_params))
 
-            POLICY_LOSSES[name] = with_own
-        return loss
-
-    return add
+    return _registering("policy_loss", POLICY_LOSSES, name, params, with_own)
 
 
 def register_reward(name: str) -> Callable[[F], F]:
     """A reward `(prompt, completion, **row fields) -> float` (or `@batched`; oxrl/rewards/base.py), named in
     `rl.rewards` as `{name: name}` like a built-in."""
-
-    def add(reward: F) -> F:
-        declare("reward", name, list(REWARDS))
-        REWARDS[name] = reward
-        return reward
-
-    return add
+    return _registering("reward", REWARDS, name)
 
 
 def register_engine(name: str) -> Callable[[F], F]:
     """A rollout engine factory `(RolloutConfig, model, tokenizer, strategy, seed, processor) -> RolloutEngine`
     (oxrl/rollout/base.py), chosen by `rl.rollout.engine: name`."""
-
-    def add(factory: F) -> F:
-        declare("engine", name, list(ENGINES))
-        ENGINES[name] = factory
-        return factory
-
-    return add
+    return _registering("engine", ENGINES, name)

@@ -7,7 +7,8 @@ closest valid key. Batch sizes name their scope and are never rewritten after va
 
 from __future__ import annotations
 
-from typing import Literal
+import functools
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -805,16 +806,19 @@ RL_UNUSED_SETTINGS = (
 )
 
 
-def changed_settings(value: BaseModel, default: BaseModel, prefix: str) -> list[str]:
-    """The dotted keys under `prefix` whose value differs from `default`'s, nested sections followed."""
-    keys = []
+def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Dotted key -> value of every setting under `prefix` that differs from `default`'s, nested sections followed;
+    `skip`: fields of this level left out."""
+    changed = {}
     for name in type(value).model_fields:
         mine, theirs = getattr(value, name), getattr(default, name)
+        if name in skip:
+            continue
         if isinstance(mine, BaseModel) and type(mine) is type(theirs):
-            keys += changed_settings(mine, theirs, f"{prefix}.{name}")
+            changed.update(changed_settings(mine, theirs, f"{prefix}.{name}"))
         elif mine != theirs:
-            keys.append(f"{prefix}.{name}")
-    return keys
+            changed[f"{prefix}.{name}"] = mine
+    return changed
 
 
 # Sections read only when a choice elsewhere names them: (the section, the fields read regardless, who reads it,
@@ -1020,24 +1024,13 @@ class Config(Section):
         """A changed setting in a section this run does not read (CONDITIONAL_SECTIONS) names who reads it."""
         unread = []
         for path, always, reader, reads in CONDITIONAL_SECTIONS:
-            if reads(self):
-                continue
-            section = self
-            for part in path.split("."):
-                section = getattr(section, part)
-            unread += [f"{key} = {self.value_at(key)!r} is not read: it is read only {reader}"
-                       for key in changed_settings(section, type(section)(), path)
-                       if key.split(".")[path.count(".") + 1] not in always]
+            if not reads(self):
+                section = functools.reduce(getattr, path.split("."), self)
+                unread += [f"{key} = {value!r} is not read: it is read only {reader}"
+                           for key, value in changed_settings(section, type(section)(), path, skip=always).items()]
         if unread:
             raise ValueError(f"`{self.algorithm.name}` run: " + "; ".join(unread))
         return self
-
-    def value_at(self, key: str):
-        """The value of a dotted key, e.g. `rl.rollout.n`."""
-        value = self
-        for part in key.split("."):
-            value = getattr(value, part)
-        return value
 
     @model_validator(mode="after")
     def _data_fits_the_algorithm(self) -> "Config":
