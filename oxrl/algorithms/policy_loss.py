@@ -2,10 +2,10 @@
 
 Every loss is `POLICY_LOSSES[name](PolicyLossInput, PolicyLossParams) -> (loss, metrics)`:
 the loss builds a per-token objective [B, T]; then, in one place (`finish`), the
-optional truncated-importance-sampling weight multiplies it, `aggregate` reduces it,
+optional off-policy correction weighs (or drops) its tokens, `aggregate` reduces it,
 and the KL-to-reference and entropy terms are added:
 
-    loss = aggregate(tis_weight * per_token_pg)
+    loss = aggregate(off_policy_weight * per_token_pg)
            + kl_coef * aggregate(KL_est(logp, logp_ref))
            - entropy_coef * aggregate(entropy)
 
@@ -39,13 +39,13 @@ from oxrl.algorithms.kl import KL_ESTIMATORS, k3, kl_estimate
 @dataclass
 class PolicyLossInput:
     logprobs: Tensor  # [B, T] current policy, sampled tokens, with grad
-    old_logprobs: Tensor  # [B, T] behaviour policy as recomputed by the trainer, no grad
+    old_logprobs: Tensor  # [B, T] the proximal policy (the trainer's, before this step's update), no grad
     advantages: Tensor  # [B, T] (0 off-mask; `broadcast_to_tokens` for outcome advantages)
     mask: Tensor  # [B, T] bool or 0/1: tokens that are trained
     normaliser: float  # step-wide count, see `aggregate` / `local_normaliser`
     ref_logprobs: Tensor | None = None  # [B, T] reference policy, for the KL term/metric
     entropy: Tensor | None = None  # [B, T] per-token entropy of the current policy
-    behaviour_logprobs: Tensor | None = None  # [B, T] inference-engine logprobs (vLLM), for TIS
+    behaviour_logprobs: Tensor | None = None  # [B, T] the engine's log-probs as it sampled: the behaviour policy
 
     def __post_init__(self) -> None:
         shape = tuple(self.logprobs.shape)
@@ -68,7 +68,12 @@ class PolicyLossParams:
     kl_coef: float = 0.0  # weight of the KL(pi || pi_ref) loss term; needs ref_logprobs
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS (GRPO uses k3)
     entropy_coef: float = 0.0  # entropy bonus weight; needs entropy
-    tis_cap: float | None = None  # truncated IS cap C (Yao et al. 2025); needs behaviour_logprobs
+    # Samples drawn by a behaviour policy other than the proximal one (a stale version, another engine's
+    # kernels): one of OFF_POLICY_CORRECTIONS, its bound C > 1 on the weight pi_old / pi_behaviour, and a
+    # bound on a sequence's KL(behaviour || proximal) beyond which it is dropped whole. Needs behaviour_logprobs.
+    off_policy_correction: str = "none"
+    off_policy_cap: float = 2.0
+    off_policy_max_kl: float | None = None
     # The own parameters of a loss an extension registers with a parameter class (oxrl/extensions.py).
     policy_loss_params: dict = field(default_factory=dict)
 
@@ -84,8 +89,13 @@ class PolicyLossParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            raise ValueError(f"tis_cap must be > 0 (or None), got {self.tis_cap}")
+        if self.off_policy_correction not in OFF_POLICY_CORRECTIONS:
+            raise ValueError(f"unknown off-policy correction {self.off_policy_correction!r}; "
+                             f"valid: {', '.join(OFF_POLICY_CORRECTIONS)}")
+        if not self.off_policy_cap > 1:
+            raise ValueError(f"off_policy_cap must be > 1, got {self.off_policy_cap}")
+        if self.off_policy_max_kl is not None and self.off_policy_max_kl <= 0:
+            raise ValueError(f"off_policy_max_kl must be > 0 (or None), got {self.off_policy_max_kl}")
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -180,6 +190,49 @@ def _log_ratio(inp: PolicyLossInput, trained: Tensor) -> Tensor:
     return torch.where(trained, log_ratio, torch.zeros_like(log_ratio))
 
 
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled", "mask")
+
+
+def off_policy_weight(proximal: Tensor, behaviour: Tensor, trained: Tensor,
+                      params: PolicyLossParams) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The correction for tokens sampled by a behaviour policy mu (a stale version, another engine) while
+    the loss's ratio is taken against the proximal policy pi_old: per token [B, T] the weight, detached,
+    and which tokens are kept (bool), from w = pi_old / mu and the bound C = `off_policy_cap`:
+
+        tis        min(w, C)                           truncated IS (IMPALA, arXiv:1802.01561; Yao et al. 2025)
+        decoupled  w, tokens with w > C dropped         decoupled PPO (arXiv:2110.00641), as AReaL bounds it
+                                                       (arXiv:2505.24298 sec. 5: `behav_imp_weight_cap`)
+        mask       w, tokens with w outside [1/C, C]   IcePop's two-sided mask (arXiv:2510.18855 sec. 3)
+                   dropped
+
+    With `off_policy_max_kl`, a sequence whose mean k3 estimate of KL(mu || pi_old) over its tokens
+    exceeds it is dropped whole (the whole trajectory came from too far). Computed in log space and
+    selected with `where`, so an overflowing w (a token mu found unlikely) never becomes inf or NaN.
+    Metrics, per token: the mean weight, the fraction truncated (tis) and the fraction dropped."""
+    log_w = torch.where(trained, proximal - behaviour, torch.zeros_like(proximal)).detach()
+    log_cap = math.log(params.off_policy_cap)
+    kept = trained.clone()
+    truncated = torch.zeros_like(trained)
+    if params.off_policy_correction == "tis":
+        truncated = trained & (log_w > log_cap)
+        log_w = log_w.clamp(max=log_cap)
+    elif params.off_policy_correction == "decoupled":
+        kept = trained & (log_w <= log_cap)
+    elif params.off_policy_correction == "mask":
+        kept = trained & (log_w.abs() <= log_cap)
+    else:
+        raise ValueError(f"unknown off-policy correction {params.off_policy_correction!r}; "
+                         f"valid: {', '.join(OFF_POLICY_CORRECTIONS[1:])}")
+    if params.off_policy_max_kl is not None:
+        per_token_kl = torch.where(trained, k3(behaviour.detach(), proximal.detach()), torch.zeros_like(log_w))
+        sequence_kl = per_token_kl.sum(dim=1) / trained.sum(dim=1).clamp(min=1)  # [B]
+        kept = kept & (sequence_kl <= params.off_policy_max_kl)[:, None]
+    weight = torch.exp(torch.where(kept, log_w, torch.zeros_like(log_w)))  # 1 where dropped: never overflows
+    metrics = {"off_policy/weight_mean": torch.where(kept, weight, torch.zeros_like(weight)),
+               "off_policy/truncated_frac": truncated.float(), "off_policy/dropped_frac": (trained & ~kept).float()}
+    return weight, kept, metrics
+
+
 def finish(
     inp: PolicyLossInput,
     params: PolicyLossParams,
@@ -187,24 +240,19 @@ def finish(
     ratio: Tensor,  # [B, T] the importance ratio the loss used (for metrics)
     metrics: dict[str, Tensor],
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """TIS weight, aggregation, KL and entropy terms, shared metrics: one home for all losses."""
+    """Off-policy correction, aggregation, KL and entropy terms, shared metrics: one home for all losses."""
     trained = inp.mask.bool()
     agg = dict(mode=params.aggregation, normaliser=inp.normaliser, max_len=params.max_len)
 
     # The train/inference mismatch itself is logged once, by the loop (oxrl/loops/mismatch.py); corrected here on request.
-    if params.tis_cap is not None:
+    if params.off_policy_correction != "none":
         if inp.behaviour_logprobs is None:
-            raise ValueError("tis_cap is set but PolicyLossInput.behaviour_logprobs is None")
-        # Truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
-        # Off-Policy RL Training", fengyao.notion.site/off-policy-rl): tokens were sampled
-        # by the inference engine, not by the trainer's pi_old; reweight by
-        # w = min(pi_old / pi_behaviour, C), detached. Computed in log space: no overflow.
-        log_w = (inp.old_logprobs - inp.behaviour_logprobs).detach()
-        log_w = torch.where(trained, log_w, torch.zeros_like(log_w))
-        tis_weight = torch.exp(log_w.clamp(max=math.log(params.tis_cap)))
-        per_token_pg = per_token_pg * tis_weight
-        metrics["tis_weight_mean"] = _metric(tis_weight, inp, params)
-        metrics["tis_capped_frac"] = _metric((log_w > math.log(params.tis_cap)).float(), inp, params)
+            raise ValueError(f"off_policy_correction {params.off_policy_correction!r} needs "
+                             "PolicyLossInput.behaviour_logprobs")
+        weight, kept, correction_metrics = off_policy_weight(inp.old_logprobs, inp.behaviour_logprobs, trained, params)
+        # Dropped tokens are selected away, not multiplied by 0: their per-token loss may be inf.
+        per_token_pg = torch.where(kept, per_token_pg * weight, torch.zeros_like(per_token_pg))
+        metrics.update({key: _metric(value, inp, params) for key, value in correction_metrics.items()})
 
     pg_loss = aggregate(per_token_pg, inp.mask, **agg)
     loss = pg_loss

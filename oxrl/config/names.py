@@ -79,6 +79,7 @@ POLICY_LOSS_NAMES = ("ppo", "cispo", "gspo")  # rl.policy_loss (policy_loss.POLI
 # rl.aggregation (policy_loss.AGGREGATIONS)
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")  # rl.kl_estimator (kl.KL_ESTIMATORS)
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled", "mask")  # rl.off_policy_correction (policy_loss.off_policy_weight)
 ANSWER_FORMATS = ("boxed", "tags")  # rl.answer_format (oxrl.data.rl_tasks.ANSWER_INSTRUCTIONS)
 ONLINE_PAIR_LOSSES = ("dpo", "rdpo", "hinge", "ipo", "simpo", "orpo")  # online.loss (preference.PREFERENCE_LOSSES)
 RFT_KEEP_RULES = ("threshold", "best")  # online.keep (oxrl.algorithms.online.rejection_sample)

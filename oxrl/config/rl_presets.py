@@ -84,6 +84,9 @@ def _positive(value: float) -> bool:
     return value > 0
 
 
+_CORRECTED = ("tis", "decoupled", "mask")  # every off_policy_correction but `none`
+
+
 READ_ONLY_WITH: dict[str, tuple[dict[str, tuple | Callable[[Any], bool]], str]] = {
     "gamma": (_GAE, "gamma is GAE's discount, used only with advantage `gae` (ppo)"),
     "lam": (_GAE, "lam is GAE's lambda, used only with advantage `gae` (ppo)"),
@@ -103,6 +106,10 @@ READ_ONLY_WITH: dict[str, tuple[dict[str, tuple | Callable[[Any], bool]], str]] 
     "kl_in_reward": ({"kl_coef": _positive},
                      "it says where the KL to the reference goes, and with kl_coef 0 there is none"),
     "on_policy_tolerance": ({"strict_on_policy": (True,)}, "it is the tolerance of strict_on_policy"),
+    "off_policy_cap": ({"off_policy_correction": _CORRECTED}, "it bounds the weight of an off-policy correction"),
+    "off_policy_max_kl": ({"off_policy_correction": _CORRECTED}, "it drops sequences for an off-policy correction"),
+    "accept_uncorrected": ({"max_staleness": _positive, "off_policy_correction": ("none",)},
+                           "it accepts stale samples (max_staleness >= 1) trained with no off-policy correction"),
 }
 
 
@@ -111,7 +118,8 @@ READ_ONLY_WITH: dict[str, tuple[dict[str, tuple | Callable[[Any], bool]], str]] 
 POLICY_GRADIENT_ONLY = ("advantage", "gamma", "lam", "whiten_advantages", "critic_model", "critic_backbone", "critic_lr",
                         "critic_max_grad_norm", "value_coef", "value_clip", "critic_warmup_steps", "std_normalise",
                         "policy_loss", "eps_low", "eps_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator",
-                        "kl_in_reward", "entropy_coef", "strict_on_policy", "on_policy_tolerance", "tis_cap", "env")
+                        "kl_in_reward", "entropy_coef", "strict_on_policy", "on_policy_tolerance", "off_policy_correction", "off_policy_cap",
+                        "off_policy_max_kl", "accept_uncorrected", "env")
 
 
 def resolve_online(name: str, rl: RLConfig) -> RLConfig:
@@ -124,6 +132,9 @@ def resolve_online(name: str, rl: RLConfig) -> RLConfig:
               if getattr(rl, field) != defaults[field].get_default(call_default_factory=True)]
     if unread:
         raise ValueError("; ".join(unread))
+    if name == "spin" and rl.max_staleness:
+        raise ValueError(f"rl.max_staleness = {rl.max_staleness} is not read by `spin`: its opponent answers every "
+                         "prompt of an iteration, and becomes the policy only at the iteration's end")
     return rl
 
 
@@ -146,6 +157,10 @@ def resolve(name: str, rl: RLConfig) -> RLConfig:
     unread = unread_settings(key, resolved)
     if unread:
         raise ValueError("; ".join(unread))
+    if resolved.max_staleness and resolved.off_policy_correction == "none" and not resolved.accept_uncorrected:
+        raise ValueError(f"rl.max_staleness = {resolved.max_staleness} trains `{name}` on samples up to "
+                         f"{resolved.max_staleness} policy versions old: set rl.off_policy_correction (decoupled, tis "
+                         "or mask), or rl.accept_uncorrected: true to train on them as if on-policy")
     return resolved
 
 

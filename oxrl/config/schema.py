@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from oxrl.config.names import (
     ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
-    ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
+    OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES, REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
@@ -416,7 +416,7 @@ class RolloutConfig(Section):
         "precision (its log-probs equal the trainer's to ~1e-6). `bf16`: a bf16 copy refreshed at every weight sync "
         "(1.85x the fp32 sampling speed at batch 32 on a 2-core CPU with native bf16, eager attention there; the "
         "engine/trainer gap is reported every step as "
-        "`logprob_mismatch/*`, and `rl.tis_cap` corrects for it). `auto`: `bf16` on a CPU with native bf16 when the "
+        "`logprob_mismatch/*`, and `rl.off_policy_correction` corrects for it). `auto`: `bf16` on a CPU with native bf16 when the "
         "weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy decoding (held-out accuracy) "
         "always runs on the trained weights.",
     )
@@ -558,11 +558,33 @@ class RLConfig(Section):
     on_policy_tolerance: float = Field(
         1e-3, gt=0, description="`strict_on_policy` only: its tolerance (mean absolute log-prob difference)."
     )
-    tis_cap: float | None = Field(
+    max_staleness: int = Field(
+        0, ge=0,
+        description="Pipelined RL: the samples of step t come from the policy of step max(0, t - max_staleness), a "
+        "schedule fixed by the step number, so every sample's version lag is known in advance and a run reproduces "
+        "and resumes exactly. 0: sample, then train (the synchronous loop). k >= 1: under `run.launcher: ray` the "
+        "rollout workers sample step t + k while the trainers update step t; in one process the same schedule runs "
+        "in turn. A policy-gradient algorithm then needs `off_policy_correction` (or `accept_uncorrected`). "
+        "docs/async.md.",
+    )
+    off_policy_correction: Literal[OFF_POLICY_CORRECTIONS] = Field(
+        "none",
+        description="Correct for samples drawn by a behaviour policy other than the one the update's ratio starts "
+        "from (a stale version under `max_staleness`, or the engine's own precision or kernels), with w = pi_old / "
+        "pi_behaviour per token and C = `off_policy_cap`. `tis`: weight by min(w, C) (truncated IS). `decoupled`: "
+        "weight by w, drop tokens with w > C (decoupled PPO, as AReaL). `mask`: weight by w, drop tokens with w "
+        "outside [1/C, C] (IcePop). The clip stays anchored to pi_old, the trainer's policy before the update.",
+    )
+    off_policy_cap: float = Field(
+        2.0, gt=1, description="`off_policy_correction` other than `none` only: the bound C on the weight w.")
+    off_policy_max_kl: float | None = Field(
         None, gt=0,
-        description="Truncated importance sampling: weight each token's loss by min(pi_trainer / pi_engine, tis_cap), "
-        "correcting for the rollout engine's log-probs differing from the trainer's (e.g. vLLM); null = off. "
-        "Typical: 2.",
+        description="`off_policy_correction` other than `none` only: drop whole the sequences whose mean k3 "
+        "estimate of KL(behaviour || pi_old) per token exceeds this; null: none dropped.")
+    accept_uncorrected: bool = Field(
+        False,
+        description="`max_staleness` >= 1 with `off_policy_correction: none` only: train on stale samples as if "
+        "they were on-policy (the ratio starts from pi_old, the behaviour policy is ignored). Refused unless set.",
     )
     validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
     system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
@@ -575,6 +597,17 @@ class RLConfig(Section):
         "default: the question, a blank line, the instruction.",
     )
     task_config: dict = Field(default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tis_cap_moved(cls, data):
+        """`rl.tis_cap` became `off_policy_correction: tis` with `off_policy_cap`; saved configs hold its default."""
+        if isinstance(data, dict) and "tis_cap" in data:
+            if data["tis_cap"] is not None:
+                raise ValueError(f"`rl.tis_cap` moved: set `rl.off_policy_correction: tis` and `rl.off_policy_cap: "
+                                 f"{data['tis_cap']}`")
+            data = {key: value for key, value in data.items() if key != "tis_cap"}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -609,6 +642,13 @@ class RLConfig(Section):
             raise ValueError("rl.strict_on_policy needs the engine's log-probs to equal the trainer's, but "
                              "rl.rollout.precision `bf16` samples from a bf16 copy: set it to `trainer` or `auto` (which "
                              "then samples from the trained weights)")
+        return self
+
+    @model_validator(mode="after")
+    def _stale_samples_are_corrected(self) -> "RLConfig":
+        if self.max_staleness and self.strict_on_policy:
+            raise ValueError(f"rl.strict_on_policy refuses samples not drawn by the policy being trained, and "
+                             f"rl.max_staleness = {self.max_staleness} trains on such samples by design: choose one")
         return self
 
     @property

@@ -245,8 +245,11 @@ class RLPromptBatch:
     fields: list[dict]
     origins: list[str]
     vision: list[VisionInputs | None] | None = None  # each prompt's images (vision-language prompts), else None
+    rows: list[int] | None = None  # each prompt's row in the batch it is a subset of (None: its own rows)
 
     def subset(self, indices: list[int]) -> RLPromptBatch:
+        """The prompts at `indices`, remembering their rows in the whole batch (`rows`)."""
+        rows = [self.rows[i] for i in indices] if self.rows is not None else list(indices)
         return RLPromptBatch([self.prompt_ids[i] for i in indices], [self.prompt_texts[i] for i in indices],
                              [self.fields[i] for i in indices], [self.origins[i] for i in indices],
-                             None if self.vision is None else [self.vision[i] for i in indices])
+                             None if self.vision is None else [self.vision[i] for i in indices], rows)

@@ -8,7 +8,7 @@ engine log-prob and are left out):
 
 They are 0 up to float noise when the engine samples from the weights being trained (the built-in
 engine, or vLLM after a verified sync); a growing value means the samples are off-policy (stale
-weights, kernel or precision differences), which `rl.tis_cap` corrects and `rl.strict_on_policy`
+weights, kernel or precision differences), which `rl.off_policy_correction` corrects and `rl.strict_on_policy`
 refuses. Computed from additive sums, so micro-batches and ranks combine exactly.
 """
 

@@ -1,7 +1,8 @@
 """Online algorithms: the step's samples become offline examples, trained with an offline objective.
 
     for each step:
-        sample     completions <- engine(prompts, n each); rewards <- any reward        (as in RL: rl_stages.py)
+        sample     completions <- engine(prompts, n each); rewards <- any reward        (as in RL: rl_stages.py),
+                   `rl.max_staleness` steps ahead as in RL (oxrl/loops/pipeline.py; not spin)
         select     online_dpo: (best, worst) pair per prompt, ties dropped       oxrl/algorithms/online.py
                    rft:        the completions at or above the threshold (or best-of-n), distinct
                    spin:       (gold answer, own answer) for every own answer
@@ -38,7 +39,6 @@ from oxrl.loops.objectives import get_objective
 from oxrl.loops.rl import naming_step, sync
 from oxrl.loops.rl_batch import completion_example
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
-from oxrl.loops.rl_stages import sample
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.reference import FrozenModel, build_reference
 
@@ -73,10 +73,10 @@ class OnlineMethod(ABC):
         """After each update (`step`), and on resume (None): the engine samples from the policy."""
         return h.engine.sync_weights(h.model)
 
-    def step(self, h, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], object]:
-        """sample -> select -> update -> sync: the RL loop's step for an online method; the metrics and rollout."""
+    def step(self, h, rollout, metrics: dict[str, float], step: int) -> tuple[dict[str, float], object]:
+        """select -> update -> sync on the step's samples (and their sampling's `metrics`): the RL loop's step for
+        an online method; the metrics and rollout."""
         with naming_step(step):
-            rollout, metrics = sample(h, batch, step)
             selection = self.select(rollout.batch, rollout)
         metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
         started = time.perf_counter()

@@ -2,7 +2,8 @@
 
     for each step:
         prompts      <- this rank's share of the step's prompts (deterministic by seed, resumable)
-        sample       completions <- engine(prompts, n each); rewards <- reward functions (or an environment)
+        sample       completions <- engine(prompts, n each); rewards <- reward functions (or an environment),
+                     from the policy of `rl.max_staleness` steps ago (0: the current one; oxrl/loops/pipeline.py)
         score        old log-probs (policy, no grad), reference log-probs (KL), critic values (PPO)
         estimate     token rewards (- beta * KL when `kl_in_reward`) -> advantages over every rank's rollouts
         update       rl.epochs x rl.mini_batches policy (and critic) steps: oxrl/loops/rl_update.py
@@ -36,7 +37,8 @@ from oxrl.loops.accuracy import summarise
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.mismatch import check_on_policy
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
-from oxrl.loops.rl_stages import Rollout, estimate, sample, sample_and_reward, sampling_params, score
+from oxrl.loops.pipeline import RolloutPipeline, Sampled
+from oxrl.loops.rl_stages import Rollout, estimate, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
@@ -75,8 +77,9 @@ class RLResult:
     samples: dict[str, list[dict]] = field(default_factory=dict)  # "first"/"last": example_completions of those steps
 
 
-def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
-    """Optimizers and schedules for the policy (and critic), handed to their strategies; resume. Returns the first step."""
+def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict | None, Path | None]:
+    """Optimizers and schedules for the policy (and critic), handed to their strategies; resume. Returns the first
+    step, and on resume this rank's samples of the later steps the checkpoint holds, and the checkpoint."""
     cfg = h.cfg
     optimizer = build_optimizer(h.model, cfg.train.optim, fused=h.strategy.fused_optimizer)
     h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
@@ -87,11 +90,11 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> int:
         torch.manual_seed(cfg.run.seed + h.strategy.rank)  # weights are in sync already; samples must differ per rank
     resume_from = resume_path(cfg, run_dir)
     if resume_from is None:
-        return 0
+        return 0, None, None
     state = h.strategy.load_checkpoint(resume_from)
     h.strategy.nonfinite.load_state_dict(state)
     sync(h, None)
-    return state["step"]
+    return state["step"], state.get("rank_state"), resume_from
 
 
 def sync(h: RLHandles, step: int | None) -> dict[str, float]:
@@ -106,7 +109,15 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
     if rl.prompts_per_step % strategy.world_size:
         raise ValueError(f"rl.prompts_per_step ({rl.prompts_per_step}) must be a multiple of the world size "
                          f"({strategy.world_size}): each rank samples whole groups")
-    start_step = prepare(h, total_steps * rl.epochs * rl.mini_batches, run_dir)
+    start_step, sampled_ahead, checkpoint = prepare(h, total_steps * rl.epochs * rl.mini_batches, run_dir)
+
+    def prompts_of(step: int) -> RLPromptBatch:  # this rank's prompts of a step (every rank's, shared rollouts)
+        indices = sampler.step_indices(step)
+        return train.subset(indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size))
+
+    pipeline = RolloutPipeline.of(h, total_steps, prompts_of)
+    if checkpoint is not None:
+        pipeline.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
     log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
                         config=cfg)
     validating = rl.validation_every is not None and bool(val.prompt_ids)
@@ -119,9 +130,9 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
         for step in range(start_step, total_steps):
             done = step + 1
             started = time.perf_counter()
-            indices = sampler.step_indices(step)
-            batch = train.subset(indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size))
-            metrics, rollout = one_step(h, batch, done)
+            with naming_step(done):  # e.g. sampling from weights that diverged in the last update
+                sampled = pipeline.take(step)
+            metrics, rollout = one_step(h, sampled, done)
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollout.completions)))
             metrics.update({"time/step": elapsed, "tokens_per_s": generated / elapsed,
@@ -136,23 +147,29 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             if done % cfg.logging.every == 0 or done == total_steps:
                 log.log(done, metrics)
             if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
+                pipeline.settle()  # the steps sampled ahead are part of the checkpoint
                 strategy.save_checkpoint(run_dir, done, h.tokenizer, strategy.nonfinite.state_dict(),
-                                         cfg.checkpoint.keep_last, cfg.lora.save)
+                                         cfg.checkpoint.keep_last, cfg.lora.save,
+                                         rank_state={"pipeline": pipeline.state_dict()} if rl.max_staleness else None)
     finally:
         log.close()
     return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics, samples)
 
 
-def one_step(h: RLHandles, batch: RLPromptBatch, step: int) -> tuple[dict[str, float], Rollout]:
-    """sample -> score -> estimate -> update -> sync, on this rank's prompts of step `step`."""
+def one_step(h: RLHandles, sampled: Sampled, step: int) -> tuple[dict[str, float], Rollout]:
+    """score -> estimate -> update -> sync, on this rank's samples of step `step` (1-based)."""
     rl = h.cfg.rl
-    if h.online is not None:  # Online DPO / RFT / SPIN: their own step over the same sampling (oxrl/loops/online.py)
-        return h.online.step(h, batch, step)
-    with naming_step(step):  # e.g. sampling from weights that diverged in the last update
-        rollout, metrics = sample(h, batch, step)
-        metrics.update(score(h, rollout))
+    rollout = sampled.rollout
+    # Every sample of a step comes from the one version the schedule names: its lag is the step's.
+    lag = {"off_policy/version_lag": float(step - 1 - sampled.version)} if rl.max_staleness else {}
+    if h.online is not None:  # Online DPO / RFT: their own step over the same sampling (oxrl/loops/online.py)
+        metrics, rollout = h.online.step(h, rollout, sampled.metrics, step)
+        return {**metrics, **lag}, rollout
+    with naming_step(step):
+        metrics = {**sampled.metrics, **score(h, rollout)}
     estimate(h, rollout)
     metrics = global_metrics(h.strategy, {**metrics, **rollout_metrics(rollout)}, rollout.rewards)
+    metrics.update(lag)
     if rl.strict_on_policy and rollout.old_logprobs is not None:  # else the update checks it
         check_on_policy(metrics["logprob_mismatch/mean_abs"], rl.on_policy_tolerance)
     started = time.perf_counter()

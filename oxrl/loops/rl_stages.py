@@ -11,7 +11,8 @@ The update (oxrl/loops/rl_update.py) and the weight sync follow. Every stage rea
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -24,7 +25,7 @@ from oxrl.loops.accuracy import accuracy_of
 from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_values
 from oxrl.loops.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
-from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.base import Completion, SamplingParams, Submits
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Rollout:
     advantages: list[torch.Tensor] | None = None
     returns: list[torch.Tensor] | None = None  # the critic's targets (gae)
     batch: RLPromptBatch | None = None  # the prompts `group_ids` index (set by `sample`)
+    # The policy version that sampled it: the number of updates the weights had then (oxrl/loops/pipeline.py).
+    version: int = 0
 
     @classmethod
     def of(cls, completions: list[Completion], rewards: torch.Tensor,
@@ -67,42 +70,93 @@ def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens, stop=r.stop)
 
 
-def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
-                      params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
-    """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
-    engine samples and the reward functions score the text. Multi-turn (`env`): the episodes' summed
-    environment rewards are the rewards (oxrl/loops/multiturn.py). `oxrl eval` samples with it too."""
+@dataclass
+class Sampling:
+    """One call's samples from the moment they are asked for: here already (`completions`), or still being
+    sampled by remote workers (`ticket`, an engine that `Submits`), collected by `finish_sampling`."""
+
+    batch: RLPromptBatch
+    started: float
+    completions: list[Completion] | None = None
+    scored: RewardOutput | None = None  # multi-turn episodes reward themselves
+    metrics: dict[str, float] = field(default_factory=dict)
+    ticket: int | None = None
+    engine: Any = None
+
+
+def start_sampling(engine, env, batch: RLPromptBatch, params: SamplingParams) -> Sampling:
+    """Ask for `params.n` completions of each of the batch's prompts. A remote engine samples in the background
+    (the caller trains meanwhile); the built-in engines and multi-turn episodes (every turn waits for the
+    environment) sample here."""
     started = time.perf_counter()
     if env is not None:
         from oxrl.loops.multiturn import run_episodes
 
         episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
         engine.offload()  # every turn is sampled: the trainer gets the memory back
-        return episodes.completions, episodes.reward_output(), {"time/generate": time.perf_counter() - started,
-                                                                **episodes.metrics()}
+        return Sampling(batch, started, episodes.completions, episodes.reward_output(),
+                        {"time/generate": time.perf_counter() - started, **episodes.metrics()})
+    if isinstance(engine, Submits):
+        return Sampling(batch, started, ticket=engine.submit(batch.prompt_ids, params, batch.vision), engine=engine)
     completions = engine.generate(batch.prompt_ids, params, batch.vision)
     engine.offload()
-    generated = time.perf_counter()
+    return Sampling(batch, started, completions, metrics={"time/generate": time.perf_counter() - started})
+
+
+def finish_sampling(reward_fn, sampling: Sampling) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
+    """The samples (waiting for a remote engine's), their rewards, and timing/episode metrics. `time/generate`
+    is the time this process spent sampling or waiting for samples: with a remote engine under
+    `rl.max_staleness` >= 1, the part of the sampling the update did not hide."""
+    metrics = dict(sampling.metrics)
+    completions = sampling.completions
+    if completions is None:
+        waited = time.perf_counter()
+        completions = sampling.engine.collect(sampling.ticket)
+        metrics["time/generate"] = time.perf_counter() - waited
+    if sampling.scored is not None:
+        return completions, sampling.scored, metrics
+    rewarding = time.perf_counter()
+    batch = sampling.batch
     of_prompt = [c.prompt_index for c in completions]
     scored = reward_fn([batch.prompt_texts[i] for i in of_prompt], [c.text for c in completions],
                        [batch.fields[i] for i in of_prompt], [batch.origins[i] for i in of_prompt],
                        [c.completion_ids for c in completions])
-    return completions, scored, {"time/generate": generated - started, "time/reward": time.perf_counter() - generated}
+    return completions, scored, {**metrics, "time/reward": time.perf_counter() - rewarding}
 
 
-def sample(h, batch: RLPromptBatch, step: int) -> tuple[Rollout, dict[str, float]]:
-    """Stage 1: sample the step's completions and reward them. With shared rollouts (Ray rollout workers) every
-    rank holds the whole step's prompts: all are sampled once, seeded by the step, and each rank keeps its share."""
+def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
+                      params: SamplingParams) -> tuple[list[Completion], RewardOutput, dict[str, float]]:
+    """Completions of the batch's prompts, their rewards, and timing/episode metrics. Single-turn: the
+    engine samples and the reward functions score the text. Multi-turn (`env`): the episodes' summed
+    environment rewards are the rewards (oxrl/loops/multiturn.py). `oxrl eval` samples with it too."""
+    return finish_sampling(reward_fn, start_sampling(engine, env, batch, params))
+
+
+def start_sample(h, batch: RLPromptBatch, step: int) -> Sampling:
+    """Stage 1, begun: ask for the step's completions. With shared rollouts (Ray rollout workers) every rank
+    holds the whole step's prompts: all are sampled once, seeded by the step."""
     params = sampling_params(h.cfg.rl)
     if h.shared_rollouts:
         params.seed = sampling_seed(h.cfg.run.seed, step)
-    completions, scored, metrics = sample_and_reward(h.engine, h.reward_fn, h.env, batch, params)
+    return start_sampling(h.engine, h.env, batch, params)
+
+
+def finish_sample(h, sampling: Sampling) -> tuple[Rollout, dict[str, float]]:
+    """Stage 1, ended: the step's completions and their rewards as a Rollout (with shared rollouts, this rank's
+    share of the groups), and the sampling's metrics."""
+    completions, scored, metrics = finish_sampling(h.reward_fn, sampling)
+    batch = sampling.batch
     metrics = {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
     if h.shared_rollouts:
         batch, completions, scored = rank_share(batch, completions, scored, h.strategy.rank, h.strategy.world_size)
     rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32), scored.token_rewards)
     rollout.batch = batch
     return rollout, metrics
+
+
+def sample(h, batch: RLPromptBatch, step: int) -> tuple[Rollout, dict[str, float]]:
+    """Stage 1: sample the step's completions and reward them (`start_sample` then `finish_sample`)."""
+    return finish_sample(h, start_sample(h, batch, step))
 
 
 def sampling_seed(run_seed: int, step: int) -> int:

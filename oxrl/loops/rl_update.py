@@ -113,7 +113,7 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
 
     own_old = rollout.old_logprobs is None  # single on-policy update: pi_old is the policy right now
     behaviour = None  # the engine's own log-probs of its samples: for the mismatch sums and truncated IS
-    if own_old or params.tis_cap is not None:
+    if own_old or params.off_policy_correction != "none":
         behaviour = pad_rows([torch.tensor(rollout.completions[i].logprobs) for i in mb], width).to(device)
     gap = {}
     if own_old:
@@ -130,7 +130,7 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
         logprobs=logprobs.float(), old_logprobs=old, advantages=rows(rollout.advantages), mask=valid,
         normaliser=normaliser, ref_logprobs=ref,
         entropy=entropy.float() if params.entropy_coef > 0 else entropy.detach().float(),
-        behaviour_logprobs=behaviour if params.tis_cap is not None else None,
+        behaviour_logprobs=behaviour if params.off_policy_correction != "none" else None,
     )
     value_inp = None
     if state_values is not None:

@@ -9,7 +9,7 @@ masked out (`loss_mask`), and `logprobs` covers the sampled tokens only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from oxrl.data.types import VisionInputs
 
@@ -87,4 +87,21 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release what the engine holds (processes, files). Call it when done: a vLLM engine left to
         interpreter exit can hang a spawned process, which joins its children before vLLM shuts down."""
+        ...
+
+
+@runtime_checkable
+class Submits(Protocol):
+    """An engine whose sampling runs elsewhere (Ray rollout workers): it takes a request and returns at once, so the
+    trainer can update while it samples (`rl.max_staleness`, oxrl/loops/pipeline.py). Requests run in order,
+    each from the weights the engine held when it was submitted: a `sync_weights` after a `submit` applies
+    to later requests only."""
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams,
+               vision: list[VisionInputs | None] | None = None) -> int:
+        """Start sampling as `generate` would; returns a ticket for `collect`."""
+        ...
+
+    def collect(self, ticket: int) -> list[Completion]:
+        """The completions of a submitted request, waiting for them if need be."""
         ...

@@ -8,7 +8,7 @@ each parameter, no reallocation). Buffers (rotary inverse frequencies) stay as t
 
 The copy is a different network numerically: the log-probs the engine reports are the copy's (what it sampled
 from), and the RL loop reports their gap to the trainer's recomputed ones every step (`logprob_mismatch/*`);
-`rl.tis_cap` weights the loss by the truncated ratio where that gap matters.
+`rl.off_policy_correction` (e.g. `tis`) weights the loss by the truncated ratio where that gap matters.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
     <run>/checkpoints/step_000010/training_state/
         optimizer.pt, scheduler.pt, rng.pt    torch state (loaded with weights_only=True)
         rng.json, trainer_state.json          python/numpy RNG, step and counters
+        rank_state.json                       pipelined RL only: the steps this rank sampled ahead (plain JSON)
         adapter.safetensors                   LoRA only: the exact trainable adapter weights
     <run>/checkpoints/step_000010/value_head.safetensors   PPO's shared-backbone value head (not the HF model's)
         rng_rank1.pt, rng_rank1.json, ...     multi-process runs: the RNG of every other rank
@@ -188,6 +189,11 @@ def save_rng_state(state_dir: Path, rank: int = 0) -> None:
     tensors, plain = _rng_state()
     torch.save(tensors, state_dir / tensors_name)
     (state_dir / plain_name).write_text(json.dumps(plain))
+
+
+def rank_state_name(rank: int) -> str:
+    """The file of one rank's own part of the trainer state (e.g. the RL steps it sampled ahead)."""
+    return "rank_state.json" if rank == 0 else f"rank_state_rank{rank}.json"
 
 
 def load_rng_state(state_dir: Path, rank: int = 0) -> None:

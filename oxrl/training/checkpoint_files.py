@@ -30,6 +30,7 @@ TRAINER_STATE = Path("training_state") / "trainer_state.json"
 COUNTS = ("tokens_seen", "nonfinite_steps", "nonfinite_consecutive")
 # rng.json, the largest, is ~10 kB: a bound far above it keeps a huge file from being read whole.
 JSON_LIMIT = 16 << 20
+RANK_STATE_LIMIT = 2 << 30  # a pipelined RL run's samples ahead: k steps of completions and log-probs
 WHAT_TO_DO = "resume from another checkpoint (run.resume=<its path>), or remove this one"
 
 
@@ -94,11 +95,11 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise damaged(path, cause(error)) from error
 
 
-def load_json(path: Path) -> dict:
-    """A JSON object of a checkpoint; anything else is a CheckpointError naming the file."""
+def load_json(path: Path, limit: int = JSON_LIMIT) -> dict:
+    """A JSON object of a checkpoint, of at most `limit` bytes; anything else is a CheckpointError naming the file."""
     _nonempty(path)
     try:
-        value = json.loads(read_bounded(path, JSON_LIMIT, "checkpoint JSON file").decode("utf-8"))
+        value = json.loads(read_bounded(path, limit, "checkpoint JSON file").decode("utf-8"))
     except InputFileError as error:
         raise CheckpointError(f"{path}: {error}; {WHAT_TO_DO}") from error
     except (ValueError, RecursionError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -41,6 +41,7 @@ from oxrl.training import distributed
 from oxrl.training.checkpoint import (
     ConfiguredSchedule,
     load_rng_state,
+    rank_state_name,
     partial_and_final_dirs,
     publish_checkpoint,
     read_model_state,
@@ -49,7 +50,7 @@ from oxrl.training.checkpoint import (
     save_rng_state,
     write_model_state,
 )
-from oxrl.training.checkpoint_files import load_counts, read_trainer_state
+from oxrl.training.checkpoint_files import RANK_STATE_LIMIT, load_counts, load_json, read_trainer_state
 from oxrl.training.folders import remove_path, writing_folder
 from oxrl.models.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
@@ -183,12 +184,13 @@ class Strategy:
         return distributed.all_gather_objects(value)
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
-                        lora_save: str = "merged") -> Path | None:
+                        lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
         """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0.
 
         Into a partial folder, published once complete: this model's state (`write_state`), each
         attached companion's in `<name>/` (its non-finite count beside its optimizer state), every
-        rank's RNG and the trainer state. Weights holding inf/NaN are refused before anything is written.
+        rank's RNG (and `rank_state`, each rank's own plain values) and the trainer state. Weights holding inf/NaN
+        are refused before anything is written.
         """
         self.check_finite_weights(f"checkpoint step {step}")
         for name, companion in self.attached:
@@ -207,6 +209,8 @@ class Strategy:
                     (tmp / name / "training_state" / NONFINITE_FILE).write_text(json.dumps(companion.nonfinite.state_dict()))
             state_dir = tmp / "training_state"
             save_rng_state(state_dir, self.rank)
+            if rank_state is not None:
+                (state_dir / rank_state_name(self.rank)).write_text(json.dumps(rank_state))
             if self.is_main:
                 (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
             distributed.barrier()  # every rank's files are on disk before the folder is published
@@ -229,6 +233,9 @@ class Strategy:
             companion.read_state(checkpoint / name)
             companion.nonfinite.load_state_dict(load_counts(checkpoint / name / "training_state" / NONFINITE_FILE))
         load_rng_state(checkpoint / "training_state", self.rank)
+        rank_state = checkpoint / "training_state" / rank_state_name(self.rank)
+        if rank_state.exists():
+            trainer_state["rank_state"] = load_json(rank_state, RANK_STATE_LIMIT)
         logger.info("resumed from %s", checkpoint)
         return trainer_state
 

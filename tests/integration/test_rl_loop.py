@@ -91,18 +91,21 @@ def test_ppo_critic_warmup_keeps_the_policy_still(tmp_path):
     assert any(not torch.equal(p, critic_before[n]) for n, p in critic.named_parameters())
 
 
+TIS = {"off_policy_correction": "tis", "off_policy_cap": 2.0}
+
+
 def test_engine_mismatch_is_measured_and_tis_reweights(tmp_path):
     """A synced engine shows no engine/trainer mismatch and TIS weights of exactly 1; a stale engine
-    shows a positive KL and TIS weights that differ from 1 and are capped at `tis_cap`."""
-    synced = _run(tmp_path / "synced", "dr_grpo", tis_cap=2.0).final_metrics
+    shows a positive KL and TIS weights that differ from 1 and are capped at `off_policy_cap`."""
+    synced = _run(tmp_path / "synced", "dr_grpo", **TIS).final_metrics
     assert synced["logprob_mismatch/kl"] == pytest.approx(0.0, abs=1e-8)
-    assert synced["tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert synced["tis_capped_frac"] == 0.0
-    stale = _run(tmp_path / "stale", "dr_grpo", engine_model=make_tiny_llama(seed=5), tis_cap=2.0).final_metrics
+    assert synced["off_policy/weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert synced["off_policy/truncated_frac"] == 0.0
+    stale = _run(tmp_path / "stale", "dr_grpo", engine_model=make_tiny_llama(seed=5), **TIS).final_metrics
     assert stale["logprob_mismatch/kl"] > 1e-3
-    assert stale["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)
-    assert 0.0 < stale["tis_capped_frac"] < 1.0  # some tokens the trainer likes far more than the engine did
-    assert stale["tis_weight_mean"] <= 2.0
+    assert stale["off_policy/weight_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert 0.0 < stale["off_policy/truncated_frac"] < 1.0  # some tokens the trainer likes far more than the engine did
+    assert stale["off_policy/weight_mean"] <= 2.0
 
 
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
@@ -114,7 +117,7 @@ def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass
     from oxrl.loops.rl_stages import estimate, sample, score, single_on_policy_update
     from oxrl.loops.rl_update import update
 
-    cfg = rl_config(tmp_path, algorithm, tis_cap=2.0, strict_on_policy=True)
+    cfg = rl_config(tmp_path, algorithm, **TIS, strict_on_policy=True)
     model = make_tiny_llama()
     critic = make_tiny_critic() if algorithm == "ppo" else None
     torch.manual_seed(0)
@@ -136,7 +139,7 @@ def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass
         results[mode] = update(dataclasses.replace(h, policy=policy, strategy=strategy, critic=None), rollout, step=1)
     own, separate = results["own"], results["separate"]
     assert own["logprob_mismatch/mean_abs"] < 1e-5 and own["logprob_mismatch/kl"] < 1e-8
-    for key in ("loss", "pg_loss", "grad_norm", "tis_weight_mean", "approx_kl", "ratio_mean"):
+    for key in ("loss", "pg_loss", "grad_norm", "off_policy/weight_mean", "approx_kl", "ratio_mean"):
         assert own[key] == pytest.approx(separate[key], rel=1e-5, abs=1e-7), key
 
 

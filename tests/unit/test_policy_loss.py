@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -235,15 +236,82 @@ def test_truncated_importance_sampling():
     logprobs = leaf([[-1.0, -1.0]])
     behaviour = torch.tensor([[-1.0 - LN(2.0), -1.0 + LN(2.0)]])
     inp = make_input(logprobs, logprobs.detach(), torch.ones(1, 2), behaviour_logprobs=behaviour)
-    loss, metrics = policy_loss("ppo", inp, PolicyLossParams(tis_cap=1.5))
+    loss, metrics = policy_loss("ppo", inp, PolicyLossParams(off_policy_correction="tis", off_policy_cap=1.5))
     loss.backward()
     assert loss.item() == pytest.approx(-1.0, abs=1e-6)
     assert torch.allclose(logprobs.grad, torch.tensor([[-0.75, -0.25]]))
-    assert float(metrics["tis_capped_frac"]) == pytest.approx(0.5)
-    assert float(metrics["tis_weight_mean"]) == pytest.approx(1.0)
+    assert float(metrics["off_policy/truncated_frac"]) == pytest.approx(0.5)
+    assert float(metrics["off_policy/dropped_frac"]) == 0.0
+    assert float(metrics["off_policy/weight_mean"]) == pytest.approx(1.0)
     assert "behaviour_kl" not in metrics  # the mismatch has one home: logprob_mismatch/kl (oxrl/loops/mismatch.py)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
-        policy_loss("ppo", make_input(leaf([[0.0]]), torch.zeros(1, 1), torch.ones(1, 1)), PolicyLossParams(tis_cap=2.0))
+        policy_loss("ppo", make_input(leaf([[0.0]]), torch.zeros(1, 1), torch.ones(1, 1)),
+                    PolicyLossParams(off_policy_correction="tis"))
+
+
+@pytest.mark.parametrize("correction, cap, loss_value, grad, weight_mean, dropped", [
+    # decoupled PPO, cap 1.5: the token with w = 2 > 1.5 is dropped, the other weighted by 0.5:
+    # loss (0 - 0.5) / 2 = -0.25, gradient -A w / 2 = [0, -0.25]; weight mean over trained tokens (0 + 0.5) / 2.
+    ("decoupled", 1.5, -0.25, [0.0, -0.25], 0.25, 0.5),
+    # decoupled, cap 2.5: both kept at their full weights [2, 0.5]: loss -2.5 / 2, gradient [-1, -0.25].
+    ("decoupled", 2.5, -1.25, [-1.0, -0.25], 1.25, 0.0),
+    # IcePop's two-sided mask, cap 1.5: 2 > 1.5 and 0.5 < 1/1.5, both dropped: no loss, no gradient.
+    ("mask", 1.5, 0.0, [0.0, 0.0], 0.0, 1.0),
+    # mask, cap 2.5: both inside [0.4, 2.5], weighted as decoupled.
+    ("mask", 2.5, -1.25, [-1.0, -0.25], 1.25, 0.0),
+])
+def test_decoupled_and_masked_corrections_by_hand(correction, cap, loss_value, grad, weight_mean, dropped):
+    logprobs = leaf([[-1.0, -1.0]])
+    behaviour = torch.tensor([[-1.0 - LN(2.0), -1.0 + LN(2.0)]])  # w = pi_old / mu = [2, 0.5]
+    inp = make_input(logprobs, logprobs.detach(), torch.ones(1, 2), behaviour_logprobs=behaviour)
+    loss, metrics = policy_loss("ppo", inp, PolicyLossParams(off_policy_correction=correction, off_policy_cap=cap))
+    loss.backward()
+    assert loss.item() == pytest.approx(loss_value, abs=1e-6)
+    assert torch.allclose(logprobs.grad, torch.tensor([grad]), atol=1e-7)
+    assert float(metrics["off_policy/weight_mean"]) == pytest.approx(weight_mean)
+    assert float(metrics["off_policy/dropped_frac"]) == pytest.approx(dropped)
+    assert float(metrics["off_policy/truncated_frac"]) == 0.0
+
+
+def test_a_sequence_beyond_the_kl_bound_is_dropped_whole():
+    # Row 0: w = [2, 0.5], k3 = w - ln w - 1 = [0.3069, 0.1931], mean 0.25 > 0.2: dropped. Row 1: w = [1, 1], KL 0.
+    # Kept: row 1's two tokens, weight 1, PPO on-policy loss -1 each; token_mean over the step's 4 tokens: -0.5.
+    logprobs = leaf([[-1.0, -1.0], [-1.0, -1.0]])
+    behaviour = torch.tensor([[-1.0 - LN(2.0), -1.0 + LN(2.0)], [-1.0, -1.0]])
+    inp = make_input(logprobs, logprobs.detach(), torch.ones(2, 2), behaviour_logprobs=behaviour)
+    params = PolicyLossParams(off_policy_correction="tis", off_policy_cap=4.0, off_policy_max_kl=0.2)
+    loss, metrics = policy_loss("ppo", inp, params)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.5, abs=1e-6)
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, 0.0], [-0.25, -0.25]]))
+    assert float(metrics["off_policy/dropped_frac"]) == pytest.approx(0.5)
+    loose = policy_loss("ppo", inp, dataclasses.replace(params, off_policy_max_kl=0.3))[1]
+    assert float(loose["off_policy/dropped_frac"]) == 0.0
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled", "mask"])
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_overflowing_weights_never_give_nan(name, correction):
+    """A token the behaviour policy found all but impossible (w = exp(1e30)) and padding holding inf/NaN: the loss
+    and its gradient stay finite; the overflowing token is truncated (tis) or dropped."""
+    logprobs = leaf([[-1.0, -1.0, -1.0]])
+    old = torch.tensor([[-1.0, -1.0, float("nan")]])
+    behaviour = torch.tensor([[-1e30, -1.0, float("-inf")]])
+    mask = torch.tensor([[True, True, False]])
+    inp = make_input(logprobs, old, torch.ones(1, 3), mask, behaviour_logprobs=behaviour)
+    params = PolicyLossParams(off_policy_correction=correction, off_policy_cap=2.0, off_policy_max_kl=None)
+    loss, metrics = policy_loss(name, inp, params)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert all(torch.isfinite(value) for value in metrics.values())
+    assert logprobs.grad[0, 2] == 0.0
+
+
+def test_unknown_correction_and_bad_bounds_are_refused():
+    with pytest.raises(ValueError, match="valid: none, tis, decoupled, mask"):
+        PolicyLossParams(off_policy_correction="clip")
+    with pytest.raises(ValueError, match="off_policy_cap must be > 1"):
+        PolicyLossParams(off_policy_cap=1.0)
 
 
 # ----------------------------------------------------------------------------- accumulation
@@ -263,7 +331,7 @@ def test_one_call_equals_sum_of_per_sequence_calls(name, aggregation):
     mask = torch.arange(length)[None, :] < lengths[:, None]
     extra = dict(ref_logprobs=old - 0.1, entropy=torch.rand(batch, length), behaviour_logprobs=old + 0.05)
     params = PolicyLossParams(aggregation=aggregation, max_len=length, kl_coef=0.05, entropy_coef=0.01,
-                              tis_cap=2.0, dual_clip=3.0)
+                              off_policy_correction="tis", dual_clip=3.0)
     normaliser = local_normaliser(mask, aggregation)  # the step's count, shared by every micro-batch
 
     loss_all, metrics_all = policy_loss(name, make_input(logprobs, old, adv, mask, normaliser, **extra), params)

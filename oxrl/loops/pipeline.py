@@ -1,0 +1,151 @@
+"""Pipelined RL (`rl.max_staleness` = k): step t trains on samples of the policy of step max(0, t - k).
+
+    version    the weights after v updates (version 0: the initial weights); step t's update makes version t + 1
+    schedule   step t is sampled by version max(0, t - k), fixed by the step number and k, never by timing:
+               every sample's version lag, min(t, k), is known before the run starts
+    pipeline   at the start of step t the live weights are version t: every step up to t + k not yet sampled
+               is started now (the first step starts 0..k). A remote engine (Ray rollout workers) samples
+               step t + k while the trainers update step t; the built-in engines sample it here, in turn,
+               from the live weights, which are then exactly the scheduled version
+
+k = 0 is the synchronous loop: step t is sampled, then trained, in that order and with the same random draws.
+The update's ratio starts from the trainer's own policy before the update (pi_old, the proximal policy); the
+engine's log-probs are the behaviour policy's, which `rl.off_policy_correction` corrects for
+(oxrl/algorithms/policy_loss.py `off_policy_weight`).
+
+Resume: the steps sampled ahead of a checkpoint are part of it (`state_dict`: their completions, rewards and
+metrics as JSON, one file per rank), so a resumed run trains on exactly the samples the uninterrupted one did,
+and samples the later steps from the same weights with the same random state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl_stages import Rollout, Sampling, finish_sample, start_sample
+from oxrl.rollout.base import Completion
+
+
+def sampling_version(step: int, max_staleness: int) -> int:
+    """The policy version that samples step `step` (0-based) when steps may lag by `max_staleness`."""
+    return max(0, step - max_staleness)
+
+
+@dataclass
+class Sampled:
+    """A step's samples, sampled by `version`, with the metrics of their sampling."""
+
+    step: int  # 0-based
+    version: int
+    rollout: Rollout
+    metrics: dict[str, float]
+
+
+class RolloutPipeline:
+    """The steps sampled ahead of the update, each by the version the schedule names.
+
+    `begin(step)` starts the step's prompts (a function of the step: `prompts_of`), `finish` turns a started
+    step into a `Rollout`; both are the sample stage's (oxrl/loops/rl_stages.py)."""
+
+    def __init__(self, max_staleness: int, total_steps: int, prompts_of: Callable[[int], RLPromptBatch],
+                 begin: Callable[[RLPromptBatch, int], Sampling],
+                 finish: Callable[[Sampling], tuple[Rollout, dict[str, float]]]):
+        self.k, self.total_steps = max_staleness, total_steps
+        self.prompts_of, self.begin, self.finish = prompts_of, begin, finish
+        self.started: dict[int, tuple[int, Sampling]] = {}  # step -> (version, its sampling, not yet collected)
+        self.sampled: dict[int, Sampled] = {}  # collected, not yet trained on
+        self.next_step = 0  # the first step not yet started
+
+    @classmethod
+    def of(cls, h, total_steps: int, prompts_of: Callable[[int], RLPromptBatch]) -> RolloutPipeline:
+        """The run's pipeline: the RL loop's sample stage, `h.cfg.rl.max_staleness` steps ahead."""
+        return cls(h.cfg.rl.max_staleness, total_steps, prompts_of, lambda batch, step: start_sample(h, batch, step + 1),
+                   lambda sampling: finish_sample(h, sampling))
+
+    def take(self, step: int) -> Sampled:
+        """Step `step`'s samples, once every step up to `step + k` has been started from the live weights,
+        which must be version `step` (the loop's `step` updates so far)."""
+        for ahead in range(self.next_step, min(step + self.k, self.total_steps - 1) + 1):
+            if sampling_version(ahead, self.k) != step:  # the loop takes its steps in order, from 0 or a resume
+                raise RuntimeError(f"step {ahead + 1} would be sampled by version {step}, not by the scheduled "
+                                   f"version {sampling_version(ahead, self.k)}")
+            self.started[ahead] = (step, self.begin(self.prompts_of(ahead), ahead))
+            self.next_step = ahead + 1
+        self._collect(step)
+        return self.sampled.pop(step)
+
+    def settle(self) -> None:
+        """Collect every started step (before a checkpoint: what is in flight becomes part of it)."""
+        for step in sorted(self.started):
+            self._collect(step)
+
+    def _collect(self, step: int) -> None:
+        if step in self.started:
+            version, sampling = self.started.pop(step)
+            rollout, metrics = self.finish(sampling)
+            rollout.version = version
+            self.sampled[step] = Sampled(step, version, rollout, metrics)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The steps sampled ahead, as plain values (JSON): call `settle` first."""
+        if self.started:
+            raise RuntimeError("settle the pipeline before saving it: steps are still being sampled")
+        return {"max_staleness": self.k, "next_step": self.next_step,
+                "sampled": [_sampled_to_json(s) for _, s in sorted(self.sampled.items())]}
+
+    def load_state_dict(self, state: dict | None, resumed_step: int, source: str) -> None:
+        """The steps a checkpoint of step `resumed_step` holds sampled ahead; `source` names it in errors."""
+        self.next_step = resumed_step
+        if self.k == 0 and not state:
+            return
+        if state is None:
+            raise ValueError(f"{source} holds no samples of the steps after step {resumed_step}: it was written "
+                             f"with rl.max_staleness 0, so it cannot resume with rl.max_staleness = {self.k}")
+        if state["max_staleness"] != self.k:
+            raise ValueError(f"{source} was written with rl.max_staleness = {state['max_staleness']}: resume with "
+                             f"that value, not {self.k} (its steps sampled ahead follow that schedule)")
+        self.next_step = int(state["next_step"])
+        self.sampled = {}
+        for record in state["sampled"]:
+            sampled = _sampled_from_json(record, self.prompts_of)
+            self.sampled[sampled.step] = sampled
+        expected = list(range(resumed_step, self.next_step))
+        if sorted(self.sampled) != expected:
+            raise ValueError(f"{source}: its samples ahead are of steps {[s + 1 for s in sorted(self.sampled)]}, "
+                             f"expected {[s + 1 for s in expected]}")
+
+
+def _sampled_to_json(sampled: Sampled) -> dict:
+    rollout = sampled.rollout
+    completions = []
+    for completion in rollout.completions:
+        record = asdict(completion)
+        record.pop("vision")  # the prompt's images: taken from the prompts again on load
+        completions.append(record)
+    return {"step": sampled.step, "version": sampled.version, "metrics": sampled.metrics,
+            "rows": rollout.batch.rows, "completions": completions, "rewards": rollout.rewards.tolist(),
+            "token_rewards": [row.tolist() for row in rollout.token_rewards]}
+
+
+def _sampled_from_json(record: dict, prompts_of: Callable[[int], RLPromptBatch]) -> Sampled:
+    step = int(record["step"])
+    batch = prompts_of(step)
+    if batch.rows != record["rows"]:  # a shared rollout's share: the prompts this rank kept
+        position = {row: i for i, row in enumerate(batch.rows)}
+        batch = batch.subset([position[row] for row in record["rows"]])
+    completions = []
+    for fields in record["completions"]:
+        completion = Completion(**fields)
+        completion.vision = None if batch.vision is None else batch.vision[completion.prompt_index]
+        completions.append(completion)
+    rollout = Rollout(completions, torch.tensor(record["rewards"], dtype=torch.float32),
+                      [torch.tensor(row, dtype=torch.float32) for row in record["token_rewards"]],
+                      torch.tensor([c.prompt_index for c in completions], dtype=torch.long), batch=batch,
+                      version=int(record["version"]))
+    return Sampled(step, int(record["version"]), rollout, {k: float(v) for k, v in record["metrics"].items()})
