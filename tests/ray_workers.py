@@ -22,6 +22,16 @@ class StaleRolloutWorker(RolloutWorker):
         return self.engine.probe_logprobs(probe).tolist()
 
 
+class SlowRolloutWorker(RolloutWorker):
+    """Samples after a pause: long enough to be killed with a request in flight."""
+
+    def generate(self, prompts, params, vision=None):
+        import time
+
+        time.sleep(5.0)
+        return super().generate(prompts, params, vision)
+
+
 def grpo_update_on_a_ray_rank(cfg, remote):
     """tests/distributed_worker.py's update on fixed rollouts, as one rank of a Ray trainer group."""
     from oxrl.training.build import build_strategy

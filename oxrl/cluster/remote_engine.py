@@ -6,13 +6,15 @@ Every trainer rank calls them with the same arguments (each rank holds the whole
 group. A failure on rank 0 is sent to the others too, so no rank waits in a collective for one that left.
 
     generate      the prompts split into whole-prompt slices, one per rollout worker, each seeded by its first
-                  prompt's position (SamplingParams.seed), so the same layout samples the same run to run
+                  prompt's position (SamplingParams.seed), so the same layout samples the same run to run;
+                  `submit` starts it and returns at once, `collect` waits (pipelined RL samples ahead with them)
     sync_weights  policy_state_dict() (gathered from every rank, LoRA merged) -> broadcast in buckets to every
                   worker -> each worker's probe log-probs against the trainer's (WeightSyncError naming it)
     rewards       the completions split into slices scored by the reward workers at once (else on rank 0)
 
 A rollout worker that dies is restarted by Ray (`ray.max_restarts`); the step's sampling is then retried after
-every worker has joined a new weight group and received the current weights. Once its restarts are spent, or
+every worker has joined a new weight group and received the current weights (under `rl.max_staleness` >= 1 a step
+sampled ahead cannot be: its weights are gone, and the run stops with an error that says to resume). Once its restarts are spent, or
 with `ray.max_restarts: 0`, the run stops with an error naming the worker.
 """
 
@@ -111,27 +113,56 @@ class RayRolloutEngine:
         self.generation = 0
         self.restarts = [0] * len(workers.rollout)
         self.synced = False
+        self.syncs = 0  # weight syncs so far: a request sampled again after a restart needs the weights it was asked under
+        self.tickets = 0
+        self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, syncs), on every rank
+        self.pending: dict[int, tuple[list[range], list]] = {}  # ticket -> (slices, Ray refs), on rank 0
 
     # ---- sampling ---------------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  vision: list[VisionInputs | None] | None = None) -> list[Completion]:
+        return self.collect(self.submit(prompts, params, vision))
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams,
+               vision: list[VisionInputs | None] | None = None) -> int:
+        """Every rank: start the workers sampling (rank 0 holds the requests); returns the ticket for `collect`."""
         if not self.synced:  # the first call: workers get (and prove they hold) the trainer's weights
             self.sync_weights(self.model)
         vision = vision if vision is not None else [None] * len(prompts)
+        self.tickets += 1
+        ticket = self.tickets
+        self.requests[ticket] = (prompts, params, vision, self.syncs)
+        _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
+        return ticket
+
+    def collect(self, ticket: int) -> list[Completion]:
+        """Every rank: the completions of a submitted request. A worker restarted meanwhile gets the weights again and
+        the request is sampled again, if the weights are still those it was submitted with."""
+        prompts, params, vision, syncs = self.requests.pop(ticket)
         while True:
-            outcome = _from_rank0(self.strategy, lambda: self._generate_on_workers(prompts, params, vision))
+            outcome = _from_rank0(self.strategy, lambda: self._results(self.pending.pop(ticket), vision))
             if outcome is not None:
                 return outcome
+            if self.syncs != syncs:
+                raise WorkerError("a rollout worker died while it sampled a step ahead (rl.max_staleness): the weights "
+                                  "that step is scheduled to be sampled from are no longer held; resume the run from "
+                                  "its last checkpoint (run.resume=true), which holds the steps sampled before it")
             self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
+            _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
 
-    def _generate_on_workers(self, prompts: list[list[int]], params: SamplingParams,
-                             vision: list[VisionInputs | None]) -> list[Completion] | None:
+    def _submit(self, prompts: list[list[int]], params: SamplingParams,
+                vision: list[VisionInputs | None]) -> tuple[list[range], list]:
         parts = slices(len(prompts), len(self.workers.rollout))
         refs = []
         for worker, part in zip(self.workers.rollout, parts):
             seeded = replace(params, seed=None if params.seed is None else params.seed + part.start)
             refs.append(worker.generate.remote([prompts[i] for i in part], seeded, [vision[i] for i in part]))
+        return parts, refs
+
+    def _results(self, submitted: tuple[list[range], list],
+                 vision: list[VisionInputs | None]) -> list[Completion] | None:
+        parts, refs = submitted
         try:
             results = self._get(refs, self.settings.call_timeout_s, "sampling")
         except _Resync:
@@ -186,11 +217,13 @@ class RayRolloutEngine:
             if gap is not None:
                 break
         self.synced = True
+        self.syncs += 1
         return {"time/weight_sync": time.perf_counter() - started, "weight_sync/probe_gap": gap}
 
     def _push(self, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
         """Broadcast to every worker and compare probes; None when a restarted worker needs the push again."""
         settings = self.settings
+        self._check_sampling_ahead()
         specs = specs_of(state)
         bucket_bytes = int(settings.sync_bucket_mb * 2**20)
         try:
@@ -211,6 +244,26 @@ class RayRolloutEngine:
                     f"rollout worker {i}: its log-probs of the probe sequence differ from the trainer's by {gap:.3g} on "
                     f"average (tolerance {self.tolerance}): it is not sampling from the weights being trained")
         return max(gaps)
+
+    def _check_sampling_ahead(self) -> None:
+        """A worker that died under a request still in flight (a step sampled ahead, `rl.max_staleness`) ends the run
+        here: the weights that request is scheduled to be sampled from would be gone after this sync, and the
+        broadcast would wait for the dead member."""
+        ray = _ray()
+        for parts, refs in self.pending.values():
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for i, ref in enumerate(refs):
+                if ref not in ready:
+                    continue
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as error:
+                    raise WorkerError(f"rollout worker {i} died while it sampled a step ahead (rl.max_staleness): "
+                                      "the weights that step is scheduled to be sampled from are no longer held; "
+                                      "resume the run from its last checkpoint (run.resume=true), which holds the "
+                                      "steps sampled before it") from error
+                except ray.exceptions.RayTaskError:
+                    continue  # its own failure: `collect` reports it
 
     def _connect(self) -> None:
         """A weight group of trainer rank 0 and every rollout worker (a new generation after a restart)."""

@@ -36,9 +36,10 @@ from oxrl.data.sampler import balanced_split, micro_batches
 from oxrl.data.types import Example, RLPromptBatch, Sequence
 from oxrl.loops.objective import Objective
 from oxrl.loops.objectives import get_objective
-from oxrl.loops.rl import naming_step, sync
+from oxrl.loops.rl import sync
 from oxrl.loops.rl_batch import completion_example
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
+from oxrl.loops.rl_stages import naming_step
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.reference import FrozenModel, build_reference
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +36,8 @@ from oxrl.logging.metrics import MetricsLogger
 from oxrl.loops.mismatch import check_on_policy
 from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
 from oxrl.loops.pipeline import RolloutPipeline, Sampled
-from oxrl.loops.rl_stages import Rollout, estimate, sample_and_reward, sampling_params, score
+from oxrl.loops.rl_stages import Rollout, estimate, naming_step, sample_and_reward, sampling_params, score
 from oxrl.loops.rl_update import update
-from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
 
@@ -130,7 +127,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
         for step in range(start_step, total_steps):
             done = step + 1
             started = time.perf_counter()
-            with naming_step(done):  # e.g. sampling from weights that diverged in the last update
+            with naming_step(done):  # collecting and rewarding (each step is started under its own name)
                 sampled = pipeline.take(step)
             metrics, rollout = one_step(h, sampled, done)
             elapsed = time.perf_counter() - started
@@ -203,12 +200,3 @@ def example_completions(rollout: Rollout, step: int, count: int = 3) -> list[dic
         first_of_prompt.setdefault(completion.prompt_index, i)
     return [{"step": step, "prompt": batch.prompt_texts[p], "completion": rollout.completions[i].text,
              "reward": float(rollout.rewards[i])} for p, i in list(first_of_prompt.items())[:count]]
-
-
-@contextmanager
-def naming_step(step: int) -> Iterator[None]:
-    """Prefix the step to a NonFiniteError raised inside (the rollout engine does not know the step)."""
-    try:
-        yield
-    except NonFiniteError as error:
-        raise NonFiniteError(f"step {step}: {error}") from error

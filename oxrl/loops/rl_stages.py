@@ -11,6 +11,8 @@ The update (oxrl/loops/rl_update.py) and the weight sync follow. Every stage rea
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +28,7 @@ from oxrl.loops.rl_batch import pad_rows, score_logprobs, score_logprobs_and_val
 from oxrl.loops.params import advantage_params
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams, Submits
+from oxrl.training.nonfinite import NonFiniteError
 
 
 @dataclass
@@ -138,7 +141,8 @@ def start_sample(h, batch: RLPromptBatch, step: int) -> Sampling:
     params = sampling_params(h.cfg.rl)
     if h.shared_rollouts:
         params.seed = sampling_seed(h.cfg.run.seed, step)
-    return start_sampling(h.engine, h.env, batch, params)
+    with naming_step(step):  # e.g. sampling from weights that diverged in the last update
+        return start_sampling(h.engine, h.env, batch, params)
 
 
 def finish_sample(h, sampling: Sampling) -> tuple[Rollout, dict[str, float]]:
@@ -240,3 +244,15 @@ def estimate(h, rollout: Rollout) -> None:
     rollout.advantages = [out.advantages[i, : rows[i].numel()] for i in mine_only]
     if out.returns is not None:
         rollout.returns = [out.returns[i, : rows[i].numel()] for i in mine_only]
+
+
+@contextmanager
+def naming_step(step: int) -> Iterator[None]:
+    """Prefix the step to a NonFiniteError raised inside (the rollout engine does not know the step), unless an inner
+    stage named it already (a step sampled ahead is named as itself, not as the step that started it)."""
+    try:
+        yield
+    except NonFiniteError as error:
+        if str(error).startswith("step "):
+            raise
+        raise NonFiniteError(f"step {step}: {error}") from error

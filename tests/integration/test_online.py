@@ -81,6 +81,8 @@ def config(algorithm: str, tmp_path=None, **sections) -> Config:
     ("online_dpo", {"preference": {"simpo_gamma": 1.0}}, "simpo_gamma = 1.0 is not read by online_dpo's loss `dpo`"),
     ("online_dpo", {"preference": {"reference": "precomputed"}}, "`precomputed` cannot serve `online_dpo`"),
     ("spin", {"strategy": {"name": "fsdp2"}}, "`spin` runs in one process"),
+    ("online_dpo", {"rl": {"off_policy_correction": "tis"}}, "rl.off_policy_correction = 'tis' is not read by `online_dpo`"),
+    ("spin", {"rl": {"max_staleness": 1}}, "rl.max_staleness = 1 is not read by `spin`"),
     ("rlhf", {}, "add {name: reward_model"),
     ("rlaif", {"rl": {"rewards": [{"name": "math"}]}}, "add {name: judge"),
 ])

@@ -194,13 +194,14 @@ def model_cfg(tmp_path_factory, smollm2_tokenizer) -> Config:
     return cfg
 
 
-def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False):
-    """The trainer's RayRolloutEngine in this process (a one-device trainer) over rollout actors of `classes`."""
+def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False, **settings):
+    """The trainer's RayRolloutEngine in this process (a one-device trainer) over rollout actors of `classes`;
+    `settings`: of the `ray` section."""
     from oxrl.config.schema import LoraConfig
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.training.strategy import SingleDevice
 
-    settings = cfg.ray.model_copy(update={"max_restarts": restarts})
+    settings = cfg.ray.model_copy(update={"max_restarts": restarts, **settings})
     actors = [ray.remote(cls).options(num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i)
               for i, cls in enumerate(classes)]
     model = load_model(cfg.model, torch.device("cpu"), LoraConfig(enabled=True, rank=4) if lora else None)
@@ -288,6 +289,63 @@ def test_a_killed_rollout_worker_is_restarted_and_the_step_sampled_again_alike(r
         os.kill(ray.get(actors[1].ready.remote()), signal.SIGKILL)
         with pytest.raises(WorkerError, match=r"rollout worker 1 died during sampling and its ray.max_restarts \(1\) restarts are spent"):
             engine.generate(PROMPTS, PARAMS)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def test_a_submitted_request_samples_from_the_weights_it_was_submitted_under(ray_cluster, model_cfg):
+    """Pipelined RL's contract (rollout.base.Submits): a sync after a submit applies to later requests only."""
+    from oxrl.cluster.workers import RolloutWorker
+    from oxrl.loops.rl_batch import score_logprobs
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker, RolloutWorker])
+    try:
+        engine.sync_weights(model)
+        old = {name: value.clone() for name, value in model.state_dict().items()}
+        first = engine.submit(PROMPTS, PARAMS)
+        _nudge(model, 2)
+        engine.sync_weights(model)  # queued behind the request in flight
+        second = engine.submit(PROMPTS, PARAMS)
+        newer, older = engine.collect(second), engine.collect(first)
+        for completions, weights in ((newer, model.state_dict()), (older, old)):
+            probe = _engine_free_copy(model, weights)
+            for c, logprobs in zip(completions, score_logprobs(probe, completions, 8, 1.0)):
+                torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
+        assert [c.completion_ids for c in newer] != [c.completion_ids for c in older] or \
+            [c.logprobs for c in newer] != [c.logprobs for c in older]
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _engine_free_copy(model, weights):
+    import copy
+
+    probe = copy.deepcopy(model)
+    probe.load_state_dict(weights)
+    return probe
+
+
+def test_a_worker_dead_under_a_step_sampled_ahead_stops_the_run_with_what_to_do(ray_cluster, model_cfg):
+    from oxrl.cluster.workers import RolloutWorker
+
+    from tests.ray_workers import SlowRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker, SlowRolloutWorker], restarts=2)
+    try:
+        engine.sync_weights(model)
+        pid = ray.get(actors[1].ready.remote())
+        ticket = engine.submit(PROMPTS, PARAMS)
+        os.kill(pid, signal.SIGKILL)  # while it samples
+        (_, refs), = engine.pending.values()
+        ray.wait([refs[1]], timeout=30)  # until Ray has seen the death
+        _nudge(model, 3)
+        # The update's sync would replace the weights the step in flight is scheduled to be sampled from.
+        with pytest.raises(WorkerError, match=r"rollout worker 1 died while it sampled a step ahead \(rl.max_staleness\)"
+                                              r".*run.resume=true"):
+            engine.sync_weights(model)
+        assert ticket in engine.requests  # not collected: the run stops here
     finally:
         for actor in actors:
             ray.kill(actor)

@@ -108,3 +108,29 @@ def test_a_driver_killed_mid_run_then_resumed_repeats_the_uninterrupted_run(conf
     for step in range(5, STEPS + 1):
         for key in COMPARED:
             assert resumed[step][key] == pytest.approx(uninterrupted[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+PIPELINED = ("rl.max_staleness=1", "rl.off_policy_correction=decoupled", "rl.off_policy_cap=4.0")
+
+
+@pytest.fixture(scope="module")
+def pipelined(config) -> dict[int, dict]:
+    return rows_by_step(_train(config, "run.name=pipelined", *PIPELINED))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_pipelined_ray_run_trains_on_samples_one_version_old_and_resumes_exactly(config, pipelined):
+    """rl.max_staleness 1 under Ray: the rollout workers sample step t + 1 while the trainers update step t; every
+    step after the first lags one version, the run learns, and a driver killed mid-run then resumed repeats it."""
+    assert [pipelined[step]["off_policy/version_lag"] for step in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
+    assert all(pipelined[step]["logprob_mismatch/mean_abs"] > 1e-4 for step in range(2, STEPS + 1))  # off-policy
+    rewards = [pipelined[step]["reward/mean"] for step in range(1, STEPS + 1)]
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    runs = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
+    kill_once_checkpointed([sys.executable, "-m", "oxrl", "train", str(config), "run.name=pipelined_killed", *PIPELINED],
+                           runs / "pipelined_killed" / "checkpoints" / "step_000004", timeout_s=600)
+    resumed = rows_by_step(_train(config, "run.name=pipelined_killed", "run.resume=true", *PIPELINED))
+    for step in range(1, STEPS + 1):
+        for key in COMPARED + ("off_policy/version_lag", "logprob_mismatch/mean_abs"):
+            assert resumed[step][key] == pytest.approx(pipelined[step][key], rel=1e-5, abs=1e-6), (step, key)

@@ -137,12 +137,16 @@ def kill_once_checkpointed(command: list[str], checkpoint: Path, timeout_s: floa
 
 
 @pytest.mark.slow
-def test_grpo_killed_mid_run_resumes_exactly_like_the_uninterrupted_run(grpo_config):
+@pytest.mark.parametrize("pipelined", [(), ("rl.max_staleness=2", "rl.off_policy_correction=decoupled")],
+                         ids=["synchronous", "max_staleness_2"])
+def test_grpo_killed_mid_run_resumes_exactly_like_the_uninterrupted_run(grpo_config, pipelined):
+    """Pipelined (oxrl/loops/pipeline.py): the kill leaves 2 steps sampled ahead, which the checkpoint holds."""
     runs = grpo_config.parent / "runs"
-    subprocess.run(oxrl_train(grpo_config), env=environment(), check=True, capture_output=True, timeout=600)
-    kill_once_checkpointed(oxrl_train(grpo_config, "run.name=killed"), runs / "killed" / "checkpoints" / "step_000002")
+    subprocess.run(oxrl_train(grpo_config, *pipelined), env=environment(), check=True, capture_output=True, timeout=600)
+    kill_once_checkpointed(oxrl_train(grpo_config, "run.name=killed", *pipelined),
+                           runs / "killed" / "checkpoints" / "step_000002")
     assert len(rows_by_step(runs / "killed")) < STEPS
-    done = subprocess.run(oxrl_train(grpo_config, "run.name=killed", "run.resume=true"), env=environment(),
+    done = subprocess.run(oxrl_train(grpo_config, "run.name=killed", "run.resume=true", *pipelined), env=environment(),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stderr

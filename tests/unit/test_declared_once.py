@@ -62,7 +62,7 @@ def test_the_registries_implement_exactly_the_declared_choices():
     from oxrl.algorithms.kl import KL_ESTIMATORS
     from oxrl.config.schema import ONLINE_READ_BY, RL_PROMPT_FORMATS, OnlineConfig
     from oxrl.data.rl_prompts import ROW_CONVERTERS
-    from oxrl.algorithms.policy_loss import AGGREGATIONS, POLICY_LOSSES
+    from oxrl.algorithms.policy_loss import AGGREGATIONS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
     from oxrl.data.rl_tasks import ANSWER_INSTRUCTIONS
     from oxrl.rollout.build import ENGINES
     from oxrl.rollout.vllm_engine import DEFAULT_TOLERANCE
@@ -71,6 +71,7 @@ def test_the_registries_implement_exactly_the_declared_choices():
     assert tuple(ADVANTAGES) == names.ADVANTAGE_ESTIMATORS
     assert tuple(POLICY_LOSSES) == names.POLICY_LOSS_NAMES
     assert tuple(AGGREGATIONS) == names.AGGREGATION_MODES
+    assert OFF_POLICY_CORRECTIONS == names.OFF_POLICY_CORRECTIONS
     assert tuple(KL_ESTIMATORS) == names.KL_ESTIMATOR_NAMES
     assert tuple(ENGINES) == names.ROLLOUT_ENGINES
     assert ("constant", *DECAYS) == names.LR_SCHEDULES
