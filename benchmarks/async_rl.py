@@ -1,74 +1,135 @@
-"""What pipelined RL (`rl.max_staleness`) buys under Ray: the demo's GRPO run (SmolLM2-135M-Instruct, 4 prompts x 8
-completions of up to 64 tokens, CPU, fp32) with one trainer rank and one rollout worker, each holding one core of
-its own (torch with 1 thread), synchronous (k = 0) against pipelined (k = 1, decoupled PPO), in this process.
+"""What pipelined RL (`rl.max_staleness` = k) buys, and what it costs, on the demo's GRPO task and model
+(SmolLM2-135M-Instruct, arithmetic, 8 prompts x 4 completions of up to 64 tokens, CPU, fp32).
 
-    .venv/bin/python benchmarks/async_rl.py               # 1 warm-up + 5 timed steps per setting
-    .venv/bin/python benchmarks/async_rl.py --steps 8 --k 2
+    .venv/bin/python benchmarks/async_rl.py speed                 # Ray: k = 0, 1, 2; 1 warm-up + 5 timed steps each
+    .venv/bin/python benchmarks/async_rl.py accuracy --seeds 0 1 2 --jobs 2
 
-k = 0: the worker samples while the trainer waits, then the trainer updates while the worker waits. k = 1: the worker
-samples step t + 1 while the trainer updates step t; the trainer waits only for what the update did not hide
-(`time/generate` is that wait) and for the sync, which follows the sampling in flight on the worker. Reported per
-setting over the timed steps (mean, min..max): the step, the wait for samples, the update with the sync, the sync.
-Both runs take the same prompts and seeds; k = 1 trains on other samples (one version older) from step 2 on, so
-completion lengths, hence times, differ a little.
+`speed`: under Ray with one trainer rank and one rollout worker, each on a core of its own (Ray's cluster is given 2
+logical CPUs, every actor runs torch with 1 thread), in this process. Reported per k over the timed steps: steps per
+minute, and the mean (min..max) of the step, the wait for samples (`time/generate`: all of the sampling at k = 0, the
+part the update did not hide at k >= 1) and the update with the weight sync (`time/train`). The ideal speed-up is
+(generate + train) / max(generate, train) from the k = 0 run. Every run takes the same prompts and seeds; from step 2
+on, k >= 1 trains on other (older) samples, so completion lengths, hence times, differ a little.
+
+`accuracy`: the demo's whole run (16 steps, held-out greedy accuracy on 64 prompts before and after) at k = 0 and
+k = 1 (decoupled PPO, cap 4) for each seed, in one process each (the schedule, hence what is learnt, is the one
+Ray runs; the samples differ only in how they are seeded). `--jobs 2` runs two at a time with one thread each:
+accuracy does not depend on timing, so it may share the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import yaml
 
 if __package__ in (None, ""):  # run as `python benchmarks/async_rl.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ray_overhead import REPO, config, summary  # noqa: E402
+from benchmarks.ray_overhead import DEMO, REPO, summary  # noqa: E402
 
-KEYS = ("time/step", "time/generate", "time/train", "time/weight_sync")
+PIPELINED = {"off_policy_correction": "decoupled", "off_policy_cap": 4.0}
 
 
-def run(out: Path, steps: int, k: int) -> list[dict]:
-    import json
+def demo_config(out: Path, name: str, k: int, seed: int, steps: int | None, ray: bool) -> dict:
+    cfg = yaml.safe_load(DEMO.read_text())
+    cfg["run"].update({"name": name, "output_dir": str(out), "device": "cpu", "seed": seed,
+                       "launcher": "ray" if ray else "local"})
+    cfg["rl"].update({"max_staleness": k, **(PIPELINED if k else {})})
+    if steps is not None:  # speed: steps only
+        cfg["train"]["max_steps"] = steps
+        cfg["rl"].update({"validation_every": None, "validation_size": 0})
+    if ray:
+        cfg["ray"] = {"trainers": {"count": 1, "cpus": 1}, "rollout": {"count": 1, "cpus": 1}}
+    cfg["checkpoint"] = {"every": None, "save_final": False}
+    cfg["logging"] = {"progress_bar": False, "plot": False}
+    return cfg
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def speed(steps: int, ks: list[int]) -> None:
+    import ray
 
     from oxrl.config.schema import Config
     from oxrl.runner import run as run_config
 
-    cfg = config(out, steps, "ray")
-    cfg["run"]["name"] = f"k{k}"
-    cfg["ray"] = {"trainers": {"count": 1, "cpus": 1}, "rollout": {"count": 1, "cpus": 1}}
-    if k:
-        cfg["rl"].update({"max_staleness": k, "off_policy_correction": "decoupled", "off_policy_cap": 4.0})
-    run_dir = run_config(Config.model_validate(cfg)).run_dir
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="steps per setting; the first is a warm-up")
-    parser.add_argument("--k", type=int, default=1, help="rl.max_staleness of the pipelined run")
-    args = parser.parse_args()
-    import ray
-
-    out = Path(tempfile.mkdtemp(prefix="oxrl-async-bench-"))
+    out = Path(tempfile.mkdtemp(prefix="oxrl-async-speed-"))
     # 2 logical CPUs, one per actor, each actor's torch on 1 thread: the trainer and the worker own a core each.
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     try:
-        rows = {k: run(out, args.steps, k)[1:] for k in (0, args.k)}
+        rows = {k: rows_of(run_config(Config.model_validate(demo_config(out, f"k{k}", k, 0, steps, True))).run_dir)[1:]
+                for k in ks}
     finally:
         ray.shutdown()
-    sync, piped = rows[0], rows[args.k]
-    print(f"\ndemo GRPO step under Ray, 1 trainer + 1 rollout worker on a core each, {len(sync)} timed steps "
+    print(f"\ndemo GRPO step under Ray, 1 trainer + 1 rollout worker on a core each, {steps - 1} timed steps per k "
           "(mean, min..max)")
-    print(f"{'':22}{'k = 0 (synchronous)':>30}{f'k = {args.k} (pipelined)':>32}")
-    for key in KEYS:
-        print(f"{key:22}{summary(sync, key):>30}{summary(piped, key):>32}")
-    step_sync = statistics.mean(row["time/step"] for row in sync)
-    step_piped = statistics.mean(row["time/step"] for row in piped)
-    print(f"\nspeed-up of the step: {step_sync / step_piped:.2f}x ({step_sync:.2f} s -> {step_piped:.2f} s); version lag "
-          f"{[row.get('off_policy/version_lag', 0.0) for row in piped]}")
+    print(f"{'':16}" + "".join(f"{f'k = {k}':>30}" for k in ks))
+    for key in ("time/step", "time/generate", "time/train", "time/weight_sync"):
+        print(f"{key:16}" + "".join(f"{summary(rows[k], key):>30}" for k in ks))
+    per_minute = {k: 60 / statistics.mean(row["time/step"] for row in rows[k]) for k in ks}
+    print(f"{'steps/min':16}" + "".join(f"{per_minute[k]:>30.3f}" for k in ks))
+    base = rows[ks[0]]
+    generate = statistics.mean(row["time/generate"] for row in base)
+    train = statistics.mean(row["time/train"] for row in base)
+    print(f"\nideal speed-up (generate + train) / max(generate, train) at k = 0: {(generate + train) / max(generate, train):.2f}x")
+    for k in ks[1:]:
+        print(f"k = {k}: {per_minute[k] / per_minute[ks[0]]:.2f}x the steps per minute of k = {ks[0]}; version lag "
+              f"{sorted({row.get('off_policy/version_lag', 0.0) for row in rows[k]})}")
+
+
+def accuracy(seeds: list[int], jobs: int) -> None:
+    out = Path(tempfile.mkdtemp(prefix="oxrl-async-accuracy-"))
+
+    def one(seed_k: tuple[int, int]) -> tuple[int, int, float, float]:
+        seed, k = seed_k
+        name = f"seed{seed}_k{k}"
+        path = out / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(demo_config(out, name, k, seed, None, False)))
+        threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
+        import os
+
+        subprocess.run([sys.executable, "-m", "oxrl", "train", str(path)], check=True, env={**os.environ, **threads},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows = [row for row in rows_of(out / name) if "val/accuracy" in row]
+        return seed, k, rows[0]["val/accuracy"], rows[-1]["val/accuracy"]
+
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(one, [(seed, k) for seed in seeds for k in (0, 1)]))
+    print(f"\nheld-out greedy accuracy (64 prompts) before -> after the demo's 16 steps; runs in {out}")
+    print(f"{'seed':>6}{'k = 0':>20}{'k = 1 (decoupled)':>22}")
+    for seed in seeds:
+        cells = {k: f"{before:.3f} -> {after:.3f}" for s, k, before, after in results if s == seed}
+        print(f"{seed:>6}{cells[0]:>20}{cells[1]:>22}")
+    for k in (0, 1):
+        after = [a for _, kk, _, a in results if kk == k]
+        print(f"k = {k}: after {statistics.mean(after):.3f} (min {min(after):.3f}, max {max(after):.3f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    fast = sub.add_parser("speed")
+    fast.add_argument("--steps", type=int, default=6, help="steps per k; the first is a warm-up")
+    fast.add_argument("--k", type=int, nargs="+", default=[0, 1, 2])
+    learnt = sub.add_parser("accuracy")
+    learnt.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    learnt.add_argument("--jobs", type=int, default=1, help="runs at a time (each with one thread when > 1)")
+    args = parser.parse_args()
+    if args.what == "speed":
+        speed(args.steps, args.k)
+    else:
+        accuracy(args.seeds, args.jobs)
 
 
 if __name__ == "__main__":

@@ -122,11 +122,12 @@ def pipelined(config) -> dict[int, dict]:
 @pytest.mark.distributed
 def test_a_pipelined_ray_run_trains_on_samples_one_version_old_and_resumes_exactly(config, pipelined):
     """rl.max_staleness 1 under Ray: the rollout workers sample step t + 1 while the trainers update step t; every
-    step after the first lags one version, the run learns, and a driver killed mid-run then resumed repeats it."""
+    step after the first lags one version, and a driver killed mid-run then resumed repeats the run. (Learning
+    from stale samples: tests/integration/test_pipelined_rl.py; at this test's learning rate of 0.2 a step moves the
+    policy far, mean |log-prob gap| up to 1.4 a token, and k = 1 learns far slower than k = 0.)"""
     assert [pipelined[step]["off_policy/version_lag"] for step in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
-    assert all(pipelined[step]["logprob_mismatch/mean_abs"] > 1e-4 for step in range(2, STEPS + 1))  # off-policy
-    rewards = [pipelined[step]["reward/mean"] for step in range(1, STEPS + 1)]
-    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    assert pipelined[1]["logprob_mismatch/mean_abs"] < 1e-4  # step 1 is sampled by the live weights
+    assert all(pipelined[step]["logprob_mismatch/mean_abs"] > 1e-3 for step in range(2, STEPS + 1))  # off-policy
     runs = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
     kill_once_checkpointed([sys.executable, "-m", "oxrl", "train", str(config), "run.name=pipelined_killed", *PIPELINED],
                            runs / "pipelined_killed" / "checkpoints" / "step_000004", timeout_s=600)
