@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from oxrl.data.types import RLPromptBatch
+from oxrl.errors import UserError
 from oxrl.loops.rl_stages import Rollout, Sampling, finish_sample, start_sample
 from oxrl.rollout.base import Completion
+from oxrl.training.checkpoint_files import WHAT_TO_DO, CheckpointError
 
 
 def sampling_version(step: int, max_staleness: int) -> int:
@@ -105,11 +107,20 @@ class RolloutPipeline:
         if self.k == 0 and not state:
             return
         if state is None:
-            raise ValueError(f"{source} holds no samples of the steps after step {resumed_step}: it was written "
+            raise ResumeError(f"{source} holds no samples of the steps after step {resumed_step}: it was written "
                              f"with rl.max_staleness 0, so it cannot resume with rl.max_staleness = {self.k}")
+        try:
+            self._load(state, resumed_step, source)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            if isinstance(error, ResumeError):
+                raise
+            raise CheckpointError(f"{source}: its samples of the steps ahead (training_state/rank_state*.json) are not "
+                                  f"what oxRL wrote ({type(error).__name__}: {error}); {WHAT_TO_DO}") from error
+
+    def _load(self, state: dict, resumed_step: int, source: str) -> None:
         if state["max_staleness"] != self.k:
-            raise ValueError(f"{source} was written with rl.max_staleness = {state['max_staleness']}: resume with "
-                             f"that value, not {self.k} (its steps sampled ahead follow that schedule)")
+            raise ResumeError(f"{source} was written with rl.max_staleness = {state['max_staleness']}: resume with "
+                              f"that value, not {self.k} (its steps sampled ahead follow that schedule)")
         self.next_step = int(state["next_step"])
         self.sampled = {}
         for record in state["sampled"]:
@@ -117,8 +128,12 @@ class RolloutPipeline:
             self.sampled[sampled.step] = sampled
         expected = list(range(resumed_step, self.next_step))
         if sorted(self.sampled) != expected:
-            raise ValueError(f"{source}: its samples ahead are of steps {[s + 1 for s in sorted(self.sampled)]}, "
-                             f"expected {[s + 1 for s in expected]}")
+            raise ValueError(f"its samples ahead are of steps {[s + 1 for s in sorted(self.sampled)]}, expected "
+                             f"{[s + 1 for s in expected]}")
+
+
+class ResumeError(UserError, ValueError):
+    """A checkpoint of a pipelined run cannot resume this run's schedule."""
 
 
 def _sampled_to_json(sampled: Sampled) -> dict:

@@ -212,3 +212,14 @@ def test_a_resume_trains_on_the_samples_the_checkpoint_holds_and_repeats_the_run
     tree["run"].update(name="other_k", accept_config_changes=True)  # (else refused as any changed setting is)
     with pytest.raises(ValueError, match="written with rl.max_staleness = 2: resume with that value, not 1"):
         run_config(Config.model_validate(tree))
+
+    from oxrl.training.checkpoint_files import CheckpointError
+
+    record = ahead["sampled"][0]["completions"][0]
+    record["logprobs"] = record["logprobs"][:-1]  # a damaged file: one log-prob short
+    (checkpoint / "training_state" / "rank_state.json").write_text(json.dumps({"pipeline": ahead}))
+    tree["rl"]["max_staleness"] = 2
+    tree["run"].update(name="damaged")
+    with pytest.raises(CheckpointError, match=r"step_000002: its samples of the steps ahead .* not what oxRL wrote "
+                                              r"\(ValueError: a completion needs one engine log-prob per sampled token"):
+        run_config(Config.model_validate(tree))
