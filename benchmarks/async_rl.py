@@ -82,7 +82,8 @@ def speed(steps: int, ks: list[int]) -> None:
     base = rows[ks[0]]
     generate = statistics.mean(row["time/generate"] for row in base)
     train = statistics.mean(row["time/train"] for row in base)
-    print(f"\nideal speed-up (generate + train) / max(generate, train) at k = 0: {(generate + train) / max(generate, train):.2f}x")
+    ideal = (generate + train) / max(generate, train)
+    print(f"\nideal speed-up (generate + train) / max(generate, train) at k = 0: {ideal:.2f}x")
     for k in ks[1:]:
         print(f"k = {k}: {per_minute[k] / per_minute[ks[0]]:.2f}x the steps per minute of k = {ks[0]}; version lag "
               f"{sorted({row.get('off_policy/version_lag', 0.0) for row in rows[k]})}")

@@ -13,9 +13,9 @@ group. A failure on rank 0 is sent to the others too, so no rank waits in a coll
     rewards       the completions split into slices scored by the reward workers at once (else on rank 0)
 
 A rollout worker that dies is restarted by Ray (`ray.max_restarts`); the step's sampling is then retried after
-every worker has joined a new weight group and received the current weights (under `rl.max_staleness` >= 1 a step
-sampled ahead cannot be: its weights are gone, and the run stops with an error that says to resume). Once its restarts are spent, or
-with `ray.max_restarts: 0`, the run stops with an error naming the worker.
+every worker has joined a new weight group and received the current weights. Once its restarts are spent, or
+with `ray.max_restarts: 0`, the run stops with an error naming the worker. Under `rl.max_staleness` >= 1 a step
+sampled ahead cannot be sampled again (its weights are gone): the run stops with an error that says to resume.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class RayRolloutEngine:
         self.generation = 0
         self.restarts = [0] * len(workers.rollout)
         self.synced = False
-        self.syncs = 0  # weight syncs so far: a request sampled again after a restart needs the weights it was asked under
+        self.syncs = 0  # weight syncs so far: a request sampled again after a restart needs its own weights
         self.tickets = 0
         self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, syncs), on every rank
         self.pending: dict[int, tuple[list[range], list]] = {}  # ticket -> (slices, Ray refs), on rank 0

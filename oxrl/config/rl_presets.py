@@ -118,8 +118,8 @@ READ_ONLY_WITH: dict[str, tuple[dict[str, tuple | Callable[[Any], bool]], str]] 
 POLICY_GRADIENT_ONLY = ("advantage", "gamma", "lam", "whiten_advantages", "critic_model", "critic_backbone", "critic_lr",
                         "critic_max_grad_norm", "value_coef", "value_clip", "critic_warmup_steps", "std_normalise",
                         "policy_loss", "eps_low", "eps_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator",
-                        "kl_in_reward", "entropy_coef", "strict_on_policy", "on_policy_tolerance", "off_policy_correction", "off_policy_cap",
-                        "off_policy_max_kl", "accept_uncorrected", "env")
+                        "kl_in_reward", "entropy_coef", "strict_on_policy", "on_policy_tolerance",
+                        "off_policy_correction", "off_policy_cap", "off_policy_max_kl", "accept_uncorrected", "env")
 
 
 def resolve_online(name: str, rl: RLConfig) -> RLConfig:

@@ -110,7 +110,8 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
 
     def prompts_of(step: int) -> RLPromptBatch:  # this rank's prompts of a step (every rank's, shared rollouts)
         indices = sampler.step_indices(step)
-        return train.subset(indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size))
+        mine = indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size)
+        return train.subset(mine)
 
     pipeline = RolloutPipeline.of(h, total_steps, prompts_of)
     if checkpoint is not None:

@@ -81,7 +81,8 @@ def config(algorithm: str, tmp_path=None, **sections) -> Config:
     ("online_dpo", {"preference": {"simpo_gamma": 1.0}}, "simpo_gamma = 1.0 is not read by online_dpo's loss `dpo`"),
     ("online_dpo", {"preference": {"reference": "precomputed"}}, "`precomputed` cannot serve `online_dpo`"),
     ("spin", {"strategy": {"name": "fsdp2"}}, "`spin` runs in one process"),
-    ("online_dpo", {"rl": {"off_policy_correction": "tis"}}, "rl.off_policy_correction = 'tis' is not read by `online_dpo`"),
+    ("online_dpo", {"rl": {"off_policy_correction": "tis"}},
+     "rl.off_policy_correction = 'tis' is not read by `online_dpo`"),
     ("spin", {"rl": {"max_staleness": 1}}, "rl.max_staleness = 1 is not read by `spin`"),
     ("rlhf", {}, "add {name: reward_model"),
     ("rlaif", {"rl": {"rewards": [{"name": "math"}]}}, "add {name: judge"),
@@ -176,10 +177,12 @@ def varied(prompt: str, completion: str) -> float:
     return (len(completion) % 5) / 4
 
 
-@pytest.mark.parametrize("algorithm, online", [("online_dpo", {}), ("rft", {"threshold": 0.5}),
-                                               ("spin", {"iteration_steps": 2, "gold_field": "answer"})])
+@pytest.mark.parametrize("algorithm, online, pipelined", [
+    ("online_dpo", {}, 0), ("rft", {"threshold": 0.5}, 0), ("spin", {"iteration_steps": 2, "gold_field": "answer"}, 0),
+    ("online_dpo", {}, 1), ("rft", {"threshold": 0.5}, 1),  # rl.max_staleness 1: step 3 was sampled before the save
+])
 def test_a_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_steps(tmp_path, smollm2_tokenizer, algorithm,
-                                                                           online):
+                                                                           online, pipelined):
     from oxrl.runner import run as run_config
     from tests.conftest import save_tiny_model
     from tests.system.test_rl_resume import COMPARED, rows_by_step
@@ -191,7 +194,7 @@ def test_a_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_steps(tmp_p
         "algorithm": {"name": algorithm}, "online": online,
         "rl": {"task": "arithmetic", "task_size": 16, "validation_size": 0, "prompts_per_step": 2,
                "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0},
-               "rewards": [{"name": "tests.integration.test_online:varied"}]},
+               "rewards": [{"name": "tests.integration.test_online:varied"}], "max_staleness": pipelined},
         "train": {"max_steps": 4, "micro_batch_size_per_device": 4,
                   "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_steps": 1, "weight_decay": 0.1}},
         "checkpoint": {"every": 2, "keep_last": 5, "save_final": False},
@@ -203,6 +206,7 @@ def test_a_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_steps(tmp_p
     full, resumed = rows_by_step(tmp_path / "runs" / "full"), rows_by_step(tmp_path / "runs" / "resumed")
     assert sorted(full) == [1, 2, 3, 4] and sorted(resumed) == [3, 4]
     compared = [key for key in COMPARED if key in full[3]] + ["online/examples"]
+    compared += ["off_policy/version_lag"] if pipelined else []
     assert "loss" in compared and "grad_norm" in compared
     for step in (3, 4):
         for key in compared:
