@@ -236,7 +236,11 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
                          shared_rollouts=remote is not None)
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
-        reference = strategy.prepare_frozen(load_model(cfg.model, device, None).eval().requires_grad_(False))
+        from oxrl.models.reference import build_reference
+
+        # With LoRA the base weights never move: the policy with its adapters off is the reference, as in DPO.
+        reference = build_reference("lora_disabled" if cfg.lora.enabled else "frozen_copy", model, [],
+                                    cfg.train.micro_batch_size_per_device, strategy)
     critic = None
     if shared_head:  # PPO's critic as a head on the policy's backbone (saved beside a final folder: reused from one)
         from oxrl.loops.critic import SharedValueHead
@@ -315,9 +319,6 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     from oxrl.loops.sl import train_offline
 
     reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
-    # A frozen copy or teacher is sharded like the policy; `lora_disabled` IS the policy (prepared by the loop).
-    if getattr(reference, "model", None) is not None and reference.model is not model:
-        reference.model = strategy.prepare_frozen(reference.model)
     samples: dict[str, list[dict]] = {}
     try:
         samples["before"] = answer_samples(cfg, model, tokenizer)
@@ -358,5 +359,7 @@ def _fixed_model(cfg: Config, objective, model, examples, strategy):
     from oxrl.models.reference import build_reference, load_teacher
 
     if cfg.algorithm.name in DISTILL_OBJECTIVES:
-        return load_teacher(cfg.preference.teacher, cfg.model, model, strategy.device)
+        teacher = load_teacher(cfg.preference.teacher, cfg.model, model, strategy.device)
+        teacher.model = strategy.prepare_frozen(teacher.model)  # sharded like the student
+        return teacher
     return build_reference(cfg.preference.reference, model, examples, cfg.train.micro_batch_size_per_device, strategy)

@@ -21,7 +21,6 @@ iteration is theta_t's, as in the paper's synthetic data. The iteration ends aft
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -155,13 +154,11 @@ def build_online(cfg: Config, model, tokenizer, strategy, train_prompts: int) ->
     objective = get_objective(cfg.trained_objective, cfg.preference)
     if name == "spin":
         steps = spin_iteration_steps(cfg, train_prompts)
-        opponent = FrozenModel(strategy.prepare_frozen(copy.deepcopy(model).eval().requires_grad_(False)))
+        opponent = build_reference("frozen_copy", model, [], cfg.train.micro_batch_size_per_device, strategy)
         return SPIN(cfg, objective, opponent, tokenizer, steps), opponent.model
     reference = None
     if objective.needs_reference:
         reference = build_reference(cfg.preference.reference, model, [], cfg.train.micro_batch_size_per_device, strategy)
-        if reference.model is not model:  # a frozen copy is sharded like the policy; `lora_disabled` IS the policy
-            reference.model = strategy.prepare_frozen(reference.model)
     method = {"online_dpo": OnlineDPO, "rft": RFT}[name]
     return method(cfg, objective, reference), model
 

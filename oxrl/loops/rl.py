@@ -54,7 +54,7 @@ class RLHandles:
     engine: Any  # a RolloutEngine (oxrl/rollout/base.py)
     reward_fn: Any = None  # scores single-turn completions (oxrl/rewards/combine.py); None with `env`
     env: Any = None  # multi-turn episodes (oxrl/loops/multiturn.py Environment), which reward themselves
-    reference: torch.nn.Module | None = None  # frozen, for the KL term (None when kl_coef is 0)
+    reference: Any = None  # a FrozenModel (oxrl/models/reference.py) for the KL term; None when kl_coef is 0
     critic: Any = None  # PPO (advantage `gae`): a Critic or SharedValueHead (oxrl/loops/critic.py); None without
     tokenizer: Any = None  # saved with checkpoints: the tokenizer, or a vision-language model's processor
     policy: torch.nn.Module | None = None  # `model` as the strategy prepared it (e.g. a DeepSpeed engine): set by `prepare`

@@ -209,7 +209,8 @@ def score(h, rollout: Rollout) -> dict[str, float]:
     elif not single_on_policy_update(rl):
         rollout.old_logprobs = score_logprobs(h.policy, rollout.completions, micro, temperature)
     if h.reference is not None:
-        rollout.ref_logprobs = score_logprobs(h.reference, rollout.completions, micro, temperature)
+        with h.reference.active():  # e.g. LoRA: the policy with its adapters off
+            rollout.ref_logprobs = score_logprobs(h.reference.model, rollout.completions, micro, temperature)
     if h.critic is not None and head is None:  # a model of its own
         rollout.values = h.critic.values(rollout.completions)
     return {"time/logprobs": time.perf_counter() - started}

@@ -42,18 +42,19 @@ class FrozenModel:
         self.model = model
 
     @contextmanager
-    def _active(self) -> Iterator[None]:
+    def active(self) -> Iterator[None]:
+        """`self.model` is the fixed model inside (no gradient)."""
         with torch.no_grad():
             yield
 
     def logits(self, batch: PackedBatch) -> torch.Tensor:
         """[T, V] logits of a packed row."""
-        with self._active():
+        with self.active():
             return forward_logits(self.model, batch)
 
     def sequence_logps(self, batch: PackedBatch) -> torch.Tensor:
         """[S] log-prob sums over each sequence's trained tokens."""
-        with self._active():
+        with self.active():
             return sequence_sums(token_logprobs(self.model, batch), batch)
 
 
@@ -66,7 +67,7 @@ class AdapterDisabledReference(FrozenModel):
         super().__init__(policy)
 
     @contextmanager
-    def _active(self) -> Iterator[None]:
+    def active(self) -> Iterator[None]:
         # Eval mode for the reference pass (no dropout), then back to whatever the loop had set.
         was_training = self.model.training
         self.model.eval()
@@ -124,10 +125,11 @@ def precompute_reference(model: torch.nn.Module, examples: list[Example], micro_
 
 
 def build_reference(kind: str, policy: torch.nn.Module, examples: list[Example], micro_size: int, strategy):
-    """The reference of `preference.reference` for a policy that has not been updated yet."""
+    """The reference of `kind` (`preference.reference`'s choices) for a policy that has not been updated yet: every
+    objective's, RL's KL term's and SPIN's opponent. A frozen copy is sharded like the policy (the strategy's
+    `prepare_frozen`); `lora_disabled` is the policy itself, which the loop prepares."""
     if kind == "frozen_copy":
-        frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-        return FrozenModel(frozen)
+        return FrozenModel(strategy.prepare_frozen(copy.deepcopy(policy).eval().requires_grad_(False)))
     if kind == "lora_disabled":
         return AdapterDisabledReference(policy)
     if kind == "precomputed":

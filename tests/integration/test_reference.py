@@ -96,3 +96,33 @@ def test_runner_builds_a_reference_only_when_the_objective_needs_one(tmp_path, t
     monkeypatch.setattr(oxrl.models.reference, "build_reference", lambda *args: calls.append(args) or real_build(*args))
     result = run(_run_config(tmp_path, tiny_model_dir, name))
     assert len(calls) == (name == "dpo") and result.losses and "rewards/accuracy" in result.final_metrics
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_rl_builds_its_kl_reference_like_every_objective(tmp_path, smollm2_tokenizer, lora):
+    """KL-regularised RL takes its reference from `build_reference`: a frozen copy, or with LoRA the policy with its
+    adapters off (no second model). The KL to it is 0 before the first update and grows after it."""
+    from oxrl.runner import _rl_handles, run
+    from tests.conftest import save_tiny_model
+
+    save_tiny_model(tmp_path / "model", smollm2_tokenizer)
+    tree = {
+        "run": {"name": "sgrpo", "output_dir": str(tmp_path / "runs"), "seed": 3, "device": "cpu"},
+        "model": {"name_or_path": str(tmp_path / "model")},
+        "algorithm": {"name": "sgrpo"},
+        "lora": {"enabled": True, "rank": 4, "alpha": 8} if lora else {},
+        "rl": {"task": "arithmetic", "task_size": 8, "validation_size": 0, "prompts_per_step": 2,
+               "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0}, "kl_coef": 0.5,
+               "rewards": [{"name": "tests.integration.test_online:varied"}]},
+        "train": {"max_steps": 2, "micro_batch_size_per_device": 8, "optim": {"lr": 5e-2, "schedule": "constant"}},
+        "logging": {"progress_bar": False, "plot": False},
+        "checkpoint": {"save_final": False},
+    }
+    cfg = Config.model_validate(tree)
+    h = _rl_handles(cfg, CPU, smollm2_tokenizer, None, None, 8)
+    assert isinstance(h.reference, AdapterDisabledReference) == lora
+    assert (h.reference.model is h.model) == lora
+    run(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "sgrpo" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # the first update starts from the reference
+    assert rows[1]["kl_ref"] > 1e-6
