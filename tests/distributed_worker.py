@@ -315,7 +315,7 @@ def train_with_a_nan_step(cfg: Config, run_dir: Path) -> dict:
     """SFT where rank 1 alone gets NaN losses at step 2 (2 micro-batches per rank per step): every rank
     must skip that update, and the run goes on."""
     from oxrl.algorithms.output import LossOutput
-    from oxrl.loops.objective import Objective
+    from oxrl.loops.sl import Objective
 
     import itertools
 

@@ -1,7 +1,7 @@
 """Every offline objective by name: the token objectives (SFT, CPT) defined here, and the preference,
 KTO, reward-model and distillation ones of preference_objectives.py, imported only by a run that names
-one (an SFT run reads none of them). The interface is objective.py; new objectives register here and
-the loop (sl.py) does not change.
+one (an SFT run reads none of them). The interface, `Objective`, is the loop's (sl.py); new objectives
+register here and the loop does not change.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from oxrl.algorithms.sft import TOKEN_LOSSES, LossOutput, TokenLossInput
 from oxrl.config.names import OFFLINE_ALGORITHMS, RL_ALGORITHMS, unknown_algorithm_message
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import PackedBatch
-from oxrl.loops.objective import Objective
+from oxrl.loops.sl import Objective
 
 
 def _sequence_mask(batch: PackedBatch) -> torch.Tensor:

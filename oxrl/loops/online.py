@@ -33,7 +33,7 @@ from oxrl.algorithms.online import best_worst_pairs, rejection_sample
 from oxrl.config.schema import Config
 from oxrl.data.sampler import balanced_split, micro_batches
 from oxrl.data.types import Example, RLPromptBatch, Sequence
-from oxrl.loops.objective import Objective
+from oxrl.loops.sl import Objective
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.rl import sync
 from oxrl.loops.rl_batch import completion_example

@@ -34,7 +34,7 @@ from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
 from oxrl.loops.params import params_from
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
-from oxrl.loops.objective import Objective
+from oxrl.loops.sl import Objective
 from oxrl.models.reward_model import sequence_scores
 
 # Objective name -> the `oxrl.algorithms.distill` loss it trains.

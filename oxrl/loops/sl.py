@@ -17,20 +17,38 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import torch
 
 from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
-from oxrl.data.types import Example, pack
+from oxrl.algorithms.sft import LossOutput
+from oxrl.data.types import Example, PackedBatch, pack
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.models.packed_attention import prefix_sharing
-from oxrl.loops.objective import Objective
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Objective:
+    """What an offline objective gives this loop (the objectives by name: objectives.py): how a packed micro-batch
+    becomes the input of a pure loss function. `count_units` says what its loss is normalised by (trained tokens,
+    pairs, ...) and `compute` computes it (forward pass(es) -> a pure loss of `oxrl.algorithms`). The loop sums
+    `count_units` over the whole optimizer step (all micro-batches, all ranks) and passes that total as the
+    normaliser, which makes gradient accumulation and data parallelism exact."""
+
+    name: str
+    count_units: Callable[[PackedBatch], int]
+    compute: Callable[..., LossOutput]  # (model, batch, normaliser, reference=None) -> LossOutput
+    needs_reference: bool = False
+    # Its examples' sequences may be packed as continuations of a shared prompt (`pack(share_prefixes=True)`): only
+    # objectives that read sequence log-prob sums, never a sequence's tokens (a DPO pair's chosen and rejected).
+    shares_prefixes: bool = False
 
 
 @dataclass

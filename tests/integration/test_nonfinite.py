@@ -18,7 +18,7 @@ from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.strategy import SingleDevice
-from oxrl.loops.objective import Objective
+from oxrl.loops.sl import Objective
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from oxrl.rollout.base import SamplingParams
