@@ -85,6 +85,7 @@ def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
     from oxrl.training.strategy import SingleDevice
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl import train_rl
+    from oxrl.models.reference import FrozenModel
     from oxrl.rewards.combine import build_reward_fn
     from oxrl.rollout.hf import HFEngine
     from tests.conftest import make_tiny_llama, rl_handles
@@ -95,7 +96,7 @@ def test_sgrpo_trains_with_a_kl_term_to_a_frozen_reference(tmp_path):
     cfg.train.max_steps = 3
     torch.manual_seed(0)
     model = make_tiny_llama()
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    reference = FrozenModel(copy.deepcopy(model).eval().requires_grad_(False))
     # a dense reward: every group's completions score differently from the first step, so the policy moves at once
     reward = build_reward_fn([{"name": "tests.unit.test_algorithm_names:share_of_low_ids"}])
 
