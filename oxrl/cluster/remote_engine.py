@@ -39,6 +39,12 @@ from oxrl.rollout.probe import DEFAULT_TOLERANCE, WeightSyncError, probe_ids, tr
 logger = logging.getLogger(__name__)
 
 
+# Why a step sampled ahead cannot be sampled again once its worker died: said where either side finds it.
+AHEAD_LOST = ("died while it sampled a step ahead (rl.max_staleness): the weights that step is scheduled to be sampled "
+              "from are no longer held; resume the run from its last checkpoint (run.resume=true), which holds the "
+              "steps sampled before it")
+
+
 class WorkerError(RuntimeError):
     """A rollout or reward worker failed, hung or died for good; the message names it."""
 
@@ -133,23 +139,27 @@ class RayRolloutEngine:
         self.tickets += 1
         ticket = self.tickets
         self.requests[ticket] = (prompts, params, vision, self.syncs)
-        _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
+        self._start(ticket)
         return ticket
 
     def collect(self, ticket: int) -> list[Completion]:
         """Every rank: the completions of a submitted request. A worker restarted meanwhile gets the weights again and
         the request is sampled again, if the weights are still those it was submitted with."""
-        prompts, params, vision, syncs = self.requests.pop(ticket)
+        _, _, vision, syncs = self.requests[ticket]
         while True:
             outcome = _from_rank0(self.strategy, lambda: self._results(self.pending.pop(ticket), vision))
             if outcome is not None:
+                del self.requests[ticket]
                 return outcome
             if self.syncs != syncs:
-                raise WorkerError("a rollout worker died while it sampled a step ahead (rl.max_staleness): the weights "
-                                  "that step is scheduled to be sampled from are no longer held; resume the run from "
-                                  "its last checkpoint (run.resume=true), which holds the steps sampled before it")
+                raise WorkerError(f"a rollout worker {AHEAD_LOST}")
             self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
-            _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
+            self._start(ticket)
+
+    def _start(self, ticket: int) -> None:
+        """Every rank: rank 0 hands the request's slices to the workers and keeps their refs."""
+        prompts, params, vision, _ = self.requests[ticket]
+        _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
 
     def _submit(self, prompts: list[list[int]], params: SamplingParams,
                 vision: list[VisionInputs | None]) -> tuple[list[range], list]:
@@ -258,10 +268,7 @@ class RayRolloutEngine:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError as error:
-                    raise WorkerError(f"rollout worker {i} died while it sampled a step ahead (rl.max_staleness): "
-                                      "the weights that step is scheduled to be sampled from are no longer held; "
-                                      "resume the run from its last checkpoint (run.resume=true), which holds the "
-                                      "steps sampled before it") from error
+                    raise WorkerError(f"rollout worker {i} {AHEAD_LOST}") from error
                 except ray.exceptions.RayTaskError:
                     continue  # its own failure: `collect` reports it
 
