@@ -42,18 +42,23 @@ class LoadedData:
     skipped: dict[str, int]  # rows skipped, by reason: invalid_row, too_long, no_trained_tokens_after_truncation
 
 
-def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int, processor=None) -> LoadedData:
-    """`processor`: a vision-language model's, which renders chats and turns rows' images into image tokens."""
+def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int, processor=None,
+                  readers: dict[str, Callable[[DatasetSpec], list[Example]]] | None = None) -> LoadedData:
+    """`processor`: a vision-language model's, which renders chats and turns rows' images into image tokens.
+    `readers`: formats read by a caller's own code (`lerobot`: robot demonstrations, oxrl/vla/build.py), each a
+    dataset spec -> its examples, then truncated and mixed as every other dataset's."""
     row_tokenizer = ExampleTokenizer(tokenizer, processor)
     skipped: Counter[str] = Counter()
     names = distinct_names(cfg.train)
-    per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped) for name, spec in zip(names, cfg.train)}
+    readers = readers or {}
+    per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped, readers.get(spec.format))
+                   for name, spec in zip(names, cfg.train)}
     validation: list[Example] = []
     if cfg.validation:
         if cfg.validation_fraction:
             logger.warning("data.validation_fraction is ignored: validation datasets are given")
         for spec in cfg.validation:
-            validation.extend(_load_dataset(spec, cfg, row_tokenizer, skipped))
+            validation.extend(_load_dataset(spec, cfg, row_tokenizer, skipped, readers.get(spec.format)))
     elif cfg.validation_fraction:
         per_dataset, validation = hold_out(per_dataset, cfg.validation_fraction, seed)
 
@@ -78,9 +83,12 @@ def distinct_names(specs: list[DatasetSpec]) -> list[str]:
 
 
 def _load_dataset(
-    spec: DatasetSpec, cfg: DataConfig, row_tokenizer: ExampleTokenizer, skipped: Counter[str]
+    spec: DatasetSpec, cfg: DataConfig, row_tokenizer: ExampleTokenizer, skipped: Counter[str],
+    reader: Callable[[DatasetSpec], list[Example]] | None = None,
 ) -> list[Example]:
     """Every usable row of one dataset as an Example; raises DataError on the first bad row unless skipping."""
+    if reader is not None:
+        return _truncated(reader(spec), cfg, spec.path, skipped)
     raw = read_dataset(spec)
     fmt = detect_format(raw.columns, raw.location) if spec.format == "auto" else spec.format
     logger.info("%s: %d rows, format %s%s", raw.name, len(raw.rows), fmt, " (detected)" if spec.format == "auto" else "")
@@ -93,20 +101,26 @@ def _load_dataset(
     parsed, invalid = parse_rows(raw, example, cfg.skip_invalid_rows)
     if invalid:
         skipped[INVALID_ROW] += invalid
-    examples: list[Example] = []
-    for each in parsed:
-        # After parsing: truncation "error" stops the run even when invalid rows are skipped.
-        kept, reason = truncate(each, cfg.max_length, cfg.truncation, location=raw.location)
-        if kept is None:
-            skipped[reason] += 1
-            continue
-        examples.append(kept)
+    # After parsing: truncation "error" stops the run even when invalid rows are skipped.
+    examples = _truncated(parsed, cfg, raw.location, skipped)
     if not examples:
         # Every row was skipped: say why now, rather than after the model has loaded.
         raise DataError(raw.location, None, None, f"none of its {len(raw.rows)} rows is usable: {invalid} invalid "
                         f"(data.skip_invalid_rows), {len(raw.rows) - invalid} too long for data.max_length="
                         f"{cfg.max_length} (data.truncation={cfg.truncation!r})")
     return examples
+
+
+def _truncated(examples: list[Example], cfg: DataConfig, location: str, skipped: Counter[str]) -> list[Example]:
+    """The examples that fit `data.max_length` (by `data.truncation`); the others counted in `skipped`."""
+    kept_examples = []
+    for each in examples:
+        kept, reason = truncate(each, cfg.max_length, cfg.truncation, location=location)
+        if kept is None:
+            skipped[reason] += 1
+        else:
+            kept_examples.append(kept)
+    return kept_examples
 
 
 def parse_rows(raw: RawDataset, parse: Callable[[Row], T], skip_invalid_rows: bool) -> tuple[list[T], int]:

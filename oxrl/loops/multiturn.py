@@ -60,6 +60,10 @@ class Environment:
     max_turns: int
     tokenizer: Any  # encodes the environment's text (`encode(text, add_special_tokens=False)`) and decodes prompts
 
+    def run(self, engine, batch, params: SamplingParams) -> Episodes:
+        """The episode runner's one method (a VLA's is oxrl/vla/episodes.py): `params.n` episodes per prompt."""
+        return run_episodes(engine, self, batch.prompt_ids, batch.fields, params)
+
 
 def load_environment(path: str, max_turns: int, tokenizer) -> Environment:
     """The environment `path` names (`envs/calc.py`, whose `step` is used, or `envs/calc.py:my_step`,

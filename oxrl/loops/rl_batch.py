@@ -22,12 +22,14 @@ from oxrl.rollout.base import Completion
 
 def completion_example(completion: Completion) -> Example:
     """Prompt + completion as one training example: the loss mask is on the sampled tokens only, and
-    every context restart begins a new sequence (its first token, written by the environment, is untrained)."""
+    every context restart begins a new sequence (its first token, written by the environment, is untrained) with the
+    images of that context (`Completion.context_vision`)."""
     ids = completion.prompt_ids + completion.completion_ids
     sampled = completion.loss_mask if completion.loss_mask is not None else [True] * len(completion.completion_ids)
     mask = [False] * len(completion.prompt_ids) + list(sampled)
     cuts = [0, *(len(completion.prompt_ids) + start for start in completion.context_starts), len(ids)]
-    return Example([Sequence(ids[a:b], mask[a:b], completion.vision if a == 0 else None) for a, b in zip(cuts, cuts[1:])])
+    vision = [completion.vision, *(completion.context_vision or [None] * len(completion.context_starts))]
+    return Example([Sequence(ids[a:b], mask[a:b], images) for a, b, images in zip(cuts, cuts[1:], vision)])
 
 
 def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

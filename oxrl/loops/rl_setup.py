@@ -13,7 +13,12 @@ logger = logging.getLogger(__name__)
 
 
 def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLPrompt]]:
-    """Training and validation prompts (`oxrl.data.rl_prompts.load_rl_prompts`)."""
+    """Training and validation prompts (`oxrl.data.rl_prompts.load_rl_prompts`); a VLA's are its simulator's
+    initial states (oxrl/vla/build.py)."""
+    if cfg.vla is not None:
+        from oxrl.vla.build import initial_state_prompts
+
+        return initial_state_prompts(cfg)
     loaded = load_rl_prompts(cfg.data, rl, seed=cfg.run.seed)
     return loaded.train, loaded.validation
 
@@ -32,6 +37,8 @@ def reward_specs(cfg: Config, rl: RLConfig) -> list[RewardSpec]:
 
 
 def reward_function(cfg: Config, rl: RLConfig):
+    if cfg.vla is not None or rl.env is not None:
+        return None  # episodes reward themselves
     specs = reward_specs(cfg, rl)
     if not specs:
         logger.info("rewards: none (spin pairs each own answer with the gold one; name rl.rewards to score them)")
@@ -40,9 +47,14 @@ def reward_function(cfg: Config, rl: RLConfig):
     return build_reward_fn(specs)
 
 
-def environment(rl: RLConfig, tokenizer):
-    """The multi-turn environment (oxrl/loops/multiturn.py) `rl.env` names, checked now, before the model loads;
-    None without one."""
+def environment(cfg: Config, tokenizer, processor=None):
+    """The episode runner: the multi-turn environment (oxrl/loops/multiturn.py) `rl.env` names, or a VLA's
+    simulator (`vla`, oxrl/vla/episodes.py), checked now, before the model loads; None without one."""
+    if cfg.vla is not None:
+        from oxrl.vla.build import episode_runner
+
+        return episode_runner(cfg, tokenizer, processor)
+    rl = cfg.rl
     if rl.env is None:
         return None
     from oxrl.loops.multiturn import load_environment

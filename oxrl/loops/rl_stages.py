@@ -92,10 +92,8 @@ def start_sampling(engine, env, batch: RLPromptBatch, params: SamplingParams) ->
     (the caller trains meanwhile); the built-in engines and multi-turn episodes (every turn waits for the
     environment) sample here."""
     started = time.perf_counter()
-    if env is not None:
-        from oxrl.loops.multiturn import run_episodes
-
-        episodes = run_episodes(engine, env, batch.prompt_ids, batch.fields, params)
+    if env is not None:  # an episode runner: `run(engine, batch, params) -> Episodes`
+        episodes = env.run(engine, batch, params)
         engine.offload()  # every turn is sampled: the trainer gets the memory back
         return Sampling(batch, started, episodes.completions, episodes.reward_output(),
                         {"time/generate": time.perf_counter() - started, **episodes.metrics()})

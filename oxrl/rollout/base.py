@@ -25,6 +25,9 @@ class SamplingParams:
     # Seeds this call's sampling where the engine takes a seed (Ray rollout workers, vLLM: prompt i of the call
     # uses seed + i), so a layout samples the same run to run and on resume. None: the engine's own RNG.
     seed: int | None = None
+    # The only ids that may be sampled (a VLA's action tokens, oxrl/vla/action_tokens.py), EOS included only if
+    # listed; None: any. Log-probs stay those of the whole vocabulary, as the trainer computes them.
+    allowed_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -45,6 +48,8 @@ class Completion:
     # A vision-language prompt's images (its `prompt_ids` hold their expanded image tokens): the trainer's
     # forward takes them with the prompt.
     vision: VisionInputs | None = None
+    # The images of each restarted context (one per `context_starts` entry; a VLA episode's later frames), or empty.
+    context_vision: list[VisionInputs | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
@@ -54,6 +59,9 @@ class Completion:
                              f"log-probs for {self.num_sampled} sampled tokens")
         if any(not 0 < start < len(self.completion_ids) for start in self.context_starts):
             raise ValueError(f"context_starts {self.context_starts} must lie inside the completion (1..{len(self.completion_ids) - 1})")
+        if self.context_vision and len(self.context_vision) != len(self.context_starts):
+            raise ValueError(f"context_vision ({len(self.context_vision)}) needs one entry per context start "
+                             f"({len(self.context_starts)})")
 
     @property
     def num_sampled(self) -> int:

@@ -203,7 +203,8 @@ class HFEngine:
         if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
             extra.update(images)
         sampling = params.temperature > 0
-        warpers = sampling_processors(params.temperature, params.top_k, params.top_p) if sampling else []
+        warpers = sampling_processors(params.temperature if sampling else 0.0, params.top_k, params.top_p,
+                                      params.allowed_token_ids)
         if static:
             new_tokens, token_logprobs = self.static.decode(model, input_ids, attention, params, warpers,
                                                             lambda rows: self._finished(list(rows), params), diverged)

@@ -33,9 +33,26 @@ class InverseCDFDraw(LogitsProcessor):
         return only_drawn.scatter_(1, drawn[:, None], 0.0)
 
 
-def sampling_processors(temperature: float, top_k: int, top_p: float) -> list[LogitsProcessor]:
-    """transformers' warpers in `generate`'s own order (temperature, top-k, top-p), then the draw."""
-    processors: list[LogitsProcessor] = [TemperatureLogitsWarper(temperature)]
+class OnlyTokens(LogitsProcessor):
+    """Scores of every id outside `allowed` set to -inf, before any warper: decoding can only pick an allowed id
+    (a VLA's action tokens), greedy or sampled."""
+
+    def __init__(self, allowed: list[int]):
+        self.allowed = torch.tensor(sorted(set(allowed)), dtype=torch.long)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        allowed = self.allowed.to(scores.device)
+        return torch.full_like(scores, float("-inf")).index_copy_(1, allowed, scores.index_select(1, allowed))
+
+
+def sampling_processors(temperature: float, top_k: int, top_p: float,
+                        allowed: list[int] | None = None) -> list[LogitsProcessor]:
+    """Only the `allowed` ids (when given), then transformers' warpers in `generate`'s own order (temperature,
+    top-k, top-p), then the draw. Greedy decoding (temperature 0) takes the allowed restriction alone."""
+    restrict: list[LogitsProcessor] = [] if allowed is None else [OnlyTokens(allowed)]
+    if temperature <= 0:
+        return restrict
+    processors: list[LogitsProcessor] = [*restrict, TemperatureLogitsWarper(temperature)]
     if top_k > 0:
         processors.append(TopKLogitsWarper(top_k))
     if top_p < 1.0:

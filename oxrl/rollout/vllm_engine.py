@@ -130,6 +130,7 @@ class VLLMEngine:
             # A vision-language model's image tokens are never sampled (a completion holding one would ask the
             # trainer for an image that does not exist); -100 is the lowest bias vLLM takes.
             logit_bias={token: -100.0 for token in self.never_sampled} or None,
+            allowed_token_ids=params.allowed_token_ids,  # a VLA's action tokens
         )
         if params.seed is not None:  # prompt i samples from seed + i: the same draws however prompts are split up
             sampling = [sampling.clone() for _ in prompts]

@@ -1,0 +1,218 @@
+"""Simulators as robot environments: a gymnasium environment with image observations, seen as camera frames,
+a proprioceptive state and an instruction, and stepped with continuous actions.
+
+`vla.env` names one:
+- `reach`: built in (numpy only, about 50 us a step). A point agent in the unit square must reach the corner the
+  instruction names; the frame shows the agent and the target. Fast enough for tests, and a tiny model learns it.
+- `pusht`: LeRobot's PushT (`gym-pusht` from PyPI, `pip install 'oxrl[vla]'`): push a T-shaped block onto a
+  target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's position as the state.
+  The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
+- `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
+  `vla.env_kwargs`).
+
+An observation is read from what the environment returns: a dict's uint8 arrays of shape [H, W, 3] are the
+cameras (in key order), its 1-D float arrays the state (concatenated in key order); a bare [H, W, 3] array is
+one camera and no state. Success is `info["is_success"]` (gymnasium-robotics, PushT) or `info["success"]`;
+the instruction is `info["task"]` after reset, else `vla.instruction`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from PIL import Image
+
+from oxrl.errors import UserError
+from oxrl.user_code import load_function
+
+
+class RobotEnvError(UserError):
+    """A robot environment that cannot be made, or that returned something an episode cannot use."""
+
+
+@dataclass
+class Observation:
+    images: list[Image.Image]  # one per camera
+    state: np.ndarray | None  # float [state_dim]
+
+
+@dataclass
+class Transition:
+    observation: Observation
+    reward: float
+    success: bool
+    done: bool  # terminated or truncated
+    info: dict
+
+
+class RobotEnv:
+    """A gymnasium environment seen as cameras, a state, an instruction and a success flag."""
+
+    def __init__(self, env: gym.Env, name: str, instruction: str | None = None):
+        self.env, self.name, self.instruction = env, name, instruction
+        space = env.action_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            raise RobotEnvError(f"environment {name!r}: the action space must be a 1-D Box of continuous actions, "
+                                f"got {space}")
+        self.low, self.high = space.low.astype(np.float64), space.high.astype(np.float64)
+        self.image_shapes: list[tuple[int, ...]] | None = None  # the first frame's, which every later one must match
+        self.info: dict = {}
+
+    @property
+    def action_dim(self) -> int:
+        return self.low.shape[0]
+
+    def reset(self, seed: int) -> tuple[Observation, str]:
+        """The initial observation of the episode `seed` names, and its instruction."""
+        raw, info = self.env.reset(seed=seed)
+        self.info, self.image_shapes = dict(info), None
+        task = info.get("task") or self.instruction
+        if not task:
+            raise RobotEnvError(f"environment {self.name!r} gives no instruction (no info['task'] after reset): "
+                                "set vla.instruction")
+        return self.observation(raw, "reset"), str(task)
+
+    def step(self, action: np.ndarray, where: str) -> Transition:
+        raw, reward, terminated, truncated, info = self.env.step(action.astype(self.env.action_space.dtype))
+        if not np.isfinite(reward):
+            raise RobotEnvError(f"environment {self.name!r}: {where}: reward {reward!r} is not finite")
+        self.info = dict(info)
+        success = bool(info.get("is_success", info.get("success", False)))
+        return Transition(self.observation(raw, where), float(reward), success, bool(terminated or truncated), self.info)
+
+    def observation(self, raw: Any, where: str) -> Observation:
+        """Cameras and state of a raw observation; a frame whose size differs from the episode's first frame's is an
+        error naming `where`."""
+        parts = raw if isinstance(raw, dict) else {"image": raw}
+        images, states = [], []
+        for key in sorted(parts):
+            value = np.asarray(parts[key])
+            if value.dtype == np.uint8 and value.ndim == 3 and value.shape[-1] == 3:
+                images.append(value)
+            elif value.ndim == 1 and np.issubdtype(value.dtype, np.number):
+                states.append(value.astype(np.float64))
+        if not images:
+            raise RobotEnvError(f"environment {self.name!r}: {where}: the observation has no camera frame (a uint8 "
+                                f"[H, W, 3] array); it has {sorted(parts)}")
+        shapes = [image.shape for image in images]
+        if self.image_shapes is None:
+            self.image_shapes = shapes
+        elif shapes != self.image_shapes:
+            raise RobotEnvError(f"environment {self.name!r}: {where}: frames of shape {shapes}, but the episode began "
+                                f"with {self.image_shapes}")
+        state = np.concatenate(states) if states else None
+        if state is not None and not np.all(np.isfinite(state)):
+            raise RobotEnvError(f"environment {self.name!r}: {where}: the state {state.tolist()} is not finite")
+        return Observation([Image.fromarray(image) for image in images], state)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ReachEnv(gym.Env):
+    """A point agent in the unit square moves by up to `speed` per step toward the corner the instruction names;
+    success when it is within `radius` of it. Observation: a `size` x `size` frame (target green, agent red) and
+    the agent's position."""
+
+    CORNERS = {"top left": (0.1, 0.9), "top right": (0.9, 0.9), "bottom left": (0.1, 0.1), "bottom right": (0.9, 0.1)}
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, size: int = 32, speed: float = 0.25, radius: float = 0.15):
+        self.size, self.speed, self.radius = size, speed, radius
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({
+            "pixels": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
+            "agent_pos": gym.spaces.Box(0.0, 1.0, (2,), np.float64)})
+        self.agent = np.zeros(2)
+        self.target = np.zeros(2)
+        self.corner = ""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.corner = list(self.CORNERS)[int(self.np_random.integers(4))]
+        self.target = np.array(self.CORNERS[self.corner])
+        self.agent = self.np_random.uniform(0.35, 0.65, size=2)
+        return self._observation(), {**self._info(), "task": f"move the red dot to the {self.corner} corner"}
+
+    def step(self, action):
+        self.agent = np.clip(self.agent + self.speed * np.clip(np.asarray(action, dtype=np.float64), -1, 1), 0, 1)
+        success = bool(np.linalg.norm(self.agent - self.target) < self.radius)
+        return self._observation(), float(success), success, False, self._info()
+
+    def _info(self) -> dict:
+        return {"is_success": bool(np.linalg.norm(self.agent - self.target) < self.radius),
+                "agent_pos": self.agent.copy(), "target": self.target.copy()}
+
+    def _observation(self) -> dict:
+        frame = np.zeros((self.size, self.size, 3), np.uint8)
+        for (x, y), colour in ((self.target, (0, 200, 0)), (self.agent, (220, 0, 0))):
+            row, col = int((1 - y) * (self.size - 1)), int(x * (self.size - 1))
+            frame[max(row - 1, 0): row + 2, max(col - 1, 0): col + 2] = colour
+        return {"pixels": frame, "agent_pos": self.agent.copy()}
+
+
+def reach_expert(info: dict) -> np.ndarray:
+    """The scripted demonstrator of `reach`: straight at the target, at full speed until the last step."""
+    return np.clip((info["target"] - info["agent_pos"]) / 0.25, -1.0, 1.0)
+
+
+def pusht_expert(info: dict) -> np.ndarray:
+    """A scripted PushT demonstrator: go behind the block (opposite the goal) and push it toward the goal's
+    centre. It moves the block toward the goal but does not turn it, so it covers part of the goal, not all."""
+    block, goal, agent = np.asarray(info["block_pose"][:2]), np.asarray(info["goal_pose"][:2]), np.asarray(info["pos_agent"])
+    to_goal = goal - block
+    distance = float(np.linalg.norm(to_goal))
+    if distance < 5.0:
+        return np.clip(agent, 0, 512)
+    direction = to_goal / distance
+    behind = block - 60.0 * direction
+    if np.linalg.norm(agent - behind) > 25.0 and np.dot(agent - block, direction) > -40.0:
+        return np.clip(behind, 0, 512)  # get behind the block first
+    return np.clip(block + 40.0 * direction, 0, 512)  # then push through it toward the goal
+
+
+# name -> (factory, scripted demonstrator, instruction when the environment gives none)
+BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[dict], np.ndarray], str | None]] = {
+    "reach": (ReachEnv, reach_expert, None),
+    "pusht": (lambda **kwargs: _pusht(**kwargs), pusht_expert, "push the T-shaped block onto the T-shaped target"),
+}
+
+
+def _pusht(**kwargs) -> gym.Env:
+    try:
+        import gym_pusht  # noqa: F401  (registers gym_pusht/PushT-v0)
+    except ImportError as error:
+        raise RobotEnvError("vla.env `pusht` needs the gym-pusht package: pip install 'oxrl[vla]'") from error
+    return gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
+
+
+def make_env(name: str, kwargs: dict | None = None, instruction: str | None = None) -> RobotEnv:
+    """The environment `vla.env` names, wrapped."""
+    kwargs = dict(kwargs or {})
+    if name in BUILT_IN:
+        factory, _, default = BUILT_IN[name]
+        instruction = instruction or default
+    elif ":" in name:
+        factory = load_function(name, "environment factory", RobotEnvError)
+    else:
+        raise RobotEnvError(f"vla.env {name!r} is not a built-in environment ({', '.join(BUILT_IN)}) nor a "
+                            "`module:factory` / `file.py:factory` reference")
+    try:
+        env = factory(**kwargs)
+    except TypeError as error:
+        raise RobotEnvError(f"vla.env {name!r} with vla.env_kwargs {kwargs}: {error}") from error
+    if not isinstance(env, gym.Env):
+        raise RobotEnvError(f"vla.env {name!r} made a {type(env).__name__}, not a gymnasium environment")
+    return RobotEnv(env, name, instruction)
+
+
+def expert(name: str) -> Callable[[dict], np.ndarray]:
+    """The scripted demonstrator of a built-in environment: info after reset/step -> the next action."""
+    if name not in BUILT_IN:
+        raise RobotEnvError(f"only the built-in environments ({', '.join(BUILT_IN)}) have a scripted demonstrator, "
+                            f"not {name!r}")
+    return BUILT_IN[name][1]

@@ -1,0 +1,155 @@
+"""VLA episodes (oxrl/vla/episodes.py) on a tiny random Qwen2-VL and the built-in `reach` simulator: the trainer
+scores every turn exactly as the engine sampled it (each turn's own frames), decoding never leaves the action
+tokens, a group starts from one initial state, and a bad episode stops with an error naming its step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from oxrl.data.rl_tasks import encode_prompts
+from oxrl.loops.rl_batch import completion_example, score_logprobs
+from oxrl.rollout.base import Completion, SamplingParams
+from oxrl.rollout.hf import HFEngine
+from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids
+from oxrl.vla.envs import ReachEnv, RobotEnv, RobotEnvError, make_env
+from oxrl.vla.episodes import EpisodeError, Prompter, VLAEpisodes, initial_prompts
+from tests.vlm_fixtures import save_tiny_qwen2_vl
+
+BINS = 16
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, smollm2_tokenizer):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = save_tiny_qwen2_vl(tmp_path_factory.mktemp("vla"), smollm2_tokenizer)
+    return AutoModelForImageTextToText.from_pretrained(folder).eval(), AutoProcessor.from_pretrained(folder)
+
+
+def runner(processor, make=lambda: make_env("reach"), max_chunks: int = 4, chunk: int = 1) -> VLAEpisodes:
+    tokens = ActionTokenizer.uniform([-1, -1], [1, 1], BINS, last_vocabulary_ids(processor.tokenizer, BINS), chunk)
+    return VLAEpisodes("reach", make, tokens, Prompter(processor.tokenizer, processor), max_chunks)
+
+
+def prompts(run: VLAEpisodes, seeds: list[int]):
+    env = run.make_env()
+    return encode_prompts(initial_prompts(env, run.prompter, seeds, "reach"), run.prompter.tokenizer,
+                          processor=run.prompter.processor)
+
+
+def test_the_trainer_scores_every_turn_of_an_episode_as_the_engine_sampled_it(vlm):
+    model, processor = vlm
+    run = runner(processor)
+    batch = prompts(run, [0, 1])
+    torch.manual_seed(0)
+    episodes = run.run(HFEngine(model, processor.tokenizer), batch, SamplingParams(n=3))
+    assert [c.prompt_index for c in episodes.completions] == [0, 0, 0, 1, 1, 1]
+    several = [c for c in episodes.completions if c.context_starts]
+    assert several, "some episode must run more than one chunk"
+    for completion, turns in zip(episodes.completions, episodes.turns):
+        assert len(completion.context_starts) == len(completion.context_vision) == turns - 1
+        sampled = [i for i, keep in zip(completion.completion_ids, completion.loss_mask) if keep]
+        assert len(sampled) == 2 * turns and set(sampled) <= set(run.tokens.token_ids)
+        example = completion_example(completion)
+        assert len(example.sequences) == turns  # one sequence per turn, each with its own frame
+        assert all(sequence.vision is not None for sequence in example.sequences)
+    scored = score_logprobs(model, episodes.completions, 4, 1.0)
+    for completion, trainer in zip(episodes.completions, scored):
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-5)
+    # Each turn's frames matter: scoring the later turns with the first frame instead gives other log-probs.
+    wrong = [replace(c, context_vision=[c.vision] * len(c.context_starts)) for c in several]
+    moved = score_logprobs(model, wrong, 4, 1.0)
+    assert any(not torch.allclose(a, b, atol=1e-5) for a, b in zip(moved, score_logprobs(model, several, 4, 1.0)))
+
+
+def test_rewards_are_success_and_a_group_shares_its_initial_state(vlm):
+    model, processor = vlm
+    run = runner(processor, max_chunks=6)
+    batch = prompts(run, [3])
+    torch.manual_seed(1)
+    episodes = run.run(HFEngine(model, processor.tokenizer), batch, SamplingParams(n=8))
+    assert episodes.rewards == episodes.scores and set(episodes.rewards) <= {0.0, 1.0}
+    assert {tuple(c.prompt_ids) for c in episodes.completions} == {tuple(batch.prompt_ids[0])}
+    # replaying each episode's decoded actions in a fresh environment from the same seed gives its outcome
+    for completion, reward in zip(episodes.completions, episodes.rewards):
+        env = make_env("reach")
+        env.reset(3)
+        ids = [i for i, keep in zip(completion.completion_ids, completion.loss_mask) if keep]
+        success = False
+        for turn in range(len(ids) // 2):
+            success = success or env.step(run.tokens.decode(ids[2 * turn: 2 * turn + 2])[0], "replay").success
+        assert float(success) == reward
+
+
+def test_decoding_is_held_to_the_action_tokens_greedy_and_sampled(vlm):
+    model, processor = vlm
+    run = runner(processor)
+    batch = prompts(run, [0, 1, 2])
+    engine = HFEngine(model, processor.tokenizer)
+    for temperature in (0.0, 1.0):
+        params = run.params(SamplingParams(n=4, temperature=temperature, top_k=5))
+        for completion in engine.generate(batch.prompt_ids, params, batch.vision):
+            assert len(completion.completion_ids) == 2 and set(completion.completion_ids) <= set(run.tokens.token_ids)
+    unconstrained = engine.generate(batch.prompt_ids, SamplingParams(n=4, max_new_tokens=2), batch.vision)
+    assert any(not set(c.completion_ids) <= set(run.tokens.token_ids) for c in unconstrained)
+
+
+class TextEngine:
+    """An engine that ignores `allowed_token_ids` (a broken or foreign engine)."""
+
+    def generate(self, prompts, params, vision=None):
+        return [Completion(i, list(p), [17, 18], [-1.0, -1.0], "length", "xy") for i, p in enumerate(prompts)
+                for _ in range(params.n)]
+
+
+class Exploding(ReachEnv):
+    def step(self, action):
+        raise RuntimeError("the gripper broke")
+
+
+class Resizing(ReachEnv):
+    def step(self, action):
+        observation, *rest = super().step(action)
+        observation["pixels"] = np.zeros((16, 16, 3), np.uint8)
+        return (observation, *rest)
+
+
+class Unseeded(ReachEnv):
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=int(np.random.randint(1 << 30)), options=options)
+
+
+def test_a_bad_episode_stops_with_an_error_naming_its_step(vlm):
+    model, processor = vlm
+    run = runner(processor)
+    batch = prompts(run, [5])
+    with pytest.raises(EpisodeError, match=r"episode of seed 5, chunk 1: the engine sampled a non-action chunk: token 17"):
+        run.run(TextEngine(), batch, SamplingParams(n=1))
+    engine = HFEngine(model, processor.tokenizer)
+    broken = runner(processor, lambda: RobotEnv(Exploding(), "exploding"))
+    with pytest.raises(EpisodeError, match=r"simulator raised at episode of seed 5, chunk 1, action 0: RuntimeError: "
+                                           r"the gripper broke"):
+        broken.run(engine, batch, SamplingParams(n=1))
+    resized = runner(processor, lambda: RobotEnv(Resizing(), "resizing"))
+    with pytest.raises(RobotEnvError, match=r"episode of seed 5, chunk 1, action 0: frames of shape \[\(16, 16, 3\)\], "
+                                            r"but the episode began with \[\(32, 32, 3\)\]"):
+        resized.run(engine, batch, SamplingParams(n=1))
+    unseeded = runner(processor, lambda: RobotEnv(Unseeded(), "unseeded"))
+    with pytest.raises(EpisodeError, match="must be deterministic given its reset seed"):
+        unseeded.run(engine, batch, SamplingParams(n=1))
+
+
+def test_an_environment_that_is_not_a_robot_is_refused_by_name():
+    with pytest.raises(RobotEnvError, match="not a built-in environment"):
+        make_env("walker")
+    with pytest.raises(RobotEnvError, match="1-D Box"):
+        RobotEnv(gym.make("CartPole-v1"), "cartpole")
+    env = RobotEnv(ReachEnv(), "reach")
+    env.reset(0)
+    with pytest.raises(RobotEnvError, match=r"no camera frame .* it has \['state'\]"):
+        env.observation({"state": np.zeros(2)}, "step 3")
