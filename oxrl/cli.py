@@ -45,6 +45,19 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demos(args: argparse.Namespace) -> int:
+    import json
+
+    from oxrl.vla.build import record_demonstrations
+
+    kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    folder, success = record_demonstrations(args.env, args.episodes, Path(args.out), seed=args.seed,
+                                            max_steps=args.max_steps, env_kwargs=kwargs)
+    logger.info("wrote %d demonstrations of %s to %s (the scripted expert succeeded in %.0f%%)", args.episodes, args.env,
+                folder, 100 * success)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from oxrl.logging.bug_report import write_bug_report
 
@@ -103,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="report usable hardware and backends", description="Report which devices, strategies and backends are usable here, and why not. Changes nothing.")
     doctor.set_defaults(func=_cmd_doctor)
     add_model_parsers(sub)
+    demos = sub.add_parser("demos", help="record a built-in simulator's scripted demonstrations (a LeRobot dataset)",
+                           description="Record EPISODES demonstrations of a built-in environment's scripted expert, "
+                           "from reset seeds SEED, SEED + 1, ..., as a LeRobot dataset folder (parquet + PNG frames) "
+                           "that `sft` with a `vla` section trains on (docs/vla.md).")
+    demos.add_argument("env", choices=["reach", "pusht"], help="the environment")
+    demos.add_argument("--out", required=True, metavar="DIR", help="the dataset folder to create (must not exist)")
+    demos.add_argument("--episodes", type=int, default=64, help="demonstrations to record (default 64)")
+    demos.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")
+    demos.add_argument("--max-steps", type=int, default=64, help="actions per demonstration at most (default 64)")
+    demos.add_argument("--env-kwargs", metavar="JSON", help="the environment's keyword arguments, as in vla.env_kwargs")
+    demos.set_defaults(func=_cmd_demos)
     return parser
 
 

@@ -134,7 +134,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
 
     started = time.monotonic()
     rl = cfg.rl
-    reward_fn = reward_function(cfg, rl) if rl.env is None else None  # an environment rewards its own episodes
+    reward_fn = reward_function(cfg, rl)  # None with an episode runner: episodes reward themselves
     if remote is not None:
         reward_fn = remote.rewards(reward_fn, strategy)  # scored by the reward workers (or rank 0), shared by all
     tokenizer = load_tokenizer(cfg.model)
@@ -143,7 +143,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
         raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), which "
                          "cannot read a vision-language policy's images; use rl.critic_backbone: shared (a value head on "
                          "the policy's own hidden states) or an advantage estimator without a critic (e.g. grpo)")
-    env = environment(rl, tokenizer)
+    env = environment(cfg, tokenizer, processor)
     if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
         # Ranks finish their episodes after different numbers of turns, hence different numbers of
         # `generate` calls; with sharded weights each decoding step is a collective and would hang.
@@ -154,7 +154,7 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
     budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
               "processor": processor}
     train, val = encode_prompts(train_prompts, tokenizer, **budget), encode_prompts(val_prompts, tokenizer, **budget)
-    if env is not None and (train.vision or val.vision):
+    if rl.env is not None and (train.vision or val.vision):
         raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
     # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
@@ -310,7 +310,14 @@ def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResul
     tokenizer = load_tokenizer(cfg.model)
     processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
     saved_with = processor or tokenizer  # what checkpoints and the final folder are saved with
-    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor)
+    readers = {}
+    if cfg.vla is not None:  # robot demonstrations (oxrl/vla)
+        from oxrl.vla.build import demonstration_reader, save_action_tokens
+
+        readers["lerobot"], tokens = demonstration_reader(cfg, tokenizer, processor)
+        if strategy.is_main:
+            save_action_tokens(tokens, run_dir)
+    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor, readers=readers)
     longest_rows = sorted(example.num_tokens for example in data.train)[-cfg.train.micro_batch_size_per_device:]
     log_memory_estimate(cfg, strategy.device, strategy.world_size, sum(longest_rows) or None)
     write_config(cfg, run_dir, strategy.is_main)

@@ -159,6 +159,7 @@ class LoraConfig(Section):
 # Row formats: offline objectives read the first (oxrl/data/formats.py), RL the prompt formats (oxrl/data/rl_prompts.py).
 OFFLINE_FORMATS = ("messages", "prompt_response", "text", "preference", "kto")
 RL_PROMPT_FORMATS = ("gsm8k", "openr1", "rl2")
+ROBOT_FORMATS = ("lerobot",)  # robot demonstrations (oxrl/vla/lerobot.py), read by `sft` with a `vla` section
 
 
 class DatasetSpec(Section):
@@ -167,12 +168,12 @@ class DatasetSpec(Section):
         description="Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. "
         "Relative paths are looked up in `OXRL_DATA_DIR` first when it is set.",
     )
-    format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS)] = Field(
+    format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS, *ROBOT_FORMATS)] = Field(
         "auto",
         description="Row format; `auto` picks it from the columns. Offline objectives: `messages`, `prompt_response`, "
         "`text`, `preference`, `kto`. RL prompts: `gsm8k` (question, answer ending in `#### 42`), `openr1` (problem, "
         "solution with a final `\\boxed{}`), `rl2` (`prompt` or `messages`, + `extra_info`). A format of the other "
-        "kind is refused.",
+        "kind is refused. `lerobot`: a LeRobot dataset folder of robot demonstrations (`sft` with a `vla` section).",
     )
     split: str = Field("train", description="Split to read from a HF dataset folder or hub dataset.")
     weight: float | None = Field(
@@ -877,6 +878,43 @@ CONDITIONAL_SECTIONS = (
 )
 
 
+class VLAConfig(Section):
+    """Vision-language-action models (docs/vla.md): the action tokens and, for RL and evaluation, the simulator."""
+
+    env: str | None = Field(
+        None,
+        description="The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht, the `vla` extra) or "
+        "`module:factory` / `file.py:factory` returning a gymnasium environment with image observations. Required by "
+        "RL; under `sft` it sets the uniform bins' range (its action space).",
+    )
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's factory.")
+    instruction: str | None = Field(
+        None, description="The instruction when the environment gives none (`info['task']` after reset); the built-in "
+        "environments give their own.",
+    )
+    bins: int = Field(256, ge=2, description="Action tokens per dimension: the last `bins` ids of the vocabulary.")
+    binning: Literal["uniform", "quantile"] = Field(
+        "uniform",
+        description="`uniform`: equal bins over the environment's action space (else the demonstrations' range); "
+        "`quantile`: bins holding equal shares of the demonstrations' actions (`vla.stats`, or under `sft` the first "
+        "training dataset).",
+    )
+    stats: str | None = Field(
+        None, description="A LeRobot dataset folder whose actions set the bins (the same for SFT, RL and evaluation).",
+    )
+    chunk: int = Field(1, ge=1, description="Actions per chunk: each turn samples chunk x action-dimension tokens.")
+    max_chunks: int = Field(16, ge=1, description="Chunks (turns) per episode at most.")
+    state: bool = Field(True, description="Write the proprioceptive state into the prompt after the instruction.")
+    reward: Literal["success", "env"] = Field(
+        "success", description="An episode's reward: 1 on success, else 0 (`success`); or the environment's rewards "
+        "summed (`env`). Its score, which held-out accuracy counts, is always its success.",
+    )
+    seed_offset: int = Field(
+        0, ge=0, description="Initial states: training episodes reset with seeds offset + 0 .. rl.task_size - 1, "
+        "held-out ones with 1,000,000 + offset + 0 .. (rl.validation_size or 100) - 1.",
+    )
+
+
 class Config(Section):
     extensions: list[str] = Field(
         default_factory=list,
@@ -909,6 +947,9 @@ class Config(Section):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
+    vla: VLAConfig | None = Field(
+        None, description="Vision-language-action models: action tokens, robot demonstrations, simulator episodes.",
+    )
 
     def __setstate__(self, state) -> None:
         """Unpickled in another process (a Ray worker): its extensions are imported there too."""
@@ -1061,6 +1102,50 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _vla_fits(self) -> "Config":
+        """The `vla` section: behaviour cloning (`sft` on LeRobot datasets) or RL in its simulator, nothing else."""
+        name, vla = self.algorithm.name, self.vla
+        robot = [f"data.{part}[{i}]" for part in ("train", "validation")
+                 for i, spec in enumerate(getattr(self.data, part)) if spec.format in ROBOT_FORMATS]
+        if vla is None:
+            if robot:
+                raise ValueError(f"{robot[0]} is a LeRobot dataset, which needs a `vla` section (its action tokens)")
+            return self
+        if name not in ("sft", *RL_ALGORITHMS):
+            raise ValueError(f"the `vla` section is read by `sft` (behaviour cloning) and the RL algorithms "
+                             f"({', '.join(RL_ALGORITHMS)}), not by `{name}`")
+        quantile_source = vla.stats is not None or (name == "sft" and robot)
+        if vla.binning == "quantile" and not quantile_source:
+            raise ValueError("vla.binning `quantile` takes its bins from demonstrations: set vla.stats to a LeRobot "
+                             "dataset folder")
+        if name == "sft":
+            other = [f"data.{part}[{i}]" for part in ("train", "validation")
+                     for i, spec in enumerate(getattr(self.data, part)) if spec.format not in ROBOT_FORMATS]
+            if other or not robot:
+                raise ValueError(f"`sft` with a `vla` section trains on robot demonstrations: every dataset needs "
+                                 f"format `lerobot` ({other[0] if other else 'data.train is empty'})")
+            return self
+        if vla.env is None:
+            raise ValueError(f"`{name}` with a `vla` section runs episodes in a simulator: set vla.env (`reach`, `pusht` "
+                             "or `module:factory`)")
+        clashes = [key for key, value in (("rl.env", self.rl.env), ("rl.task", self.rl.task),
+                                          ("rl.rewards", self.rl.rewards), ("data.train", self.data.train),
+                                          ("data.validation", self.data.validation)) if value]
+        if clashes:
+            raise ValueError(f"{', '.join(clashes)} is not read with a `vla` section: its episodes start from the "
+                             "simulator's initial states (rl.task_size, rl.validation_size) and reward themselves "
+                             "(vla.reward)")
+        fixed = [f"rl.rollout.{key}" for key in ("max_new_tokens", "stop")
+                 if getattr(self.rl.rollout, key) != getattr(RolloutConfig(), key)]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} is not read with a `vla` section: each turn samples exactly one "
+                             "action chunk (vla.chunk x the action's dimensions) from the action tokens")
+        if self.rl.max_staleness or self.run.launcher != "local":
+            raise ValueError("a `vla` run samples its episodes in one local process, synchronously, for now: leave "
+                             "rl.max_staleness 0 and run.launcher local")
+        return self
+
+    @model_validator(mode="after")
     def _every_section_set_is_read(self) -> "Config":
         """A changed setting in a section this run does not read (CONDITIONAL_SECTIONS) names who reads it."""
         unread = []
@@ -1081,7 +1166,7 @@ class Config(Section):
         for part in ("train", "validation"):
             for index, spec in enumerate(getattr(self.data, part)):
                 key = f"data.{part}[{index}].format `{spec.format}`"
-                if is_rl and spec.format in OFFLINE_FORMATS:
+                if is_rl and spec.format in OFFLINE_FORMATS + ROBOT_FORMATS:
                     raise ValueError(f"{key} is not an RL prompt format: RL reads {', '.join(RL_PROMPT_FORMATS)} "
                                      "rows (`auto` detects them from the columns)")
                 if not is_rl and spec.format in RL_PROMPT_FORMATS:

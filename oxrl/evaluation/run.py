@@ -117,7 +117,8 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
     if tree["algorithm"]["name"] not in SAMPLING_ALGORITHMS:
         # An offline run's config: evaluation samples, so it keeps what sampling reads (the model, the seed, the
         # `rl` section) under the default RL algorithm; the offline sections would be settings nobody reads.
-        tree = {"run": tree["run"], "model": tree["model"], "rl": tree["rl"], "algorithm": {"name": DEFAULT_ALGORITHM}}
+        tree = {"run": tree["run"], "model": tree["model"], "rl": tree["rl"], "algorithm": {"name": DEFAULT_ALGORITHM},
+                **({"vla": tree["vla"]} if tree.get("vla") else {})}
     given = {"rl.rollout.temperature": request.temperature, "rl.rollout.max_new_tokens": request.max_new_tokens,
              "rl.rollout.engine": request.engine, "run.seed": request.seed}
     flags = {"model.name_or_path": model_path, "rl.rollout.n": request.n, "strategy.name": "single",
@@ -145,6 +146,9 @@ def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple
         template = prompt_template(rl)
         prompts = [prompt for path in data_files for prompt in read_rl_prompts(path, template=template)]
         source = ", ".join(data_files)
+    elif cfg.vla is not None:
+        prompts = load_prompts(cfg, rl)[1]
+        source = f"{cfg.vla.env}: {len(prompts)} held-out initial states"
     elif rl.task is None and not cfg.data.train:
         raise ValueError("nothing to evaluate on: give --task (e.g. arithmetic) or --data FILE, or a --config or run "
                          "directory whose config names them")
@@ -175,7 +179,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
         resolve_source(baseline)
     cfg = eval_config(request, model_path, run_dir)
     prompts, source = eval_prompts(cfg, request.data, request.limit)
-    reward_fn = reward_function(cfg, cfg.rl) if cfg.rl.env is None else None  # an environment rewards its episodes
+    reward_fn = reward_function(cfg, cfg.rl)  # None with an episode runner: episodes reward themselves
     strategy = build_strategy(cfg)
     check_engine(cfg.rl.rollout, strategy)
     if cfg.rl.rollout.n > 1 and cfg.rl.rollout.temperature == 0:
@@ -206,7 +210,7 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
 
     tokenizer = load_tokenizer(cfg.model)
     processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
-    env = environment(cfg.rl, tokenizer)
+    env = environment(cfg, tokenizer, processor)
     batch = encode_prompts(prompts, tokenizer, processor=processor)
     model = load_model(cfg.model, strategy.device).requires_grad_(False)
     engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed, processor)
@@ -261,7 +265,8 @@ def _describe(cfg: Config, count: int, source: str, reward_fn) -> str:
     sampled = f"; sampled: {r.n} per prompt at T={r.temperature:g}" if r.n > 1 else ""
     if r.n > 1 and (r.top_p < 1 or r.top_k > 0):
         sampled += f", top_p {r.top_p:g}, top_k {r.top_k}"
-    rewards = ", ".join(f"{b.label} x{b.weight:g}" for b in reward_fn.rewards) if reward_fn is not None else f"environment {cfg.rl.env.path}"
+    rewards = ", ".join(f"{b.label} x{b.weight:g}" for b in reward_fn.rewards) if reward_fn is not None else (
+        f"environment {cfg.rl.env.path}" if cfg.vla is None else f"simulator {cfg.vla.env} (success rate)")
     return (f"{count} prompts ({source}); greedy: 1 per prompt at T=0{sampled}; at most {r.max_new_tokens} new tokens; "
             f"engine {r.engine}; rewards: {rewards}")
 

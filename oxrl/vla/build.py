@@ -1,0 +1,156 @@
+"""A `vla` section made real: its action tokens, its episode runner, its demonstrations as training examples, and
+demonstrations recorded from a scripted expert.
+
+The action tokens are a pure function of the config (and of the dataset `vla.stats` names), so SFT, RL and
+`oxrl eval` of one config use the same bins; every run also writes them to `action_tokens.json` in its run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from oxrl.config.schema import Config, DatasetSpec, VLAConfig
+from oxrl.data.types import Example, Sequence
+from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids
+from oxrl.vla.envs import Observation, expert, make_env
+from oxrl.vla.episodes import Prompter, VLAEpisodes, initial_prompts
+from oxrl.vla.lerobot import EpisodeRecord, LeRobotDataset, read_dataset, write_dataset
+
+logger = logging.getLogger(__name__)
+
+VALIDATION_SEEDS = 1_000_000  # held-out initial states start here, far from the training ones
+
+
+def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None = None) -> ActionTokenizer:
+    """The config's action tokens: uniform over the environment's action space (else the demonstrations' range),
+    or the demonstrations' quantiles; `vla.stats` names the demonstrations when set."""
+    first_id = last_vocabulary_ids(tokenizer, vla.bins)
+    if vla.stats is not None:
+        demonstrations = read_dataset(Path(vla.stats))
+    if vla.binning == "uniform" and vla.env is not None:
+        env = make_env(vla.env, vla.env_kwargs, vla.instruction)
+        try:
+            low, high = env.low, env.high
+        finally:
+            env.close()
+        if demonstrations is not None and demonstrations.action_dim != low.shape[0]:
+            raise ValueError(f"{demonstrations.root}: actions of {demonstrations.action_dim} dimensions, but vla.env "
+                             f"{vla.env!r} takes {low.shape[0]}")
+        return ActionTokenizer.uniform(low, high, vla.bins, first_id, vla.chunk)
+    if demonstrations is None:
+        raise ValueError("the action bins need vla.env (uniform bins over its action space) or demonstrations "
+                         "(vla.stats)")
+    actions = demonstrations.actions()
+    if vla.binning == "uniform":
+        return ActionTokenizer.uniform(actions.min(axis=0), actions.max(axis=0), vla.bins, first_id, vla.chunk)
+    return ActionTokenizer.quantile(actions, vla.bins, first_id, vla.chunk)
+
+
+def save_action_tokens(tokens: ActionTokenizer, folder: Path) -> None:
+    """The bins as run, for the record: `action_tokens.json`."""
+    record = {"first_id": tokens.first_id, "chunk": tokens.chunk, "edges": tokens.edges.tolist()}
+    (folder / "action_tokens.json").write_text(json.dumps(record))
+
+
+def episode_runner(cfg: Config, tokenizer, processor) -> VLAEpisodes:
+    """The RL episode runner of the `vla` section (the model must be a vision-language model)."""
+    vla = cfg.vla
+    if processor is None:
+        raise ValueError(f"the `vla` section needs a vision-language model (one with a processor); {cfg.model.name_or_path} "
+                         "is a text model")
+    tokens = action_tokenizer(vla, tokenizer)
+    logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d, at most %d chunks an episode",
+                vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.max_chunks)
+    return VLAEpisodes(vla.env, lambda: make_env(vla.env, vla.env_kwargs, vla.instruction), tokens,
+                       Prompter(tokenizer, processor, vla.state), vla.max_chunks, vla.reward)
+
+
+def initial_state_seeds(cfg: Config) -> tuple[list[int], list[int]]:
+    """Training and held-out reset seeds (`vla.seed_offset`, `rl.task_size`, `rl.validation_size`)."""
+    offset = cfg.vla.seed_offset
+    held_out = 100 if cfg.rl.validation_size is None else cfg.rl.validation_size
+    return (list(range(offset, offset + cfg.rl.task_size)),
+            list(range(VALIDATION_SEEDS + offset, VALIDATION_SEEDS + offset + held_out)))
+
+
+def initial_state_prompts(cfg: Config) -> tuple[list, list]:
+    """The training and held-out initial states as prompts (text and frames; the processor encodes them later)."""
+    train, held_out = initial_state_seeds(cfg)
+    env = make_env(cfg.vla.env, cfg.vla.env_kwargs, cfg.vla.instruction)
+    prompter = Prompter(None, None, cfg.vla.state)
+    try:
+        return (initial_prompts(env, prompter, train, f"{cfg.vla.env} (train)"),
+                initial_prompts(env, prompter, held_out, f"{cfg.vla.env} (held out)"))
+    finally:
+        env.close()
+
+
+def demonstration_reader(cfg: Config, tokenizer, processor):
+    """`data.train` entries of format `lerobot` -> training examples: each frame's prompt (its cameras, its
+    episode's instruction, its state), then the action chunk that starts at it as action tokens, the only trained
+    tokens. A chunk running past the episode's end repeats its last action (the robot holds still)."""
+    if processor is None:
+        raise ValueError(f"the `vla` section needs a vision-language model (one with a processor); {cfg.model.name_or_path} "
+                         "is a text model")
+    prompter = Prompter(tokenizer, processor, cfg.vla.state)
+    first = cfg.data.train[0]
+    tokens = action_tokenizer(cfg.vla, tokenizer, read_dataset(Path(first.path)))
+    logger.info("vla: %d action dimensions x %d bins (%s), chunks of %d", tokens.dims, tokens.bins, cfg.vla.binning,
+                tokens.chunk)
+
+    def read(spec: DatasetSpec) -> list[Example]:
+        dataset = read_dataset(Path(spec.path))
+        if dataset.action_dim != tokens.dims:
+            raise ValueError(f"{spec.path}: actions of {dataset.action_dim} dimensions, but the action tokens have "
+                             f"{tokens.dims}")
+        examples = []
+        for episode in dataset.episodes:
+            actions = np.stack([frame.action for frame in episode.frames])
+            last = len(actions) - 1
+            for t, frame in enumerate(episode.frames):
+                chunk = actions[[min(t + k, last) for k in range(tokens.chunk)]]
+                where = f"{spec.path} episode {episode.index} frame {frame.index}"
+                prompt, vision = prompter.encode(Observation(list(frame.images.values()), frame.state),
+                                                 cfg.vla.instruction or episode.task, where, frame.index + 1)
+                action_ids = tokens.encode(chunk)
+                examples.append(Example([Sequence(prompt + action_ids, [False] * len(prompt) + [True] * len(action_ids),
+                                                  vision)]))
+            if spec.max_rows is not None and len(examples) >= spec.max_rows:
+                return examples[: spec.max_rows]
+        return examples
+
+    return read, tokens
+
+
+def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: int = 0, max_steps: int = 64,
+                          env_kwargs: dict | None = None, instruction: str | None = None) -> tuple[Path, float]:
+    """`episodes` demonstrations of a built-in environment's scripted expert, from reset seeds seed, seed + 1, ...,
+    written as a LeRobot dataset; returns the folder and the expert's success rate."""
+    env = make_env(env_name, env_kwargs, instruction)
+    act = expert(env_name)
+    records, successes = [], 0
+    try:
+        for episode in range(episodes):
+            observation, task = env.reset(seed + episode)
+            frames, states, actions = [], [], []
+            for _ in range(max_steps):
+                action = act(env.info)
+                frames.append([np.asarray(image) for image in observation.images])
+                states.append(observation.state)
+                actions.append(np.asarray(action, dtype=np.float32))
+                transition = env.step(np.asarray(action, dtype=np.float64), f"demonstration {episode}")
+                observation = transition.observation
+                if transition.success or transition.done:
+                    successes += transition.success
+                    break
+            cameras = {f"observation.images.camera{k}" if len(frames[0]) > 1 else "observation.image":
+                       np.stack([f[k] for f in frames]) for k in range(len(frames[0]))}
+            records.append(EpisodeRecord(task, cameras, None if states[0] is None else np.stack(states).astype(np.float32),
+                                         np.stack(actions)))
+    finally:
+        env.close()
+    return write_dataset(folder, records, fps=10, robot_type=env_name), successes / max(episodes, 1)

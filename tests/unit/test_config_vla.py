@@ -1,0 +1,38 @@
+"""The `vla` section (oxrl/config/schema.py `_vla_fits`): read by behaviour cloning and RL in a simulator, and every
+setting such a run would not read refused with what to do instead, before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from oxrl.config.load import ConfigError, load_config
+
+MODEL = ["model.name_or_path=m"]
+DEMOS = ["data.train=[{path: demos, format: lerobot}]"]
+RL = MODEL + ["algorithm.name=grpo", "vla.env=reach"]
+
+
+def test_a_behaviour_cloning_and_an_rl_config_load():
+    sft = load_config(None, MODEL + DEMOS + ["algorithm.name=sft", "vla.bins=64", "vla.chunk=4"])
+    assert sft.vla.bins == 64 and sft.vla.chunk == 4 and sft.data.train[0].format == "lerobot"
+    grpo = load_config(None, RL + ["vla.max_chunks=8"])
+    assert grpo.vla.env == "reach" and grpo.vla.max_chunks == 8 and grpo.vla.reward == "success"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (MODEL + DEMOS + ["algorithm.name=sft"], r"data.train\[0\] is a LeRobot dataset, which needs a `vla` section"),
+    (MODEL + DEMOS + ["algorithm.name=dpo", "vla.bins=8"], r"read by `sft` \(behaviour cloning\) and the RL algorithms"),
+    (MODEL + ["algorithm.name=sft", "data.train=[{path: chat.jsonl}]", "vla.bins=8"],
+     r"every dataset needs format `lerobot` \(data.train\[0\]\)"),
+    (MODEL + ["algorithm.name=grpo", "vla.bins=8"], r"runs episodes in a simulator: set vla.env"),
+    (RL + ["rl.task=arithmetic"], r"rl.task is not read with a `vla` section"),
+    (RL + ["rl.rollout.max_new_tokens=64"], r"rl.rollout.max_new_tokens is not read with a `vla` section"),
+    (RL + ["rl.max_staleness=1", "rl.off_policy_correction=tis"], r"leave rl.max_staleness 0 and run.launcher local"),
+    (RL + ["vla.binning=quantile"], r"vla.binning `quantile` takes its bins from demonstrations: set vla.stats"),
+    (MODEL + ["algorithm.name=grpo", "data.train=[{path: demos, format: lerobot}]", "vla.env=reach"],
+     r"data.train is not read with a `vla` section: its episodes start from the simulator's initial states"),
+    (MODEL + DEMOS + ["algorithm.name=sft", "vla.binz=8"], r"unknown key `vla.binz`.*Did you mean `vla.bins`"),
+])
+def test_what_a_vla_run_would_not_read_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
