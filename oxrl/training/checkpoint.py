@@ -280,6 +280,12 @@ def _copy_weights(model, checkpoint: Path) -> None:
     for file in sorted(checkpoint.glob("*.safetensors")):
         saved.update(load_tensors(file))
     missing, unexpected = model.load_state_dict(saved, strict=False)
+    if unexpected and hasattr(model, "from_pretrained"):
+        # transformers renames some families' weights as it saves them (Qwen2-VL's language model among them) and
+        # maps them back as it loads: read the folder with its loader, then copy exactly what it holds.
+        dtype = next(model.parameters()).dtype
+        missing, unexpected = model.load_state_dict(type(model).from_pretrained(checkpoint, dtype=dtype).state_dict(),
+                                                    strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"{checkpoint}: its weights do not match the model (missing {_some(set(missing) - tied)}; "
