@@ -261,7 +261,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 
 
 def find_beside(tree: dict, folder: Path) -> dict:
-    """The file's tree with each relative path it names (data files, `rl.env.path`, a reward's `file.py:function`, an extension file)
+    """The file's tree with each relative path it names (data files, `rl.env.path`, a reward's `file.py:function`,
+    `vla.stats`, a `vla.env` `file.py:factory`, an extension file)
     that is not found from the working directory but is found beside the config file replaced by that one, made
     absolute: a config and its data travel together (the examples run from any directory, outside a checkout too),
     and a path that exists from the working directory means what it always meant."""
@@ -286,6 +287,12 @@ def find_beside(tree: dict, folder: Path) -> dict:
         if isinstance(reward, dict) and isinstance(reward.get("name"), str) and ".py:" in reward["name"]:
             file, function = reward["name"].rsplit(":", 1)
             reward["name"] = f"{beside(file)}:{function}"
+    vla = tree.get("vla") if isinstance(tree.get("vla"), dict) else {}
+    if "stats" in vla:
+        vla["stats"] = beside(vla["stats"])
+    if isinstance(vla.get("env"), str) and ".py:" in vla["env"]:
+        file, factory = vla["env"].rsplit(":", 1)
+        vla["env"] = f"{beside(file)}:{factory}"
     if isinstance(tree.get("extensions"), list):
         tree["extensions"] = [beside(reference) if str(reference).endswith(".py") else reference
                               for reference in tree["extensions"]]

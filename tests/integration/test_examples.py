@@ -1,8 +1,8 @@
 """Every example config loads, every algorithm has one, and each runs one optimizer step.
 
 The run swaps the bundled SmolLM2-135M-Instruct (and any teacher, critic, reward model or judge) for a
-tiny random model saved with the real SmolLM2 tokenizer (a vision-language example, `vlm_*.yaml`, for a tiny
-random Qwen2-VL, tests/vlm_fixtures.py), and shrinks only the sizes (steps, rows,
+tiny random model saved with the real SmolLM2 tokenizer (a vision-language or -action example, `vlm_*.yaml` or
+`vla_*.yaml`, for a tiny random Qwen2-VL, tests/vlm_fixtures.py), and shrinks only the sizes (steps, rows,
 prompts, samples, tokens): the data, the objective, its hyper-parameters and the rewards are the
 example's own, so an example whose data, rewards or settings no longer fit the code fails here, not in
 a user's hands. Multi-turn examples (`rl.env`) run too, on the built-in `hf` engine; an example on the
@@ -105,7 +105,7 @@ def tiny_run_tree(path: Path, models: TinyModels, output_dir: Path) -> dict:
     example's rewards (or its task's default one), with 4 answers per prompt, so some answers are kept.
     """
     tree = find_beside(yaml.safe_load(path.read_text()), path.parent)  # its data files, as `oxrl train` finds them
-    policy = models.vision_language if path.name.startswith("vlm_") else models.policy
+    policy = models.vision_language if path.name.startswith(("vlm_", "vla_")) else models.policy
     settings = {
         "model.name_or_path": str(policy), "run.output_dir": str(output_dir), "train.max_steps": 1,
         "checkpoint.every": None, "logging.samples": [], "logging.plot": False, "logging.progress_bar": False,
@@ -122,8 +122,10 @@ def tiny_run_tree(path: Path, models: TinyModels, output_dir: Path) -> dict:
         settings |= {"rl.prompts_per_step": 2, "rl.rollout.max_new_tokens": 8, "train.micro_batch_size_per_device": 4,
                      "rl.rollout.n": 4 if picks_by_reward else min(rl.get("rollout", {}).get("n", 2), 2),
                      "rl.validation_size": 2 if held_out is None else min(held_out, 2)}
-        if rl.get("task") is not None:
+        if rl.get("task") is not None or "vla" in tree:
             settings["rl.task_size"] = 8
+        if "vla" in tree:  # a chunk is exactly its action tokens
+            del settings["rl.rollout.max_new_tokens"]
         if tree.get("data", {}).get("validation_fraction"):
             del settings["rl.validation_size"]  # the fraction holds out the validation prompts instead
         if rl.get("critic_model") is not None:

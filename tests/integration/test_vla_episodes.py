@@ -153,3 +153,22 @@ def test_an_environment_that_is_not_a_robot_is_refused_by_name():
     env.reset(0)
     with pytest.raises(RobotEnvError, match=r"no camera frame .* it has \['state'\]"):
         env.observation({"state": np.zeros(2)}, "step 3")
+
+
+def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
+    from oxrl.vla.build import record_demonstrations
+    from oxrl.vla.lerobot import read_dataset
+
+    model, processor = vlm
+    env = make_env("pusht")
+    observation, task = env.reset(0)
+    assert task == "push the T-shaped block onto the T-shaped target"
+    assert observation.images[0].size == (96, 96) and observation.state.shape == (2,)
+    assert env.action_dim == 2 and env.low.tolist() == [0.0, 0.0] and env.high.tolist() == [512.0, 512.0]
+    folder, _ = record_demonstrations("pusht", 2, tmp_path / "pusht", max_steps=5)
+    dataset = read_dataset(folder)
+    assert [len(e.frames) for e in dataset.episodes] == [5, 5] and dataset.image_shapes["observation.image"] == (96, 96, 3)
+    tokens = ActionTokenizer.uniform(env.low, env.high, BINS, last_vocabulary_ids(processor.tokenizer, BINS))
+    run = VLAEpisodes("pusht", lambda: make_env("pusht"), tokens, Prompter(processor.tokenizer, processor), 3, "env")
+    episodes = run.run(HFEngine(model, processor.tokenizer), prompts(run, [0]), SamplingParams(n=2))
+    assert episodes.turns == [3, 3] and all(0.0 <= reward <= 3.0 for reward in episodes.rewards)

@@ -112,3 +112,14 @@ def test_a_resumed_vla_run_repeats_the_uninterrupted_one(cloned):
     for step in (3, 4):
         for key in compared:
             assert resumed[step][key] == pytest.approx(full[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_the_bundled_demonstrations_are_what_oxrl_demos_records(tmp_path):
+    bundled = read_dataset(Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos")
+    assert main(["demos", "reach", "--episodes", "64", "--out", str(tmp_path / "demos")]) == 0
+    recorded = read_dataset(tmp_path / "demos")
+    assert [e.task for e in bundled.episodes] == [e.task for e in recorded.episodes]
+    for mine, theirs in zip(bundled.episodes, recorded.episodes, strict=True):
+        for a, b in zip(mine.frames, theirs.frames, strict=True):
+            assert (a.action == b.action).all() and (a.state == b.state).all()
+            assert list(a.images["observation.image"].getdata()) == list(b.images["observation.image"].getdata())
