@@ -166,6 +166,10 @@ def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
 
         spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
+    if cfg.vla is not None and strategy.is_main:
+        from oxrl.vla.build import save_action_tokens
+
+        save_action_tokens(env.tokens, run_dir)
     handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote, processor)
     handles.tokenizer = processor or tokenizer  # what checkpoints are saved with: a VLM's whole processor
     answers: dict[str, list[dict]] = {}

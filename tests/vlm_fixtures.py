@@ -120,8 +120,8 @@ def tiny_idefics3(tokenizer, width: str = "tiny", seed: int = 0):
     return Idefics3ForConditionalGeneration(config), processor
 
 
-def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0) -> Path:
-    return _save(*tiny_qwen2_vl(tokenizer, seed=seed), folder)
+def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0, width: str = "tiny") -> Path:
+    return _save(*tiny_qwen2_vl(tokenizer, width=width, seed=seed), folder)
 
 
 def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:

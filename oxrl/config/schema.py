@@ -905,9 +905,10 @@ class VLAConfig(Section):
     chunk: int = Field(1, ge=1, description="Actions per chunk: each turn samples chunk x action-dimension tokens.")
     max_chunks: int = Field(16, ge=1, description="Chunks (turns) per episode at most.")
     state: bool = Field(True, description="Write the proprioceptive state into the prompt after the instruction.")
-    reward: Literal["success", "env"] = Field(
-        "success", description="An episode's reward: 1 on success, else 0 (`success`); or the environment's rewards "
-        "summed (`env`). Its score, which held-out accuracy counts, is always its success.",
+    reward: Literal["success", "env", "env_max"] = Field(
+        "success", description="An episode's reward: 1 on success, else 0 (`success`); the environment's rewards "
+        "summed (`env`); or their maximum (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy "
+        "counts, is always its success.",
     )
     seed_offset: int = Field(
         0, ge=0, description="Initial states: training episodes reset with seeds offset + 0 .. rl.task_size - 1, "

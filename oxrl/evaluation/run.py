@@ -142,6 +142,9 @@ def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple
     from oxrl.loops.rl_setup import load_prompts
 
     rl = cfg.rl
+    if cfg.vla is not None and data_files:
+        raise ValueError(f"--data {data_files[0]}: a config with a `vla` section is evaluated on its simulator's held-out "
+                         "initial states (rl.validation_size of them), not on prompt files")
     if data_files:
         template = prompt_template(rl)
         prompts = [prompt for path in data_files for prompt in read_rl_prompts(path, template=template)]

@@ -10,8 +10,9 @@ one `Completion`: the first prompt, then action tokens (trained, with the engine
 prompt (written by the environment: untrained, a `context_starts` entry with its frames in `context_vision`).
 The trainer scores every turn in the context the engine sampled it in, and the episode's log-prob is the sum over
 all its action tokens. A group is `rl.rollout.n` episodes from the same initial state (the same reset seed); the
-episode's reward is its success (1 or 0, `vla.reward: success`) or the environment's summed reward (`env`), its
-score its success, so held-out accuracy is the success rate.
+episode's reward is its success (1 or 0, `vla.reward: success`), the environment's summed reward (`env`) or its
+highest one (`env_max`, LeRobot's PushT score: the best coverage of the goal), its score its success, so held-out
+accuracy is the success rate.
 
 Every prompt, the first and the later ones and the demonstrations' (`oxrl/vla/data.py`), is made by one
 `Prompter`, so training, rollouts and evaluation read the same text.
@@ -75,7 +76,8 @@ class _Episode:
     context_starts: list[int] = field(default_factory=list)
     later_vision: list[VisionInputs] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
-    reward: float = 0.0
+    reward: float = 0.0  # the environment's rewards, summed
+    best: float = float("-inf")  # and their maximum
     success: bool = False
     chunks: int = 0
     done: bool = False
@@ -95,7 +97,7 @@ class VLAEpisodes:
     tokens: ActionTokenizer
     prompter: Prompter
     max_chunks: int
-    reward: str = "success"  # success | env
+    reward: str = "success"  # success | env | env_max
 
     @property
     def reference(self) -> str:
@@ -130,7 +132,7 @@ class VLAEpisodes:
         finally:
             for episode in episodes:
                 episode.env.close()
-        rewards = [float(e.success) if self.reward == "success" else e.reward for e in episodes]
+        rewards = [{"success": float(e.success), "env": e.reward, "env_max": e.best}[self.reward] for e in episodes]
         return Episodes([e.completion() for e in episodes], rewards, [float(e.success) for e in episodes],
                         [e.chunks for e in episodes], [len(e.context_starts) for e in episodes], stepping)
 
@@ -163,6 +165,7 @@ class VLAEpisodes:
         for k, action in enumerate(actions):
             transition = self._guarded(lambda: episode.env.step(action, f"{where}, action {k}"), f"{where}, action {k}")
             episode.reward += transition.reward
+            episode.best = max(episode.best, transition.reward)
             episode.success = episode.success or transition.success
             if transition.done or episode.success:
                 episode.done = True

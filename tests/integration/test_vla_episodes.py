@@ -172,3 +172,24 @@ def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
     run = VLAEpisodes("pusht", lambda: make_env("pusht"), tokens, Prompter(processor.tokenizer, processor), 3, "env")
     episodes = run.run(HFEngine(model, processor.tokenizer), prompts(run, [0]), SamplingParams(n=2))
     assert episodes.turns == [3, 3] and all(0.0 <= reward <= 3.0 for reward in episodes.rewards)
+
+
+class TwoCameras(ReachEnv):
+    """`reach` with a second camera (the first one's frame mirrored), as a wrist camera beside a scene camera."""
+
+    def _observation(self) -> dict:
+        observation = super()._observation()
+        return {**observation, "wrist": observation["pixels"][:, ::-1].copy()}
+
+
+def test_every_camera_of_an_observation_is_in_the_prompt_and_scored(vlm):
+    model, processor = vlm
+    run = runner(processor, lambda: RobotEnv(TwoCameras(), "two-cameras"))
+    batch = prompts(run, [0])
+    assert len(batch.vision[0].images) == 2
+    assert "state: " in processor.tokenizer.decode(batch.prompt_ids[0])  # the state follows the instruction
+    torch.manual_seed(2)
+    episodes = run.run(HFEngine(model, processor.tokenizer), batch, SamplingParams(n=2))
+    for completion, trainer in zip(episodes.completions, score_logprobs(model, episodes.completions, 4, 1.0)):
+        assert all(len(vision.images) == 2 for vision in completion.context_vision)
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-5)

@@ -77,7 +77,7 @@ def test_docs_reference_is_up_to_date():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["doctor", "--help"],
-                                  ["config-reference", "--help"]])
+                                  ["config-reference", "--help"], ["demos", "--help"]])
 def test_every_command_has_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
