@@ -2,7 +2,7 @@
 demonstrations, behaviour cloning, then GRPO over episodes, with the environment's own score before and after each.
 
     .venv/bin/python benchmarks/vla_pusht.py                 # about 10 minutes on 2 cores
-    .venv/bin/python benchmarks/vla_pusht.py --out runs/vla-pusht --demos 96 --sft-steps 400 --grpo-steps 8
+    .venv/bin/python benchmarks/vla_pusht.py --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns PushT from the demonstrations alone. The score is LeRobot's PushT

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from oxrl.config.names import (
-    ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
-    DEVICES, DISTILLATION, DTYPES, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
+    ACTION_BINNINGS, ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
+    DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
@@ -893,7 +893,7 @@ class VLAConfig(Section):
         "environments give their own.",
     )
     bins: int = Field(256, ge=2, description="Action tokens per dimension: the last `bins` ids of the vocabulary.")
-    binning: Literal["uniform", "quantile"] = Field(
+    binning: Literal[ACTION_BINNINGS] = Field(
         "uniform",
         description="`uniform`: equal bins over the environment's action space (else the demonstrations' range); "
         "`quantile`: bins holding equal shares of the demonstrations' actions (`vla.stats`, or under `sft` the first "
@@ -905,7 +905,7 @@ class VLAConfig(Section):
     chunk: int = Field(1, ge=1, description="Actions per chunk: each turn samples chunk x action-dimension tokens.")
     max_chunks: int = Field(16, ge=1, description="Chunks (turns) per episode at most.")
     state: bool = Field(True, description="Write the proprioceptive state into the prompt after the instruction.")
-    reward: Literal["success", "env", "env_max"] = Field(
+    reward: Literal[EPISODE_REWARDS] = Field(
         "success", description="An episode's reward: 1 on success, else 0 (`success`); the environment's rewards "
         "summed (`env`); or their maximum (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy "
         "counts, is always its success.",

@@ -132,7 +132,7 @@ class VLAEpisodes:
         finally:
             for episode in episodes:
                 episode.env.close()
-        rewards = [{"success": float(e.success), "env": e.reward, "env_max": e.best}[self.reward] for e in episodes]
+        rewards = [episode_reward(e, self.reward) for e in episodes]
         return Episodes([e.completion() for e in episodes], rewards, [float(e.success) for e in episodes],
                         [e.chunks for e in episodes], [len(e.context_starts) for e in episodes], stepping)
 
@@ -182,6 +182,11 @@ class VLAEpisodes:
 
     def _guarded(self, call, where: str):
         return guarded(call, self.reference, where)
+
+
+def episode_reward(episode: _Episode, kind: str) -> float:
+    """`vla.reward`: success (1 or 0), the environment's rewards summed (`env`), or their maximum (`env_max`)."""
+    return {"success": float(episode.success), "env": episode.reward, "env_max": episode.best}[kind]
 
 
 def guarded(call, reference: str, where: str):

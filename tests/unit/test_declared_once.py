@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import typing
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -98,6 +99,13 @@ def test_the_dispatches_handle_exactly_the_declared_choices():
     # `auto` stands for the others, whatever the world size.
     concrete = {resolve_strategy_name(name, world) for name in names.STRATEGY_NAMES for world in (1, 2)}
     assert concrete == set(names.STRATEGY_NAMES) - {"auto"}
+    from oxrl.vla.action_tokens import ActionTokenizer
+    from oxrl.vla.episodes import episode_reward
+
+    # each binning is the ActionTokenizer constructor of its name; each episode reward a value of episode_reward
+    assert all(callable(getattr(ActionTokenizer, binning, None)) for binning in names.ACTION_BINNINGS)
+    episode = SimpleNamespace(success=True, reward=2.5, best=0.75)
+    assert [episode_reward(episode, kind) for kind in names.EPISODE_REWARDS] == [1.0, 2.5, 0.75]
 
 
 # ----------------------------------------------------------------------------- hyper-parameters by name
