@@ -123,3 +123,37 @@ def test_the_bundled_demonstrations_are_what_oxrl_demos_records(tmp_path):
         for a, b in zip(mine.frames, theirs.frames, strict=True):
             assert (a.action == b.action).all() and (a.state == b.state).all()
             assert list(a.images["observation.image"].getdata()) == list(b.images["observation.image"].getdata())
+
+
+def test_the_bins_come_from_the_environment_or_the_demonstrations(smollm2_tokenizer):
+    import numpy as np
+
+    from oxrl.config.schema import VLAConfig
+    from oxrl.vla.action_tokens import ActionTokenizer
+    from oxrl.vla.build import action_tokenizer
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos"
+    actions = read_dataset(folder).actions()
+    first = smollm2_tokenizer.vocab_size - 8
+    by_env = action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer)
+    assert np.array_equal(by_env.edges, ActionTokenizer.uniform([-1, -1], [1, 1], 8, first).edges)
+    by_range = action_tokenizer(VLAConfig(bins=8, stats=str(folder)), smollm2_tokenizer)
+    assert np.array_equal(by_range.edges, ActionTokenizer.uniform(actions.min(0), actions.max(0), 8, first).edges)
+    by_quantile = action_tokenizer(VLAConfig(bins=8, binning="quantile", stats=str(folder), chunk=3), smollm2_tokenizer)
+    assert np.array_equal(by_quantile.edges, ActionTokenizer.quantile(actions, 8, first).edges)
+    assert by_quantile.chunk == 3 and by_quantile.first_id == first
+    with pytest.raises(ValueError, match="need vla.env"):
+        action_tokenizer(VLAConfig(bins=8), smollm2_tokenizer)
+    with pytest.raises(ValueError, match=r"actions of 2 dimensions, but vla.env '.*:three_joints' takes 3"):
+        action_tokenizer(VLAConfig(env=f"{__name__}:three_joints", bins=8, stats=str(folder)), smollm2_tokenizer)
+
+
+def three_joints():
+    """`reach` with a third action dimension: demonstrations of `reach` do not fit it."""
+    import gymnasium as gym
+
+    from oxrl.vla.envs import ReachEnv
+
+    env = ReachEnv()
+    env.action_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    return env
