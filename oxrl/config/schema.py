@@ -896,8 +896,9 @@ class VLAConfig(Section):
     binning: Literal[ACTION_BINNINGS] = Field(
         "uniform",
         description="`uniform`: equal bins over the environment's action space (else the demonstrations' range); "
-        "`quantile`: bins holding equal shares of the demonstrations' actions (`vla.stats`, or under `sft` the first "
-        "training dataset).",
+        "`uniform_q99`: equal bins over the demonstrations' 1st to 99th percentile (OpenVLA's bounds); `quantile`: "
+        "bins holding equal shares of the demonstrations' actions. The demonstrations are `vla.stats`, or under `sft` "
+        "the first training dataset.",
     )
     stats: str | None = Field(
         None, description="A LeRobot dataset folder whose actions set the bins (the same for SFT, RL and evaluation).",
@@ -1116,8 +1117,8 @@ class Config(Section):
             raise ValueError(f"the `vla` section is read by `sft` (behaviour cloning) and the RL algorithms "
                              f"({', '.join(RL_ALGORITHMS)}), not by `{name}`")
         quantile_source = vla.stats is not None or (name == "sft" and robot)
-        if vla.binning == "quantile" and not quantile_source:
-            raise ValueError("vla.binning `quantile` takes its bins from demonstrations: set vla.stats to a LeRobot "
+        if vla.binning != "uniform" and not quantile_source:
+            raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "
                              "dataset folder")
         if name == "sft":
             other = [f"data.{part}[{i}]" for part in ("train", "validation")

@@ -2,8 +2,9 @@
 
 Each dimension d of an action is cut into `bins` intervals by `bins + 1` edges, and the interval an action value
 falls in is one token. The edges are either uniform over [low_d, high_d] (the environment's action space or the
-dataset's range) or the dataset's quantiles (each bin then holds as many demonstration actions; the outer edges
-are the data's minimum and maximum). A value outside the edges is clipped into the first or last bin.
+dataset's range, or its 1st to 99th percentile as OpenVLA bounds it) or the dataset's quantiles (each bin then holds
+as many demonstration actions; the outer edges are the data's minimum and maximum). A value outside the edges is
+clipped into the first or last bin.
 
 Decoding gives each bin's centre, so encode -> decode returns every in-range value to within half its bin's
 width. A chunk of `chunk` consecutive actions (OpenVLA-OFT's action chunking, arXiv:2502.19645) is `chunk x dims`
@@ -58,6 +59,18 @@ class ActionTokenizer:
                                    f"low={low.tolist()} high={high.tolist()}")
         fractions = np.linspace(0.0, 1.0, bins + 1)
         return cls._checked(low[:, None] + (high - low)[:, None] * fractions[None, :], first_id, chunk)
+
+    @classmethod
+    def uniform_q99(cls, actions: np.ndarray, bins: int, first_id: int, chunk: int = 1) -> ActionTokenizer:
+        """Equal bins between the 1st and 99th percentiles of `actions` [N, dims] (OpenVLA's q01/q99 bounds): a few
+        outlying demonstration actions do not stretch every bin; values beyond fall in the end bins."""
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.ndim != 2 or actions.shape[0] < 2:
+            raise ActionTokenError(f"percentile bounds need at least 2 actions laid out [N, dims], got shape "
+                                   f"{list(actions.shape)}")
+        low, high = np.quantile(actions, 0.01, axis=0), np.quantile(actions, 0.99, axis=0)
+        high = np.where(high > low, high, low + 1e-6 * np.maximum(1.0, np.abs(low)))  # a joint held still
+        return cls.uniform(low, high, bins, first_id, chunk)
 
     @classmethod
     def quantile(cls, actions: np.ndarray, bins: int, first_id: int, chunk: int = 1) -> ActionTokenizer:

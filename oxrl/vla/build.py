@@ -27,7 +27,8 @@ VALIDATION_SEEDS = 1_000_000  # held-out initial states start here, far from the
 
 def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None = None) -> ActionTokenizer:
     """The config's action tokens: uniform over the environment's action space (else the demonstrations' range),
-    or the demonstrations' quantiles; `vla.stats` names the demonstrations when set."""
+    uniform over the demonstrations' 1st..99th percentiles, or their quantiles; `vla.stats` names the demonstrations
+    when set."""
     first_id = last_vocabulary_ids(tokenizer, vla.bins)
     if vla.stats is not None:
         demonstrations = read_dataset(Path(vla.stats))
@@ -47,7 +48,7 @@ def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset |
     actions = demonstrations.actions()
     if vla.binning == "uniform":
         return ActionTokenizer.uniform(actions.min(axis=0), actions.max(axis=0), vla.bins, first_id, vla.chunk)
-    return ActionTokenizer.quantile(actions, vla.bins, first_id, vla.chunk)
+    return getattr(ActionTokenizer, vla.binning)(actions, vla.bins, first_id, vla.chunk)  # uniform_q99, quantile
 
 
 def save_action_tokens(tokens: ActionTokenizer, folder: Path) -> None:

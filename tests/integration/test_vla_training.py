@@ -142,6 +142,8 @@ def test_the_bins_come_from_the_environment_or_the_demonstrations(smollm2_tokeni
     by_quantile = action_tokenizer(VLAConfig(bins=8, binning="quantile", stats=str(folder), chunk=3), smollm2_tokenizer)
     assert np.array_equal(by_quantile.edges, ActionTokenizer.quantile(actions, 8, first).edges)
     assert by_quantile.chunk == 3 and by_quantile.first_id == first
+    by_q99 = action_tokenizer(VLAConfig(bins=8, binning="uniform_q99", stats=str(folder)), smollm2_tokenizer)
+    assert np.array_equal(by_q99.edges, ActionTokenizer.uniform_q99(actions, 8, first).edges)
     with pytest.raises(ValueError, match="need vla.env"):
         action_tokenizer(VLAConfig(bins=8), smollm2_tokenizer)
     with pytest.raises(ValueError, match=r"actions of 2 dimensions, but vla.env '.*:three_joints' takes 3"):

@@ -44,6 +44,16 @@ def test_quantile_bins_hold_equal_shares_and_stay_increasing():
     assert np.all(np.diff(edges) > 0)
 
 
+def test_percentile_bounds_ignore_outliers():
+    actions = np.concatenate([np.linspace(-1.0, 1.0, 999), [50.0]])[:, None]  # one wild action among 1,000
+    tokens = ActionTokenizer.uniform_q99(actions, 4, FIRST)
+    low, high = np.quantile(actions, 0.01), np.quantile(actions, 0.99)
+    assert np.allclose(tokens.edges[0], np.linspace(low, high, 5)) and high < 1.0
+    assert tokens.encode([50.0])[0] - FIRST == 3 and tokens.encode([-7.0])[0] == FIRST  # clipped into the end bins
+    still = ActionTokenizer.uniform_q99(np.zeros((10, 1)), 4, FIRST)  # a joint that never moves still gets bins
+    assert np.all(np.diff(still.edges[0]) > 0)
+
+
 def test_a_chunk_is_time_major_and_decodes_back():
     tokens = ActionTokenizer.uniform([-1, -1], [1, 1], 4, FIRST, chunk=2)
     chunk = [[-0.9, 0.9], [0.1, -0.4]]  # bins (0, 3) then (2, 1)
