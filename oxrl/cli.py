@@ -116,11 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="report usable hardware and backends", description="Report which devices, strategies and backends are usable here, and why not. Changes nothing.")
     doctor.set_defaults(func=_cmd_doctor)
     add_model_parsers(sub)
+    from oxrl.config.names import ROBOT_ENVIRONMENTS  # names only: no torch
+
     demos = sub.add_parser("demos", help="record a built-in simulator's scripted demonstrations (a LeRobot dataset)",
                            description="Record EPISODES demonstrations of a built-in environment's scripted expert, "
                            "from reset seeds SEED, SEED + 1, ..., as a LeRobot dataset folder (parquet + PNG frames) "
                            "that `sft` with a `vla` section trains on (docs/vla.md).")
-    demos.add_argument("env", choices=["reach", "pusht"], help="the environment")
+    demos.add_argument("env", choices=list(ROBOT_ENVIRONMENTS), help="the environment")
     demos.add_argument("--out", required=True, metavar="DIR", help="the dataset folder to create (must not exist)")
     demos.add_argument("--episodes", type=int, default=64, help="demonstrations to record (default 64)")
     demos.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")

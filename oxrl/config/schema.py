@@ -17,7 +17,7 @@ from oxrl.config.names import (
     DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
-    RL_ALGORITHMS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
+    RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
 from oxrl.config.rl_presets import resolve, resolve_online
@@ -1116,6 +1116,9 @@ class Config(Section):
         if name not in ("sft", *RL_ALGORITHMS):
             raise ValueError(f"the `vla` section is read by `sft` (behaviour cloning) and the RL algorithms "
                              f"({', '.join(RL_ALGORITHMS)}), not by `{name}`")
+        if vla.env is not None and vla.env not in ROBOT_ENVIRONMENTS and ":" not in vla.env:
+            raise ValueError(f"vla.env {vla.env!r} is not a built-in environment ({', '.join(ROBOT_ENVIRONMENTS)}) nor a "
+                             "`module:factory` / `file.py:factory` reference")
         quantile_source = vla.stats is not None or (name == "sft" and robot)
         if vla.binning != "uniform" and not quantile_source:
             raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "

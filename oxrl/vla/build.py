@@ -130,7 +130,12 @@ def demonstration_reader(cfg: Config, tokenizer, processor):
 def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: int = 0, max_steps: int = 64,
                           env_kwargs: dict | None = None, instruction: str | None = None) -> tuple[Path, float]:
     """`episodes` demonstrations of a built-in environment's scripted expert, from reset seeds seed, seed + 1, ...,
-    written as a LeRobot dataset; returns the folder and the expert's success rate."""
+    written as a LeRobot dataset; returns the folder and the expert's success rate. Checked before anything runs:
+    at least one episode, and a folder that does not exist yet (or is empty)."""
+    if episodes < 1 or max_steps < 1:
+        raise ValueError(f"demonstrations need at least 1 episode of at least 1 step, got {episodes} of {max_steps}")
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ValueError(f"{folder} exists and is not an empty folder: demonstrations are never written over anything")
     env = make_env(env_name, env_kwargs, instruction)
     act = expert(env_name)
     records, successes = [], 0

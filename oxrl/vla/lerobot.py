@@ -26,6 +26,7 @@ input is a `DataError` naming the file, the 1-based row within it and the field;
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -344,7 +345,8 @@ def write_dataset(root: Path, episodes: list[EpisodeRecord], *, fps: int, robot_
     """
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(f"{root} exists and is not an empty folder; write_dataset never overwrites")
+        raise FileExistsError(errno.EEXIST, f"{root} exists and is not an empty folder; write_dataset never overwrites",
+                              str(root))
     if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
         raise ValueError(f"fps must be a positive integer, got {fps!r}")
     vectors, images = _check_records(episodes)

@@ -100,8 +100,10 @@ def test_the_dispatches_handle_exactly_the_declared_choices():
     concrete = {resolve_strategy_name(name, world) for name in names.STRATEGY_NAMES for world in (1, 2)}
     assert concrete == set(names.STRATEGY_NAMES) - {"auto"}
     from oxrl.vla.action_tokens import ActionTokenizer
+    from oxrl.vla.envs import BUILT_IN
     from oxrl.vla.episodes import episode_reward
 
+    assert tuple(BUILT_IN) == names.ROBOT_ENVIRONMENTS
     # each binning is the ActionTokenizer constructor of its name; each episode reward a value of episode_reward
     assert all(callable(getattr(ActionTokenizer, binning, None)) for binning in names.ACTION_BINNINGS)
     episode = SimpleNamespace(success=True, reward=2.5, best=0.75)
