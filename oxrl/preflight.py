@@ -21,7 +21,11 @@ def missing_for(cfg: Config) -> list[str]:
     for field, name in (("model.name_or_path", cfg.model.name_or_path), ("model.tokenizer", cfg.model.tokenizer)):
         if name and str(name).endswith(".gguf"):
             needs.append(("gguf", "gguf", f"{field} (a .gguf file)"))
-    if is_rl(cfg.algorithm.name):
+    if cfg.vla is not None:  # robot environments (oxrl/vla/envs.py)
+        needs.append(("gymnasium", "gymnasium", "a `vla` section"))
+        if cfg.vla.env == "pusht":
+            needs.append(("gym_pusht", "gym-pusht", "vla.env `pusht`"))
+    if is_rl(cfg.algorithm.name) and cfg.vla is None:  # (a VLA's episodes reward themselves)
         from oxrl.loops.rl_setup import reward_specs  # (the rewards' modules: only a run that scores imports them)
 
         gym_task = cfg.rl.task not in (None, "arithmetic")

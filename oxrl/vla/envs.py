@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 from PIL import Image
 
+from oxrl.dependencies import require
 from oxrl.errors import UserError
 from oxrl.user_code import load_function
 
@@ -183,10 +184,9 @@ BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[dict], np.ndarray], 
 
 
 def _pusht(**kwargs) -> gym.Env:
-    try:
-        import gym_pusht  # noqa: F401  (registers gym_pusht/PushT-v0)
-    except ImportError as error:
-        raise RobotEnvError("vla.env `pusht` needs the gym-pusht package: pip install 'oxrl[vla]'") from error
+    require("gym_pusht", "gym-pusht", "vla.env `pusht`")
+    import gym_pusht  # noqa: F401  (registers gym_pusht/PushT-v0)
+
     return gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
 
 

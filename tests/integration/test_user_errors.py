@@ -81,6 +81,17 @@ def test_the_preflight_names_every_package_a_config_lacks(tmp_path, monkeypatch)
     assert all("pip install '" in line and "oxrl[" not in line for line in missing)
 
 
+def test_a_vla_config_needs_its_simulators_packages_and_no_reward_package(monkeypatch):
+    from oxrl.config.load import load_config
+
+    for module in ("gym_pusht", "math_verify"):
+        monkeypatch.setitem(sys.modules, module, None)
+    pusht = load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=pusht"])
+    assert missing_for(pusht) == ["vla.env `pusht` needs gym-pusht, which is not installed: pip install "
+                                  "'gym-pusht>=0.1.8' (oxRL's `vla` extra)"]
+    assert missing_for(load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=reach"])) == []
+
+
 def test_a_reward_that_raises_stops_the_run_in_one_line(tmp_path, tiny_model_dir, oxrl_log):
     config = _grpo_config(tmp_path, tiny_model_dir, rewards=[{"name": "tests.integration.test_user_errors:explodes"}])
     assert main(["train", str(config)]) == 2
