@@ -60,14 +60,18 @@ def save_action_tokens(tokens: ActionTokenizer, folder: Path) -> None:
 def episode_runner(cfg: Config, tokenizer, processor) -> VLAEpisodes:
     """The RL episode runner of the `vla` section (the model must be a vision-language model)."""
     vla = cfg.vla
-    if processor is None:
-        raise ValueError(f"the `vla` section needs a vision-language model (one with a processor); {cfg.model.name_or_path} "
-                         "is a text model")
+    _check_vision_language(cfg, processor)
     tokens = action_tokenizer(vla, tokenizer)
     logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d, at most %d chunks an episode",
                 vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.max_chunks)
     return VLAEpisodes(vla.env, lambda: make_env(vla.env, vla.env_kwargs, vla.instruction), tokens,
                        Prompter(tokenizer, processor, vla.state), vla.max_chunks, vla.reward)
+
+
+def _check_vision_language(cfg: Config, processor) -> None:
+    if processor is None:
+        raise ValueError(f"the `vla` section needs a vision-language model (one with a processor); "
+                         f"{cfg.model.name_or_path} is a text model")
 
 
 def initial_state_seeds(cfg: Config) -> tuple[list[int], list[int]]:
@@ -94,17 +98,16 @@ def demonstration_reader(cfg: Config, tokenizer, processor):
     """`data.train` entries of format `lerobot` -> training examples: each frame's prompt (its cameras, its
     episode's instruction, its state), then the action chunk that starts at it as action tokens, the only trained
     tokens. A chunk running past the episode's end repeats its last action (the robot holds still)."""
-    if processor is None:
-        raise ValueError(f"the `vla` section needs a vision-language model (one with a processor); {cfg.model.name_or_path} "
-                         "is a text model")
+    _check_vision_language(cfg, processor)
     prompter = Prompter(tokenizer, processor, cfg.vla.state)
     first = cfg.data.train[0]
-    tokens = action_tokenizer(cfg.vla, tokenizer, read_dataset(Path(first.path)))
+    datasets = {first.path: read_dataset(Path(first.path))}  # read once: the bins' and the examples' source
+    tokens = action_tokenizer(cfg.vla, tokenizer, datasets[first.path])
     logger.info("vla: %d action dimensions x %d bins (%s), chunks of %d", tokens.dims, tokens.bins, cfg.vla.binning,
                 tokens.chunk)
 
     def read(spec: DatasetSpec) -> list[Example]:
-        dataset = read_dataset(Path(spec.path))
+        dataset = datasets.pop(spec.path, None) or read_dataset(Path(spec.path))
         if dataset.action_dim != tokens.dims:
             raise ValueError(f"{spec.path}: actions of {dataset.action_dim} dimensions, but the action tokens have "
                              f"{tokens.dims}")
