@@ -21,6 +21,8 @@ from tests.vlm_fixtures import save_tiny_qwen2_vl
 VLA = {"env": "reach", "bins": 16, "max_chunks": 4}
 RUN = {"device": "cpu", "seed": 0}
 QUIET = {"progress_bar": False, "plot": False}
+# Whole training runs through the runner (about two minutes together): `make test` runs them, `make test-fast` not.
+WHOLE_RUNS = pytest.mark.system
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def grpo_config(tmp: Path, model: Path, name: str, **train) -> Path:
     return path
 
 
+@WHOLE_RUNS
 def test_the_demonstrations_are_a_lerobot_dataset_of_the_experts_successes(cloned):
     tmp, _, result = cloned
     dataset = read_dataset(tmp / "demos")
@@ -63,6 +66,7 @@ def test_the_demonstrations_are_a_lerobot_dataset_of_the_experts_successes(clone
     assert recorded["chunk"] == 1 and len(recorded["edges"]) == 2 and len(recorded["edges"][0]) == 17
 
 
+@WHOLE_RUNS
 def test_behaviour_cloning_then_grpo_raise_the_held_out_success_rate(cloned):
     tmp, base, sft = cloned
     evaluated = evaluate_models(EvalRequest(str(sft.final_model_dir), baseline=str(base),
@@ -78,6 +82,7 @@ def test_behaviour_cloning_then_grpo_raise_the_held_out_success_rate(cloned):
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.2, rewards
 
 
+@WHOLE_RUNS
 def test_ppo_trains_a_value_head_on_the_episodes(cloned):
     tmp, _, sft = cloned
     path = grpo_config(tmp, sft.final_model_dir, "ppo", max_steps=3)
@@ -91,6 +96,7 @@ def test_ppo_trains_a_value_head_on_the_episodes(cloned):
     assert len(losses) == 3 and all(loss == loss and loss >= 0 for loss in losses)
 
 
+@WHOLE_RUNS
 def test_a_resumed_vla_run_repeats_the_uninterrupted_one(cloned):
     tmp, _, sft = cloned
     compared = ("reward/mean", "loss", "grad_norm", "turns/mean", "lr")
