@@ -68,8 +68,8 @@ class _Episode:
     task: str
     prompt_ids: list[int]
     vision: VisionInputs
-    context: list[int]
-    context_vision: VisionInputs
+    context: list[int]  # what the engine sees next: the latest prompt
+    current_vision: VisionInputs  # and its frames
     completion_ids: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -113,15 +113,16 @@ class VLAEpisodes:
         params = self.params(params)
         first = engine.generate(batch.prompt_ids, params, batch.vision)
         started = time.perf_counter()
-        stepping = 0.0
-        episodes = [self._start(c, batch) for c in first]
-        stepping += time.perf_counter() - started
-        active, sampled = episodes, first
-        try:
+        episodes: list[_Episode] = []
+        try:  # every environment made is closed, whatever stops the episodes
+            for completion in first:
+                episodes.append(self._start(completion, batch))
+            stepping = time.perf_counter() - started
+            active, sampled = episodes, first
             for chunk in range(1, self.max_chunks + 1):
                 if chunk > 1:
                     sampled = engine.generate([e.context for e in active], replace(params, n=1),
-                                              [e.context_vision for e in active])
+                                              [e.current_vision for e in active])
                 started = time.perf_counter()
                 for episode, completion in zip(active, sampled, strict=True):
                     self._act(episode, completion, chunk)
@@ -178,7 +179,7 @@ class VLAEpisodes:
         episode.completion_ids += ids
         episode.loss_mask += [False] * len(ids)
         episode.later_vision.append(vision)
-        episode.context, episode.context_vision = list(ids), vision
+        episode.context, episode.current_vision = list(ids), vision
 
     def _guarded(self, call, where: str):
         return guarded(call, self.reference, where)
