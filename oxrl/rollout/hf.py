@@ -202,9 +202,7 @@ class HFEngine:
         extra.update(token_type_inputs(model, input_ids))  # Gemma 3: its image tokens' two-way attention
         if prefix is None:  # (n = 1: the rows are the prompts) `generate` encodes the images itself
             extra.update(images)
-        sampling = params.temperature > 0
-        warpers = sampling_processors(params.temperature if sampling else 0.0, params.top_k, params.top_p,
-                                      params.allowed_token_ids)
+        warpers = sampling_processors(params.temperature, params.top_k, params.top_p, params.allowed_token_ids)
         if static:
             new_tokens, token_logprobs = self.static.decode(model, input_ids, attention, params, warpers,
                                                             lambda rows: self._finished(list(rows), params), diverged)

@@ -18,7 +18,7 @@ from oxrl.data.types import Example, Sequence
 from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids
 from oxrl.vla.envs import Observation, expert, make_env
 from oxrl.vla.episodes import Prompter, VLAEpisodes, initial_prompts
-from oxrl.vla.lerobot import EpisodeRecord, LeRobotDataset, read_dataset, write_dataset
+from oxrl.vla.lerobot import EpisodeRecord, LeRobotDataset, read_dataset, refuse_to_overwrite, write_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +137,7 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
     at least one episode, and a folder that does not exist yet (or is empty)."""
     if episodes < 1 or max_steps < 1:
         raise ValueError(f"demonstrations need at least 1 episode of at least 1 step, got {episodes} of {max_steps}")
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ValueError(f"{folder} exists and is not an empty folder: demonstrations are never written over anything")
+    refuse_to_overwrite(folder)
     env = make_env(env_name, env_kwargs, instruction)
     act = expert(env_name)
     records, successes = [], 0

@@ -141,12 +141,12 @@ class ReachEnv(gym.Env):
 
     def step(self, action):
         self.agent = np.clip(self.agent + self.speed * np.clip(np.asarray(action, dtype=np.float64), -1, 1), 0, 1)
-        success = bool(np.linalg.norm(self.agent - self.target) < self.radius)
-        return self._observation(), float(success), success, False, self._info()
+        info = self._info()
+        return self._observation(), float(info["is_success"]), info["is_success"], False, info
 
     def _info(self) -> dict:
         return {"is_success": bool(np.linalg.norm(self.agent - self.target) < self.radius),
-                "agent_pos": self.agent.copy(), "target": self.target.copy()}
+                "agent_pos": self.agent.copy(), "target": self.target.copy(), "speed": self.speed}
 
     def _observation(self) -> dict:
         frame = np.zeros((self.size, self.size, 3), np.uint8)
@@ -158,7 +158,7 @@ class ReachEnv(gym.Env):
 
 def reach_expert(info: dict) -> np.ndarray:
     """The scripted demonstrator of `reach`: straight at the target, at full speed until the last step."""
-    return np.clip((info["target"] - info["agent_pos"]) / 0.25, -1.0, 1.0)
+    return np.clip((info["target"] - info["agent_pos"]) / info["speed"], -1.0, 1.0)
 
 
 def pusht_expert(info: dict) -> np.ndarray:

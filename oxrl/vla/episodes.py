@@ -142,13 +142,11 @@ class VLAEpisodes:
         seed = int(batch.fields[sampled.prompt_index]["seed"])
         env = self.make_env()
         observation, task = self._guarded(lambda: env.reset(seed), f"reset(seed={seed})")
-        ids, vision = self.prompter.encode(observation, task, self.reference, seed)
-        prompt_ids = batch.prompt_ids[sampled.prompt_index]
-        if ids != prompt_ids:
+        prompt_ids, vision = batch.prompt_ids[sampled.prompt_index], batch.vision[sampled.prompt_index]
+        if self.prompter.encode(observation, task, self.reference, seed)[0] != prompt_ids:
             raise EpisodeError(f"{self.reference}: reset(seed={seed}) gave another initial observation than when the "
                                "prompts were made: the environment must be deterministic given its reset seed")
-        return _Episode(sampled.prompt_index, seed, env, task, list(prompt_ids), batch.vision[sampled.prompt_index],
-                        list(prompt_ids), vision)
+        return _Episode(sampled.prompt_index, seed, env, task, list(prompt_ids), vision, list(prompt_ids), vision)
 
     def _act(self, episode: _Episode, sampled: Completion, chunk: int) -> None:
         """Decode the sampled chunk, step the simulator with each action in turn, and append the next prompt."""

@@ -344,9 +344,7 @@ def write_dataset(root: Path, episodes: list[EpisodeRecord], *, fps: int, robot_
     leaves a folder that reads as a dataset.
     """
     root = Path(root)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(errno.EEXIST, f"{root} exists and is not an empty folder; write_dataset never overwrites",
-                              str(root))
+    refuse_to_overwrite(root)
     if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
         raise ValueError(f"fps must be a positive integer, got {fps!r}")
     vectors, images = _check_records(episodes)
@@ -360,6 +358,13 @@ def write_dataset(root: Path, episodes: list[EpisodeRecord], *, fps: int, robot_
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return root
+
+
+def refuse_to_overwrite(root: Path) -> None:
+    """FileExistsError unless `root` is absent or an empty folder: a dataset is never written over anything."""
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(errno.EEXIST, f"{root} exists and is not an empty folder; a dataset is never written "
+                              "over anything", str(root))
 
 
 def _check_records(episodes: list[EpisodeRecord]) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, int]]]:
