@@ -55,7 +55,7 @@ def main() -> None:
     from oxrl.data.rl_prompts import load_rl_prompts
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.models.load import load_model, load_tokenizer
-    from oxrl.loops.rl_stages import sampling_params
+    from oxrl.loops.rl import sampling_params
     from oxrl.rollout.hf import HFEngine
     from oxrl.training.allocator import keep_freed_memory
     from oxrl.models.precision import samples_from_bf16_copy

@@ -86,7 +86,7 @@ def write_config(cfg: Config, run_dir: Path, is_main: bool) -> None:
 def config_summary(cfg: Config, run_dir: Path) -> str:
     """Two lines: where the run and its whole config are, and what it runs with the settings that differ from
     the defaults (a whole config is some 180 lines, too many to read at every start)."""
-    from oxrl.logging.report import model_name, non_default_settings
+    from oxrl.config.load import model_name, non_default_settings
 
     skipped = {"run.name", "run.output_dir", "algorithm.name", "model.name_or_path"}  # said on the first line
     changed = ", ".join(f"{key}={_short(value)}" for key, value, _ in non_default_settings(cfg) if key not in skipped)
@@ -237,7 +237,7 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
         online, sampled = build_online(cfg, model, tokenizer, strategy, train_prompts)
         engine = _engine(cfg, sampled, tokenizer, strategy, remote, processor)
         return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online,
-                         shared_rollouts=remote is not None)
+                         shared_rollouts=remote is not None, ahead=_sampled_ahead(cfg))
     reference = None
     if rl.kl_coef > 0:  # beta = 0 builds no reference at all
         from oxrl.models.reference import build_reference
@@ -260,7 +260,16 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
         critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
     engine = _engine(cfg, model, tokenizer, strategy, remote, processor)
     return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer,
-                     shared_rollouts=remote is not None)
+                     shared_rollouts=remote is not None, ahead=_sampled_ahead(cfg))
+
+
+def _sampled_ahead(cfg: Config):
+    """`rl.max_staleness` >= 1: the schedule that samples steps ahead of the update (oxrl/loops/pipeline.py)."""
+    if not cfg.rl.max_staleness:
+        return None
+    from oxrl.loops.pipeline import RolloutPipeline
+
+    return RolloutPipeline.of
 
 
 def _engine(cfg: Config, model, tokenizer, strategy, remote, processor=None):

@@ -138,4 +138,10 @@ def rl_handles(cfg, model, engine, reward_fn=None, strategy=None, critic_model=N
     strategy = strategy if strategy is not None else SingleDevice(torch.device("cpu"), "no", max_grad_norm=1.0)
     critic = Critic.configured(critic_model, strategy, cfg) if critic_model is not None else None
     # `policy` is what `prepare` replaces with the prepared model; the model itself for stages called directly
-    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer, policy=model)
+    ahead = None
+    if cfg.rl.max_staleness:
+        from oxrl.loops.pipeline import RolloutPipeline
+
+        ahead = RolloutPipeline.of
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer, policy=model,
+                     ahead=ahead)

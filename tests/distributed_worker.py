@@ -107,8 +107,8 @@ def probe_logits(model) -> list:
 
 def grpo_update(cfg: Config, strategy: Strategy) -> dict:
     """One `update` (rl.epochs = 2 optimizer steps) on fixed rollouts; advantages of two estimators."""
-    from oxrl.loops.rl_batch import score_logprobs
-    from oxrl.loops.rl_stages import Rollout, estimate
+    from oxrl.loops.rl_update import score_logprobs
+    from oxrl.loops.rl import Rollout, estimate
     from oxrl.loops.rl_update import update
     from oxrl.training.optim import build_optimizer, build_scheduler
 
@@ -133,7 +133,7 @@ def grpo_update(cfg: Config, strategy: Strategy) -> dict:
 def ppo_update(cfg: Config, strategy: Strategy, out: Path) -> dict:
     """PPO on fixed rollouts: critic values, GAE over every rank's tokens, 2 policy + critic steps."""
     from oxrl.loops.rl import prepare
-    from oxrl.loops.rl_stages import Rollout, estimate, score
+    from oxrl.loops.rl import Rollout, estimate, score
     from oxrl.loops.rl_update import update
 
     h = rl_handles(cfg, make_tiny_llama(), None, strategy=strategy, critic_model=make_tiny_critic(seed=3))

@@ -244,7 +244,7 @@ def finish(
     trained = inp.mask.bool()
     agg = dict(mode=params.aggregation, normaliser=inp.normaliser, max_len=params.max_len)
 
-    # The train/inference mismatch itself is logged once, by the loop (oxrl/loops/mismatch.py); corrected here on request.
+    # The train/inference mismatch itself is logged once, by the loop (oxrl/loops/rl_update.py); corrected here on request.
     if params.off_policy_correction != "none":
         if inp.behaviour_logprobs is None:
             raise ValueError(f"off_policy_correction {params.off_policy_correction!r} needs "

@@ -11,7 +11,9 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 
+from oxrl.config.rl_presets import preset_values
 from oxrl.config.schema import Config
 
 
@@ -208,6 +210,52 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
+def model_name(cfg: Config) -> str:
+    """The model as given, a local folder or file by its own name (not its whole path); `+ LoRA` when adapted."""
+    name = cfg.model.name_or_path
+    if Path(name).exists():
+        name = Path(name).name
+    return f"{name} + LoRA" if cfg.lora.enabled else name
+
+
+REQUIRED, NOT_SET = "(required)", "(not set)"
+
+
+def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value, default) for every key whose value differs from its default, sorted by key. Required
+    keys (no default) are always listed, their default shown as REQUIRED. An RL algorithm's preset values (the
+    `rl` keys it fills, e.g. ppo's `advantage: gae`) are its defaults: only a value the user changed is listed."""
+    changed = flatten(cfg.model_dump(mode="json", exclude_defaults=True))
+    preset = preset_settings(cfg.algorithm.name)
+    listed = [(key, value, preset[key] if key in preset else schema_default(key))
+              for key, value in sorted(changed.items())]
+    return [(key, value, default) for key, value, default in listed if value != default]
+
+
+def preset_settings(algorithm: str) -> dict[str, Any]:
+    """The `rl` keys an RL algorithm's preset fills, with their values (empty for other algorithms)."""
+    return {f"rl.{key}": value for key, value in preset_values(algorithm).items()}
+
+
+def schema_default(key: str) -> Any:
+    """The schema's default for a dotted key: REQUIRED when it has none. Below a field that is not a section
+    (a dict such as `rl.task_config`, or a section whose default is None), the default's own entry: NOT_SET
+    when it has none, the None of an absent section."""
+    model, parts = Config, key.split(".")
+    for depth, part in enumerate(parts):
+        field = model.model_fields[part]
+        default = REQUIRED if field.is_required() else to_jsonable_python(field.get_default(call_default_factory=True))
+        inner = _model_in(field.annotation)
+        if inner is None or default is None or isinstance(default, list):
+            for rest in parts[depth + 1 :]:
+                if not isinstance(default, dict):
+                    break
+                default = default.get(rest, NOT_SET)
+            return default
+        model = inner
+    return default
+
+
 def describe_errors(error: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     items = error.errors()
@@ -303,8 +351,6 @@ def saved_form(config: Config) -> dict[str, Any]:
     """The config as `config.yaml` holds it: every key, except that an `rl` value equal to what the algorithm's
     preset fills is left unset (null), as the user left it. Loading it resolves the same values again, and the
     file run with another `algorithm.name` gets that algorithm's preset, not the first one's."""
-    from oxrl.config.rl_presets import preset_values
-
     data = config.model_dump(mode="json")
     for key, value in preset_values(config.algorithm.name).items():
         if data["rl"][key] == value:

@@ -816,9 +816,10 @@ class LoggingConfig(Section):
     mlflow_tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
     )
-    plot: bool = Field(True, description="At the end of the run (rank 0), write `curves.png` (the logged metrics that "
-                       "moved) and `report.md` (config keys that differ from the defaults, timings, results, sample "
-                       "completions from the start and the end) into the run directory.")
+    plot: bool = Field(False, description="At the end of the run (rank 0), write `curves.png` (the logged metrics "
+                       "that moved, with matplotlib) and `report.md` (config keys that differ from the defaults, timings, "
+                       "results, sample completions from the start and the end) into the run directory. Off by default "
+                       "(metrics.jsonl holds every logged value); the examples turn it on.")
     samples: list[str] = Field(
         default_factory=list, description="Prompts to answer before and after training (shown and saved)."
     )

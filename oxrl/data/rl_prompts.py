@@ -42,14 +42,14 @@ from oxrl.data.images import decode_images
 from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
 from oxrl.data.mix import mix
 from oxrl.data.read import Row, read_dataset
-from oxrl.data.rl_tasks import PromptTemplate, RLPrompt, generate_rl_prompts, plain_text
+from oxrl.data.rl_tasks import (DEFAULT_VALIDATION_SIZE, PromptTemplate, RLPrompt, plain_text, prompt_template,
+                                task_prompts)
 from oxrl.data.extract import last_boxed
 
 logger = logging.getLogger(__name__)
 
-# `rl.validation_size` left unset: a generated task gets this many held-out prompts; prompt files hold
-# out a tenth of their rows, at most this many (so files of fewer than 10 rows train on every row).
-DEFAULT_VALIDATION_SIZE = 100
+# `rl.validation_size` left unset: prompt files hold out a tenth of their rows, at most DEFAULT_VALIDATION_SIZE
+# (so files of fewer than 10 rows train on every row).
 DEFAULT_VALIDATION_ONE_IN = 10
 
 
@@ -65,9 +65,7 @@ def load_rl_prompts(data: DataConfig, rl: RLConfig, *, seed: int) -> LoadedPromp
     """Training and validation prompts: `rl.task`'s, else those of the `data` files (module docstring)."""
     template = prompt_template(rl)
     if rl.task is not None:
-        validation_size = DEFAULT_VALIDATION_SIZE if rl.validation_size is None else rl.validation_size
-        train, validation = generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=validation_size,
-                                                seed=seed, template=template, **rl.task_config)
+        train, validation = task_prompts(rl, seed)
         return LoadedPrompts(train, validation, {rl.task: len(train)}, {})
     if not data.train:
         raise ValueError("RL needs prompts: set rl.task (e.g. `arithmetic`) or data.train to prompt files")
@@ -98,11 +96,6 @@ def load_rl_prompts(data: DataConfig, rl: RLConfig, *, seed: int) -> LoadedPromp
     logger.info("RL prompts: %d training / %d validation; per dataset %s; skipped %s",
                 len(train), len(validation), counts, dict(skipped) or "none")
     return LoadedPrompts(train, validation, counts, dict(skipped))
-
-
-def prompt_template(rl: RLConfig) -> PromptTemplate:
-    custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
-    return PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
 
 
 def validation_split_size(requested: int | None, rows: int) -> int:

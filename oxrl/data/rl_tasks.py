@@ -34,7 +34,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from oxrl.config.schema import RewardConfig
+from oxrl.config.schema import RewardConfig, RLConfig
 from oxrl.data.errors import DataError
 from oxrl.data.types import RLPromptBatch, VisionInputs
 
@@ -46,6 +46,9 @@ ANSWER_INSTRUCTIONS = {
 }
 TASK_REWARDS: dict[str, str] = {"arithmetic": "math", "gsm8k": "math", "openr1": "math", "reasoning_gym": "reasoning_gym"}
 ARITHMETIC_OPTIONS = ("max_operand",)  # the `task_config` keys of the built-in `arithmetic` task
+# `rl.validation_size` left unset: a generated task gets this many held-out prompts; prompt files hold
+# out a tenth of their rows, at most this many (oxrl/data/rl_prompts.py).
+DEFAULT_VALIDATION_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,18 @@ def default_rewards(task: str, answer_format: str = "boxed") -> list[RewardConfi
 
 # ---------------------------------------------------------------------------------------------
 # Generated tasks
+
+
+def task_prompts(rl: RLConfig, seed: int) -> tuple[list[RLPrompt], list[RLPrompt]]:
+    """`rl.task`'s training and held-out prompts, in the run's prompt template."""
+    validation_size = DEFAULT_VALIDATION_SIZE if rl.validation_size is None else rl.validation_size
+    return generate_rl_prompts(rl.task, train_size=rl.task_size, validation_size=validation_size, seed=seed,
+                               template=prompt_template(rl), **rl.task_config)
+
+
+def prompt_template(rl: RLConfig) -> PromptTemplate:
+    custom = {"user": rl.prompt_template} if rl.prompt_template is not None else {}
+    return PromptTemplate(answer_format=rl.answer_format, system=rl.system_prompt, **custom)
 
 
 def generate_rl_prompts(

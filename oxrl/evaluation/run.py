@@ -16,7 +16,7 @@ they mean in training, and the RL loop's own functions do the work:
   `rl.validation_size`, `run.seed`), or the config's `data.validation` or held-out `data.train` rows.
   `--limit N` keeps the first N;
 - rewards: `rl.rewards` (`--reward`), else the task's default (`reward_function`); the first reward
-  decides correctness (oxrl/loops/accuracy.py);
+  decides correctness (oxrl/loops/rl.py);
 - a greedy pass (T = 0, one sample per prompt, `sampling_params(rl, greedy=True)`: what the RL loop's
   `evaluate` runs) and, with `--n K` > 1, a sampled pass of K samples per prompt at
   `rl.rollout.temperature` for pass@k. Each pass is `sample_and_reward` then `summarise`, as in the
@@ -37,7 +37,7 @@ from pathlib import Path
 from oxrl.config.names import SAMPLING_ALGORITHMS
 from oxrl.config.schema import Config
 from oxrl.data.rl_tasks import RLPrompt
-from oxrl.loops.accuracy import correct_flags, summarise
+from oxrl.loops.rl import correct_flags, summarise
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
 
 def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple[list[RLPrompt], str]:
     """The prompts to evaluate on (module docstring), and where they come from in words."""
-    from oxrl.data.rl_prompts import prompt_template, read_rl_prompts
+    from oxrl.data.rl_prompts import read_rl_prompts
+    from oxrl.data.rl_tasks import prompt_template
     from oxrl.loops.rl_setup import load_prompts
 
     rl = cfg.rl
@@ -204,7 +205,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
 
 
 def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn, strategy, writer: _SampleWriter) -> ModelReport:
-    from oxrl.loops.rl_stages import sampling_params
+    from oxrl.loops.rl import sampling_params
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.loops.rl_setup import environment
     from oxrl.models.load import load_model, load_processor, load_tokenizer
@@ -246,7 +247,7 @@ def _sample_with_progress(engine, reward_fn, env, batch, params, what: str, chun
 
     from tqdm import tqdm
 
-    from oxrl.loops.rl_stages import sample_and_reward
+    from oxrl.loops.rl import sample_and_reward
     from oxrl.rewards.combine import RewardOutput
 
     completions, parts = [], []

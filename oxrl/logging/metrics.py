@@ -4,8 +4,8 @@
 that starts at `start_step` (a resume) first drops the rows logged after that step by the process
 it replaces (killed after logging a step but before checkpointing it), and a run starting at step
 0 starts the file afresh. So after any resume the rows' steps are unique and increasing.
-Trackers (MLflow, TensorBoard, Weights & Biases: oxrl/logging/trackers.py) get the same rows, their
-names mapped once by `tracker_name`.
+Trackers (MLflow, TensorBoard, Weights & Biases: oxrl/logging/trackers.py, loaded only when
+`logging.report_to` names one) get the same rows.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from oxrl.logging.trackers import Tracker, open_trackers, tracker_name
 
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
+    from oxrl.logging.trackers import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         keep_rows_up_to(self.path, start_step)
-        if config is not None:
+        if config is not None and config.logging.report_to:
+            from oxrl.logging.trackers import open_trackers
+
             self.trackers = open_trackers(config, self.path.parent, start_step)
         if progress_bar:
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
@@ -52,10 +54,8 @@ class MetricsLogger:
         values = {k: float(v) for k, v in metrics.items()}
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
-        if self.trackers:
-            named = {tracker_name(k): v for k, v in values.items()}
-            for tracker in self.trackers:
-                tracker.log(named, step)
+        for tracker in self.trackers:
+            tracker.log(values, step)
         if self.bar is not None:
             if advance:
                 self.bar.update(step - self.bar.n)

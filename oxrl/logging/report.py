@@ -16,11 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic_core import to_jsonable_python
-
-from oxrl.config.load import _model_in
+from oxrl.config.load import NOT_SET, REQUIRED, model_name, non_default_settings
 from oxrl.config.schema import Config
-from oxrl.config.load import flatten
 from oxrl.logging.metrics import read_metrics
 from oxrl.logging.plot import plot_curves
 
@@ -48,54 +45,6 @@ def write_report(run_dir: Path, cfg: Config, wall_time_s: float, accuracy: tuple
 
 def headline(cfg: Config) -> str:
     return f"{cfg.run.name} · {cfg.algorithm.name} · {model_name(cfg)}"
-
-
-def model_name(cfg: Config) -> str:
-    """The model as given, a local folder or file by its own name (not its whole path); `+ LoRA` when adapted."""
-    name = cfg.model.name_or_path
-    if Path(name).exists():
-        name = Path(name).name
-    return f"{name} + LoRA" if cfg.lora.enabled else name
-
-
-REQUIRED, NOT_SET = "(required)", "(not set)"
-
-
-def non_default_settings(cfg: Config) -> list[tuple[str, Any, Any]]:
-    """(dotted key, value, default) for every key whose value differs from its default, sorted by key. Required
-    keys (no default) are always listed, their default shown as REQUIRED. An RL algorithm's preset values (the
-    `rl` keys it fills, e.g. ppo's `advantage: gae`) are its defaults: only a value the user changed is listed."""
-    changed = flatten(cfg.model_dump(mode="json", exclude_defaults=True))
-    preset = preset_settings(cfg.algorithm.name)
-    listed = [(key, value, preset[key] if key in preset else schema_default(key))
-              for key, value in sorted(changed.items())]
-    return [(key, value, default) for key, value, default in listed if value != default]
-
-
-def preset_settings(algorithm: str) -> dict[str, Any]:
-    """The `rl` keys an RL algorithm's preset fills, with their values (empty for other algorithms)."""
-    from oxrl.config.rl_presets import preset_values
-
-    return {f"rl.{key}": value for key, value in preset_values(algorithm).items()}
-
-
-def schema_default(key: str) -> Any:
-    """The schema's default for a dotted key: REQUIRED when it has none. Below a field that is not a section
-    (a dict such as `rl.task_config`, or a section whose default is None), the default's own entry: NOT_SET
-    when it has none, the None of an absent section."""
-    model, parts = Config, key.split(".")
-    for depth, part in enumerate(parts):
-        field = model.model_fields[part]
-        default = REQUIRED if field.is_required() else to_jsonable_python(field.get_default(call_default_factory=True))
-        inner = _model_in(field.annotation)
-        if inner is None or default is None or isinstance(default, list):
-            for rest in parts[depth + 1 :]:
-                if not isinstance(default, dict):
-                    break
-                default = default.get(rest, NOT_SET)
-            return default
-        model = inner
-    return default
 
 
 def _results(records: list[dict], accuracy: tuple[float | None, float | None] | None) -> list[str]:

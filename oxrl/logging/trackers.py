@@ -21,8 +21,10 @@ from oxrl.config.names import TRACKERS
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
 
+
 class Tracker(Protocol):
-    def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """One step's metrics under oxRL's names (`tracker_name` maps them to what the tracker accepts)."""
 
     def close(self, failed: bool) -> None: ...
 
@@ -82,7 +84,7 @@ class MLflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(tracker_name(k), v, now, step) for k, v in metrics.items()])
 
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -102,7 +104,7 @@ class TensorBoardTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            self.writer.add_scalar(tracker_name(key), value, step)
 
     def close(self, failed: bool) -> None:
         self.writer.close()
@@ -119,7 +121,7 @@ class WandbTracker:
         self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=params, reinit="create_new")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
+        self.run.log({tracker_name(key): value for key, value in metrics.items()}, step=step)
 
     def close(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)

@@ -26,7 +26,7 @@ from oxrl.models.model_inputs import forward_inputs
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import pack
-from oxrl.loops.rl_batch import completion_example, completion_index, pad_rows
+from oxrl.loops.rl_update import completion_example, completion_index, pad_rows
 from oxrl.rollout.base import Completion
 from oxrl.training.optim import build_optimizer, build_scheduler
 
@@ -57,7 +57,7 @@ class SharedValueHead:
         """Nothing to prepare: the head is one of the policy's parameters, optimised and saved with it."""
 
     def values(self, completions: list[Completion]) -> None:
-        """None: the policy's old-log-prob pass gives the values (`rl_stages.score`)."""
+        """None: the policy's old-log-prob pass gives the values (`score` in oxrl/loops/rl.py)."""
         return None
 
     def update(self, completions, old_values, returns, step: int) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Online algorithms: the step's samples become offline examples, trained with an offline objective.
 
     for each step:
-        sample     completions <- engine(prompts, n each); rewards <- any reward        (as in RL: rl_stages.py),
+        sample     completions <- engine(prompts, n each); rewards <- any reward        (as in RL: rl.py),
                    `rl.max_staleness` steps ahead as in RL (oxrl/loops/pipeline.py; not spin)
         select     online_dpo: (best, worst) pair per prompt, ties dropped       oxrl/algorithms/online.py
                    rft:        the completions at or above the threshold (or best-of-n), distinct
@@ -36,9 +36,9 @@ from oxrl.data.types import Example, RLPromptBatch, Sequence
 from oxrl.loops.sl import Objective
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.rl import sync
-from oxrl.loops.rl_batch import completion_example
-from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
-from oxrl.loops.rl_stages import naming_step
+from oxrl.loops.rl_update import completion_example
+from oxrl.loops.rl import global_metrics, rollout_metrics
+from oxrl.loops.rl import naming_step
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.reference import FrozenModel, build_reference
 

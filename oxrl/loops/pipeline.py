@@ -8,7 +8,8 @@
                step t + k while the trainers update step t; the built-in engines sample it here, in turn,
                from the live weights, which are then exactly the scheduled version
 
-k = 0 is the synchronous loop: step t is sampled, then trained, in that order and with the same random draws.
+k = 0 is the synchronous loop (`InTurn` in oxrl/loops/rl.py, which this schedule equals at k = 0 with the same
+random draws); the runner plugs this one in as `RLHandles.ahead` when k >= 1.
 The update's ratio starts from the trainer's own policy before the update (pi_old, the proximal policy); the
 engine's log-probs are the behaviour policy's, which `rl.off_policy_correction` corrects for
 (oxrl/algorithms/policy_loss.py `off_policy_weight`).
@@ -21,13 +22,12 @@ and samples the later steps from the same weights with the same random state.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from oxrl.data.types import RLPromptBatch
-from oxrl.errors import UserError
-from oxrl.loops.rl_stages import Rollout, Sampling, finish_sample, start_sample
+from oxrl.loops.rl import ResumeError, Rollout, Sampled, Sampling, finish_sample, start_sample
 from oxrl.rollout.base import Completion
 from oxrl.training.checkpoint_files import WHAT_TO_DO, CheckpointError
 
@@ -37,21 +37,11 @@ def sampling_version(step: int, max_staleness: int) -> int:
     return max(0, step - max_staleness)
 
 
-@dataclass
-class Sampled:
-    """A step's samples, sampled by `version`, with the metrics of their sampling."""
-
-    step: int  # 0-based
-    version: int
-    rollout: Rollout
-    metrics: dict[str, float]
-
-
 class RolloutPipeline:
     """The steps sampled ahead of the update, each by the version the schedule names.
 
     `begin(step)` starts the step's prompts (a function of the step: `prompts_of`), `finish` turns a started
-    step into a `Rollout`; both are the sample stage's (oxrl/loops/rl_stages.py)."""
+    step into a `Rollout`; both are the sample stage's (oxrl/loops/rl.py)."""
 
     def __init__(self, max_staleness: int, total_steps: int, prompts_of: Callable[[int], RLPromptBatch],
                  begin: Callable[[RLPromptBatch, int], Sampling],
@@ -130,10 +120,6 @@ class RolloutPipeline:
         if sorted(self.sampled) != expected:
             raise ValueError(f"its samples ahead are of steps {[s + 1 for s in sorted(self.sampled)]}, expected "
                              f"{[s + 1 for s in expected]}")
-
-
-class ResumeError(UserError, ValueError):
-    """A checkpoint of a pipelined run cannot resume this run's schedule."""
 
 
 def _sampled_to_json(sampled: Sampled) -> dict:

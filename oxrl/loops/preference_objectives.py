@@ -31,7 +31,7 @@ from oxrl.algorithms.kto import KTOInput, KTOParams, kto_loss
 from oxrl.models.logprobs import forward_logits, sequence_sums, token_logprobs
 from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, LossOutput, PreferenceInput, PreferenceParams
 from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
-from oxrl.loops.params import params_from
+from oxrl.config.params import params_from
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.loops.sl import Objective

@@ -5,20 +5,23 @@ from __future__ import annotations
 import logging
 
 from oxrl.config.schema import Config, RLConfig
-from oxrl.data.rl_prompts import load_rl_prompts
-from oxrl.data.rl_tasks import RLPrompt, default_rewards
+from oxrl.data.rl_tasks import RLPrompt, default_rewards, task_prompts
 from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
 
 logger = logging.getLogger(__name__)
 
 
 def load_prompts(cfg: Config, rl: RLConfig) -> tuple[list[RLPrompt], list[RLPrompt]]:
-    """Training and validation prompts (`oxrl.data.rl_prompts.load_rl_prompts`); a VLA's are its simulator's
-    initial states (oxrl/vla/build.py)."""
+    """Training and validation prompts: `rl.task`'s generated ones, those of prompt files (read like offline
+    data, `oxrl.data.rl_prompts.load_rl_prompts`), or a VLA's simulator's initial states (oxrl/vla/build.py)."""
     if cfg.vla is not None:
         from oxrl.vla.build import initial_state_prompts
 
         return initial_state_prompts(cfg)
+    if rl.task is not None:
+        return task_prompts(rl, cfg.run.seed)
+    from oxrl.data.rl_prompts import load_rl_prompts
+
     loaded = load_rl_prompts(cfg.data, rl, seed=cfg.run.seed)
     return loaded.train, loaded.validation
 

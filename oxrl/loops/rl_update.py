@@ -1,4 +1,4 @@
-"""Stage 4 of an RL step: `rl.epochs` x `rl.mini_batches` optimizer steps on the step's rollout.
+"""Stage 4 of an RL step, the update: `rl.epochs` x `rl.mini_batches` optimizer steps on the step's rollout.
 
     for epoch, for mini-batch:
         N      <- trained tokens (or sequences) of the mini-batch on every rank: the loss normaliser
@@ -12,6 +12,27 @@ loss is policy_loss + value_coef x value_loss, and there is no critic step: the 
 One update per rollout takes pi_old from the update's own log-probs (detached), and measures the
 engine/trainer mismatch there; `rl.strict_on_policy` refuses the update before its step if the samples
 were not the policy's own.
+
+Below the update, the two things it is made of:
+
+Completions as training rows. A completion is trained as one `Sequence` = prompt tokens + exactly the sampled
+completion tokens (never re-tokenised text), with the loss mask on the sampled tokens only (a multi-turn
+episode's environment-written tokens are context, not trained). An episode whose context restarted
+(`Completion.context_starts`) becomes several sequences of one `Example`, each with its own positions, so the
+trainer sees exactly the context the engine saw. Micro-batches pack several examples in one row;
+`completion_index` then gathers each completion's trained positions into a padded [S, L] layout (one row per
+completion), the one the policy losses take. The score stage (oxrl/loops/rl.py) and the critic use them too.
+
+The engine/trainer mismatch, on the tokens the engine sampled (environment-written tokens of multi-turn
+episodes have no engine log-prob and are left out):
+
+    logprob_mismatch/mean_abs   mean |log p_engine(y) - log p_trainer(y)|
+    logprob_mismatch/kl         mean k3 estimate of KL(engine || trainer), y ~ engine (0 when they agree)
+
+They are 0 up to float noise when the engine samples from the weights being trained (the built-in engine, or
+vLLM after a verified sync); a growing value means the samples are off-policy (stale weights, kernel or
+precision differences), which `rl.off_policy_correction` corrects and `rl.strict_on_policy` refuses. Computed
+from additive sums, so micro-batches and ranks combine exactly.
 """
 
 from __future__ import annotations
@@ -20,15 +41,39 @@ import math
 
 import torch
 
+from oxrl.algorithms.advantages import NEEDS_VALUES, AdvantageParams
+from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss
+from oxrl.config.params import params_from
+from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import micro_batches
-from oxrl.data.types import pack
+from oxrl.data.types import Example, PackedBatch, Sequence, pack
+from oxrl.models.logprobs import token_logprobs
 from oxrl.models.packed_attention import prefix_sharing
-from oxrl.loops.mismatch import OffPolicyError, check_on_policy, mismatch_metrics, mismatch_sums
-from oxrl.loops.rl_batch import completion_example, pad_rows, policy_rows
-from oxrl.loops.rl_stages import shared_value_head
-from oxrl.loops.params import loss_params
+from oxrl.rollout.base import Completion
+
+
+def loss_params(rl: RLConfig) -> PolicyLossParams:
+    return params_from(PolicyLossParams, rl)
+
+
+def advantage_params(rl: RLConfig) -> AdvantageParams:
+    return params_from(AdvantageParams, rl)
+
+
+def single_on_policy_update(rl: RLConfig) -> bool:
+    """One optimizer step per rollout, on the policy that sampled it: pi_old IS the policy at update time, so the
+    update's own log-probs (detached) are the old ones and no separate no-grad pass is needed (TRL and verl skip
+    it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update, nor with a
+    shared value head, whose values GAE needs before the update: the pass that gives them gives the old log-probs."""
+    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
+    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0) and not shared_head
+
+
+def shared_value_head(h) -> torch.nn.Module | None:
+    """The critic's value head on the policy's backbone (`rl.critic_backbone: shared`), else None."""
+    return h.critic.shared_head if h.critic is not None else None
 
 
 def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]:
@@ -137,3 +182,124 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
         value_inp = ValueLossInput(state_values.float(), rows(rollout.values), rows(rollout.returns), valid,
                                    value_normaliser)
     return inp, value_inp, gap
+
+
+# ---- completions as training rows ---------------------------------------------------------------------------------
+
+
+def completion_example(completion: Completion) -> Example:
+    """Prompt + completion as one training example: the loss mask is on the sampled tokens only, and
+    every context restart begins a new sequence (its first token, written by the environment, is untrained) with the
+    images of that context (`Completion.context_vision`)."""
+    ids = completion.prompt_ids + completion.completion_ids
+    sampled = completion.loss_mask if completion.loss_mask is not None else [True] * len(completion.completion_ids)
+    mask = [False] * len(completion.prompt_ids) + list(sampled)
+    cuts = [0, *(len(completion.prompt_ids) + start for start in completion.context_starts), len(ids)]
+    vision = [completion.vision, *(completion.context_vision or [None] * len(completion.context_starts))]
+    return Example([Sequence(ids[a:b], mask[a:b], images) for a, b, images in zip(cuts, cuts[1:], vision)])
+
+
+def completion_index(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [E, L] of each example's (completion's) trained tokens in the packed row, in order, and
+    their mask [E, L]; an example of several sequences (a restarted context) gets one row."""
+    mask_row = batch.loss_mask[0]
+    positions = torch.nonzero(mask_row, as_tuple=True)[0]  # [N trained tokens], in row order
+    owner = batch.seq_example[batch.seq_index[positions]]  # [N]
+    counts = torch.bincount(owner, minlength=batch.num_examples)  # [E]
+    width = int(counts.max()) if counts.numel() else 0
+    starts = torch.cumsum(counts, 0) - counts  # [E]
+    column = torch.arange(positions.numel(), device=positions.device) - starts[owner]
+    index = torch.zeros(batch.num_examples, width, dtype=torch.long, device=positions.device)
+    valid = torch.zeros(batch.num_examples, width, dtype=torch.bool, device=positions.device)
+    index[owner, column] = positions
+    valid[owner, column] = True
+    return index, valid
+
+
+def policy_rows(model, batch: PackedBatch, temperature: float, with_entropy: bool,
+                value_head=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """Log-probs [S, L] (and entropies; and with PPO's shared `value_head`, the values of the same forward)
+    of each completion's trained (sampled) tokens, with the mask [S, L]: (logprobs, entropy, values, valid)."""
+    index, valid = completion_index(batch)
+    if value_head is not None:
+        logprobs, entropy, values = token_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                                   value_head=value_head)
+    elif with_entropy:
+        (logprobs, entropy), values = token_logprobs(model, batch, temperature=temperature, with_entropy=True), None
+    else:
+        logprobs, entropy, values = token_logprobs(model, batch, temperature=temperature), None, None
+
+    def rows(per_token: torch.Tensor | None) -> torch.Tensor | None:  # [T] -> [S, L]
+        return None if per_token is None else per_token[index] * valid
+
+    return rows(logprobs), rows(entropy), rows(values), valid
+
+
+def pad_rows(values: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(values), width)
+    for row, value in enumerate(values):
+        out[row, : value.numel()] = value
+    return out
+
+
+def score_logprobs(model, completions: list[Completion], micro_size: int, temperature: float) -> list[torch.Tensor]:
+    """Per-completion token log-probs under `model` (packed micro-batches, no grad)."""
+    return score_logprobs_and_values(model, completions, micro_size, temperature)[0]
+
+
+@torch.no_grad()
+def score_logprobs_and_values(model, completions: list[Completion], micro_size: int, temperature: float,
+                              value_head=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-completion token log-probs under `model` (packed micro-batches, no grad) and, with PPO's shared
+    `value_head`, the values [len] of every sampled token's state from the same forward passes."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logprob_rows: list[torch.Tensor] = []
+    value_rows: list[torch.Tensor] = []
+    for chunk in micro_batches(completions, micro_size):
+        batch = pack([completion_example(c) for c in chunk], share_prefixes=prefix_sharing(model)).to(device)
+        logprobs, _, values, valid = policy_rows(model, batch, temperature, False, value_head)
+        logprob_rows.extend(row[mask].float().cpu() for row, mask in zip(logprobs, valid))
+        if values is not None:
+            value_rows.extend(row[mask].float().cpu() for row, mask in zip(values, valid))
+    model.train(was_training)
+    return logprob_rows, value_rows if value_head is not None else None
+
+
+# ---- the engine/trainer mismatch ----------------------------------------------------------------------------------
+
+
+class OffPolicyError(RuntimeError):
+    """`strict_on_policy` found the samples were not drawn from the policy being trained."""
+
+
+def sampled_logprobs(completions: list[Completion], trainer_logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine and trainer log-probs [N] of every sampled token, aligned. Both cover the sampled tokens only:
+    environment-written tokens (multi-turn) have no engine log-prob and are never trained."""
+    for completion, trainer in zip(completions, trainer_logprobs):
+        if len(completion.logprobs) != trainer.numel():
+            raise ValueError(f"the engine gave {len(completion.logprobs)} log-probs for a completion with "
+                             f"{trainer.numel()} trained tokens")
+    engine = [torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+    return (torch.cat(engine), torch.cat(trainer_logprobs).float()) if engine else (torch.zeros(0), torch.zeros(0))
+
+
+def mismatch_sums(engine: torch.Tensor, trainer: torch.Tensor) -> dict[str, float]:
+    """Additive sums over the given sampled tokens [N] (sum them over micro-batches and ranks)."""
+    engine, trainer = engine.detach().float(), trainer.detach().float()
+    return {"abs": float((engine - trainer).abs().sum()), "kl": float(k3(engine, trainer).sum()), "tokens": float(engine.numel())}
+
+
+def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    tokens = max(sums["tokens"], 1.0)
+    return {"logprob_mismatch/mean_abs": sums["abs"] / tokens, "logprob_mismatch/kl": sums["kl"] / tokens}
+
+
+def check_on_policy(mean_abs_gap: float, tolerance: float) -> None:
+    """Raise unless the engine sampled from the policy being trained."""
+    if not mean_abs_gap <= tolerance:
+        raise OffPolicyError(
+            f"strict_on_policy: the rollout engine's log-probs differ from the trainer's by {mean_abs_gap:.3g} on "
+            f"average (tolerance {tolerance}); the engine is sampling from stale or different weights"
+        )

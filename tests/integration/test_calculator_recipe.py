@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from oxrl.config.load import load_config
-from oxrl.data.rl_prompts import load_rl_prompts, prompt_template
+from oxrl.data.rl_prompts import load_rl_prompts
+from oxrl.data.rl_tasks import prompt_template
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIG = ROOT / "examples/sft_smollm2_calculator_traces.yaml"

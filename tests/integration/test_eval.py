@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from oxrl.cli import main
-from oxrl.loops.accuracy import summarise
+from oxrl.loops.rl import summarise
 from oxrl.evaluation.run import EvalRequest, evaluate_models
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion
@@ -202,7 +202,7 @@ def test_a_pass_shows_its_progress_and_samples_in_chunks_as_in_one_call(tmp_path
 
     from oxrl.data.rl_tasks import encode_prompts, generate_rl_prompts
     from oxrl.evaluation.run import _sample_with_progress
-    from oxrl.loops.rl_stages import sample_and_reward
+    from oxrl.loops.rl import sample_and_reward
     from oxrl.models.load import load_model
     from oxrl.config.schema import ModelConfig
     from oxrl.rewards import build_reward_fn

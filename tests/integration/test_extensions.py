@@ -74,7 +74,7 @@ def test_a_policy_loss_with_its_own_parameter_reads_it_from_the_config(registrie
     logprobs = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
     inp = PolicyLossInput(logprobs=logprobs, old_logprobs=torch.log(torch.tensor([[0.1, 0.5]])),
                           advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2), normaliser=2.0)
-    from oxrl.loops.params import loss_params
+    from oxrl.loops.rl_update import loss_params
 
     params = loss_params(cfg.rl)
     assert params.policy_loss_params == {"max_weight": 2.0}

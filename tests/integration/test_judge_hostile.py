@@ -243,7 +243,7 @@ def test_the_key_is_in_no_error_log_failure_file_or_bug_report(serve, monkeypatc
 
 def test_no_key_reaches_the_config_trackers_or_the_run_report(serve, monkeypatch, tmp_path):
     from oxrl.config.load import save_config
-    from oxrl.logging.report import non_default_settings
+    from oxrl.config.load import non_default_settings
     from oxrl.logging.trackers import flat_config
 
     monkeypatch.setenv("JUDGE_KEY", KEY)

@@ -11,10 +11,10 @@ from oxrl.config.schema import Config
 from oxrl.training.strategy import SingleDevice
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import train_rl
-from oxrl.loops.rl_batch import score_logprobs
-from oxrl.loops.rl_metrics import rollout_metrics
-from oxrl.loops.rl_stages import estimate, sample, score
-from oxrl.loops.rl_batch import completion_example
+from oxrl.loops.rl_update import score_logprobs
+from oxrl.loops.rl import rollout_metrics
+from oxrl.loops.rl import estimate, sample, score
+from oxrl.loops.rl_update import completion_example
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import HFEngine
 from oxrl.loops.multiturn import EnvLoadError, EnvStepError, load_environment, run_episodes

@@ -10,6 +10,7 @@ from oxrl.algorithms.online import best_worst_pairs, rejection_sample
 from oxrl.config.schema import Config
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.online import build_online, spin_iteration_steps
+from oxrl.loops.pipeline import RolloutPipeline
 from oxrl.loops.rl import RLHandles, train_rl
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.hf import HFEngine
@@ -115,7 +116,7 @@ def run(tmp_path, algorithm: str, reward: str, batch: RLPromptBatch | None = Non
     batch = batch or prompts()
     online, sampled = build_online(cfg, model, WordTokenizer(), strategy, len(batch.prompt_ids))
     h = RLHandles(cfg, model, strategy, HFEngine(sampled, WordTokenizer()), build_reward_fn([{"name": reward}]),
-                  tokenizer=None, online=online)
+                  tokenizer=None, online=online, ahead=RolloutPipeline.of if cfg.rl.max_staleness else None)
     result = train_rl(h, batch, NO_VALIDATION, tmp_path / algorithm)
     lines = (tmp_path / algorithm / "metrics.jsonl").read_text().splitlines()
     return result, [json.loads(line) for line in lines], h

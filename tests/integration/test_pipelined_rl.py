@@ -11,9 +11,9 @@ import oxrl.loops.rl as rl_loop
 from oxrl.config.schema import Config
 from oxrl.loops.pipeline import RolloutPipeline, sampling_version
 from oxrl.loops.rl import sync, train_rl
-from oxrl.loops.rl_batch import score_logprobs
-from oxrl.loops.rl_metrics import global_metrics, rollout_metrics
-from oxrl.loops.rl_stages import estimate, sample, score
+from oxrl.loops.rl_update import score_logprobs
+from oxrl.loops.rl import global_metrics, rollout_metrics
+from oxrl.loops.rl import estimate, sample, score
 from oxrl.loops.rl_update import update
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.hf import HFEngine

@@ -8,7 +8,7 @@ import yaml
 
 from oxrl.config.schema import Config
 from oxrl.logging.plot import moving_average, plot_curves, select_panels, smoothing_window
-from oxrl.logging.report import NOT_SET, REQUIRED, non_default_settings
+from oxrl.config.load import NOT_SET, REQUIRED, non_default_settings
 from tests.integration.test_runner import _write_config, tiny_model_dir  # noqa: F401 (a fixture)
 
 
@@ -93,7 +93,7 @@ def test_config_diff_lists_exactly_the_keys_that_differ_from_the_schema_defaults
         "model": {"name_or_path": "m"},
         "algorithm": {"name": "grpo"},
         "train": {"optim": {"lr": 3e-4}},
-        "logging": {"plot": True, "every": 5},
+        "logging": {"plot": False, "every": 5},  # plot: its default, so not listed
         "rl": {"task": "arithmetic", "prompts_per_step": 8, "task_config": {"max_operand": 20}},  # 8: the default
     })
     assert non_default_settings(cfg) == [
@@ -136,7 +136,7 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
         "run.name", "run.output_dir", "run.device", "model.name_or_path", "algorithm.name", "rl.task", "rl.task_size",
         "rl.validation_size", "rl.validation_every", "rl.prompts_per_step", "rl.rollout.n", "rl.rollout.max_new_tokens",
         "train.max_steps", "train.micro_batch_size_per_device", "checkpoint.save_final", "logging.progress_bar",
-        "logging.samples", "logging.sample_max_new_tokens",
+        "logging.plot", "logging.samples", "logging.sample_max_new_tokens",
     }
     assert "### First training step (step 1)" in report and "### Last training step (step 2)" in report
     answers = json.loads((run / "samples.json").read_text())  # logging.samples, answered before and after
@@ -150,7 +150,7 @@ def test_report_of_a_grpo_run(tmp_path, tiny_model_dir):
 def test_report_of_an_sft_run(tmp_path, tiny_model_dir):
     from oxrl.cli import main
 
-    config = _write_config(tmp_path, tiny_model_dir, logging={"samples": ["What is 2+2?"], "sample_max_new_tokens": 4})
+    config = _write_config(tmp_path, tiny_model_dir, logging={"plot": True, "samples": ["What is 2+2?"], "sample_max_new_tokens": 4})
     assert main(["train", str(config)]) == 0
     run = tmp_path / "runs" / "tiny"
     report = (run / "report.md").read_text()
@@ -163,7 +163,7 @@ def test_report_of_an_sft_run(tmp_path, tiny_model_dir):
         "run.name", "run.output_dir", "model.name_or_path", "data.train", "data.validation_fraction", "data.max_length",
         "algorithm.name", "train.global_batch_size", "train.micro_batch_size_per_device", "train.max_steps",
         "train.eval_every", "train.optim.lr", "checkpoint.every", "checkpoint.keep_last", "logging.progress_bar",
-        "logging.samples", "logging.sample_max_new_tokens",
+        "logging.plot", "logging.samples", "logging.sample_max_new_tokens",
     }
     samples = json.loads((run / "samples.json").read_text())
     assert "## Sample answers (greedy, before / after training)" in report

@@ -9,7 +9,7 @@ import torch
 from oxrl.config.schema import Config
 from oxrl.training.strategy import SingleDevice
 from oxrl.data.types import RLPromptBatch
-from oxrl.loops.mismatch import OffPolicyError
+from oxrl.loops.rl_update import OffPolicyError
 from oxrl.loops.rl import train_rl
 from oxrl.rewards.combine import build_reward_fn
 from oxrl.rollout.hf import HFEngine
@@ -112,9 +112,9 @@ def test_engine_mismatch_is_measured_and_tis_reweights(tmp_path):
 def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass(tmp_path, algorithm):
     """One update per rollout: the old log-probs taken from the update's own forward (detached) give the same
     loss, gradients and metrics as scoring them in a separate no-grad pass first."""
-    from oxrl.loops.rl_batch import score_logprobs
-    from oxrl.loops.rl_metrics import rollout_metrics
-    from oxrl.loops.rl_stages import estimate, sample, score, single_on_policy_update
+    from oxrl.loops.rl_update import score_logprobs
+    from oxrl.loops.rl import rollout_metrics
+    from oxrl.loops.rl import estimate, sample, score, single_on_policy_update
     from oxrl.loops.rl_update import update
 
     cfg = rl_config(tmp_path, algorithm, **TIS, strict_on_policy=True)

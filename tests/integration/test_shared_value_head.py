@@ -15,7 +15,7 @@ from oxrl.config.schema import Config
 from oxrl.data.types import pack
 from oxrl.loops.critic import SharedValueHead, value_rows
 from oxrl.loops.rl import train_rl
-from oxrl.loops.rl_batch import completion_example, policy_rows
+from oxrl.loops.rl_update import completion_example, policy_rows
 from oxrl.models.save import save_hf_folder
 from oxrl.models.value_head import VALUE_HEAD_FILE, attach_value_head
 from oxrl.rewards.combine import build_reward_fn

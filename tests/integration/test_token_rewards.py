@@ -50,7 +50,7 @@ def test_a_per_token_reward_must_give_one_value_per_token():
 
 
 def test_rollout_puts_the_outcome_on_the_last_token_and_per_token_rewards_on_theirs():
-    from oxrl.loops.rl_stages import Rollout
+    from oxrl.loops.rl import Rollout
 
     completions = [Completion(0, [1], [7, 1, 7], [0.0] * 3, "eos", ""), Completion(0, [1], [3, 4], [0.0] * 2, "eos", "")]
     # totals 4.5 (4 of it per-token) and 0.5 (outcome only)

@@ -70,7 +70,8 @@ def test_the_reasoning_example_is_the_reasoning_preset():
 
 def test_every_bundled_reasoning_row_is_scored_right_when_answered_right():
     """The bundled file reads as Open-R1 rows, and the preset's rewards give its own answers full marks."""
-    from oxrl.data.rl_prompts import prompt_template, read_rl_prompts
+    from oxrl.data.rl_prompts import read_rl_prompts
+    from oxrl.data.rl_tasks import prompt_template
     from oxrl.loops.rl_setup import reward_function
 
     cfg = Trainer(model="smollm2-135m-instruct").config(task="reasoning", **NO_PROBE)

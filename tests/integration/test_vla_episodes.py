@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oxrl.data.rl_tasks import encode_prompts
-from oxrl.loops.rl_batch import completion_example, score_logprobs
+from oxrl.loops.rl_update import completion_example, score_logprobs
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import HFEngine
 from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids

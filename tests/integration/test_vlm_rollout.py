@@ -14,7 +14,7 @@ from oxrl.data.formats import Chat
 from oxrl.data.rl_tasks import RLPrompt, encode_prompts
 from oxrl.data.tokenize import ExampleTokenizer
 from oxrl.data.types import Example, PackedBatch, pack
-from oxrl.loops.rl_batch import score_logprobs
+from oxrl.loops.rl_update import score_logprobs
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.hf import HFEngine
 from tests.vlm_fixtures import SAVERS, shape_image

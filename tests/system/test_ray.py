@@ -120,7 +120,7 @@ def test_a_run_directory_in_use_or_holding_a_run_fails_before_ray_starts(tmp_pat
 
 def test_a_step_sampled_for_every_rank_is_split_into_whole_groups_balanced_by_tokens():
     from oxrl.data.types import RLPromptBatch
-    from oxrl.loops.rl_stages import rank_share
+    from oxrl.loops.rl import rank_share
     from oxrl.rewards.combine import RewardOutput
     from oxrl.rollout.base import Completion
 
@@ -234,7 +234,7 @@ def test_every_sync_is_verified_on_every_worker_and_a_stale_worker_is_caught(ray
             metrics = engine.sync_weights(model)
             assert metrics["weight_sync/probe_gap"] < 1e-5  # fp32 copies of the same weights
         # What the workers sample with is the trainer's policy: their log-probs are the trainer's own.
-        from oxrl.loops.rl_batch import score_logprobs
+        from oxrl.loops.rl_update import score_logprobs
 
         completions = engine.generate(PROMPTS, PARAMS)
         assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2]
@@ -297,7 +297,7 @@ def test_a_killed_rollout_worker_is_restarted_and_the_step_sampled_again_alike(r
 def test_a_submitted_request_samples_from_the_weights_it_was_submitted_under(ray_cluster, model_cfg):
     """Pipelined RL's contract (rollout.base.Submits): a sync after a submit applies to later requests only."""
     from oxrl.cluster.workers import RolloutWorker
-    from oxrl.loops.rl_batch import score_logprobs
+    from oxrl.loops.rl_update import score_logprobs
 
     engine, model, actors = _engine(model_cfg, [RolloutWorker, RolloutWorker])
     try:

@@ -15,7 +15,8 @@ import torch
 
 from oxrl.config import names
 from oxrl.config.load import ConfigError, load_config, save_config
-from oxrl.loops.params import FIXED, NOT_BY_NAME, loss_params, params_from
+from oxrl.config.params import FIXED, NOT_BY_NAME, params_from
+from oxrl.loops.rl_update import loss_params
 from oxrl.config.rl_presets import PRESETS, READ_ONLY_WITH, resolve, unread_settings
 from oxrl.config.schema import PREFERENCE_READ_BY, Config, PreferenceConfig, RLConfig, Section
 

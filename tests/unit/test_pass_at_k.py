@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from oxrl.algorithms.pass_at_k import pass_at_k
-from oxrl.loops.accuracy import pass_ks
+from oxrl.loops.rl import pass_ks
 
 
 def by_binomials(n: int, c: int, k: int) -> float:

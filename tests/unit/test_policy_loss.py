@@ -243,7 +243,7 @@ def test_truncated_importance_sampling():
     assert float(metrics["off_policy/truncated_frac"]) == pytest.approx(0.5)
     assert float(metrics["off_policy/dropped_frac"]) == 0.0
     assert float(metrics["off_policy/weight_mean"]) == pytest.approx(1.0)
-    assert "behaviour_kl" not in metrics  # the mismatch has one home: logprob_mismatch/kl (oxrl/loops/mismatch.py)
+    assert "behaviour_kl" not in metrics  # the mismatch has one home: logprob_mismatch/kl (oxrl/loops/rl_update.py)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
         policy_loss("ppo", make_input(leaf([[0.0]]), torch.zeros(1, 1), torch.ones(1, 1)),
                     PolicyLossParams(off_policy_correction="tis"))

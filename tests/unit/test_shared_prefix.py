@@ -13,7 +13,7 @@ from oxrl.models.logprobs import sequence_sums, token_logprobs
 from oxrl.config.schema import PreferenceConfig
 from oxrl.data.types import Segment, Example, Sequence, pack
 from oxrl.loops.objectives import get_objective
-from oxrl.loops.rl_batch import completion_example, score_logprobs
+from oxrl.loops.rl_update import completion_example, score_logprobs
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.packed_attention import PACKED_ATTENTION, prefix_sharing
 from oxrl.models.reference import FrozenModel, PrecomputedReference
@@ -85,7 +85,7 @@ def test_a_group_sharing_its_prompts_gives_the_same_logprobs_and_gradients(packe
 def test_rl_scoring_shares_prompts_and_matches_the_plain_layout(packed_model, monkeypatch):
     completions = group_completions(2, 3, seed=1)
     shared = score_logprobs(packed_model, completions, micro_size=6, temperature=1.0)
-    monkeypatch.setattr("oxrl.loops.rl_batch.prefix_sharing", lambda model: False)
+    monkeypatch.setattr("oxrl.loops.rl_update.prefix_sharing", lambda model: False)
     plain = score_logprobs(packed_model, completions, micro_size=6, temperature=1.0)
     for a, b in zip(shared, plain):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

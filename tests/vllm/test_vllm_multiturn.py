@@ -4,8 +4,8 @@ tokens are masked, and the trainer's log-probs of the sampled tokens equal vLLM'
 import pytest
 import torch
 
-from oxrl.loops.rl_batch import score_logprobs
-from oxrl.loops.rl_batch import completion_example
+from oxrl.loops.rl_update import score_logprobs
+from oxrl.loops.rl_update import completion_example
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT
 from oxrl.loops.multiturn import load_environment, run_episodes

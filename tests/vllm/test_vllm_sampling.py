@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oxrl.loops.rl_batch import score_logprobs
+from oxrl.loops.rl_update import score_logprobs
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT
 from oxrl.rollout.hf import HFEngine

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from oxrl.config.schema import LoraConfig
-from oxrl.loops.rl_batch import score_logprobs
+from oxrl.loops.rl_update import score_logprobs
 from oxrl.models.lora import add_lora
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from oxrl.data.types import VisionInputs
-from oxrl.loops.rl_batch import score_logprobs
+from oxrl.loops.rl_update import score_logprobs
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.build import VLLM_INSTALL_HINT
 from oxrl.rollout.vllm_engine import unexpanded_prompt

@@ -4,9 +4,8 @@ Each field of a `*Params` dataclass (oxrl/algorithms) is filled from the same-na
 config section, so a hyper-parameter is named once, in the dataclass and in the config, and not mapped
 by hand. The few fields that are not a setting of that name are listed in `NOT_BY_NAME`, the one place
 that says where each comes from; a field in neither place is an error, and tests/test_declared_once.py
-checks every such field is exposed (with the dataclass's default) or listed.
-
-Imports torch (through the dataclasses' modules): the config schema does not import this module.
+checks every such field is exposed (with the dataclass's default) or listed. Each loop names its own
+(`loss_params` in oxrl/loops/rl_update.py), so this module imports no algorithm.
 """
 
 from __future__ import annotations
@@ -15,10 +14,6 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
-
-from oxrl.algorithms.advantages import AdvantageParams
-from oxrl.algorithms.policy_loss import PolicyLossParams
-from oxrl.config.schema import RLConfig
 
 P = TypeVar("P")
 
@@ -58,13 +53,6 @@ def params_from(params_class: type[P], section: BaseModel) -> P:
             values[field.name] = getattr(section, field.name)
         else:
             raise TypeError(f"{params_class.__name__}.{field.name} is neither a setting of {type(section).__name__} "
-                            "nor listed in oxrl.loops.params.NOT_BY_NAME: expose it in the config, or list it")
+                            "nor listed in oxrl.config.params.NOT_BY_NAME: expose it in the config, or list it")
     return params_class(**values)
 
-
-def loss_params(rl: RLConfig) -> PolicyLossParams:
-    return params_from(PolicyLossParams, rl)
-
-
-def advantage_params(rl: RLConfig) -> AdvantageParams:
-    return params_from(AdvantageParams, rl)
