@@ -1,8 +1,10 @@
-"""One run, start to finish: config -> run directory -> tokenizer -> data -> model -> loop -> save.
+"""One run, start to finish: config -> run directory -> tokenizer -> inputs -> model -> loop -> save.
 
-Everything that can fail on bad input (config, algorithm name, run directory, data rows) fails
-before the model is loaded or any step is computed. The run directory is claimed (locked, checked:
-oxrl/training/run_dir.py) before anything is written; `config.yaml` is written once the data are read.
+Every kind of run, offline (`OfflineRun`), RL and online (`RLRun`), goes through the one lifecycle `run_in`;
+a kind says only how it reads its inputs, loads its models and trains. Everything that can fail on bad input
+(config, algorithm name, run directory, data rows, prompts, rewards) fails before the model is loaded or any
+step is computed. The run directory is claimed (locked, checked: oxrl/training/run_dir.py) before anything is
+written; `config.yaml` is written once the inputs are read.
 """
 
 from __future__ import annotations
@@ -122,88 +124,157 @@ def run_rl(cfg: Config, remote=None) -> RunResult:
     if remote is None:
         check_engine(cfg.rl.rollout, strategy)  # e.g. vLLM missing: fail before any model loads
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        return _run_rl_in(run_dir, cfg, strategy, remote)
+        return run_in(run_dir, cfg, strategy, RLRun(cfg, strategy, remote))
 
 
-def _run_rl_in(run_dir: Path, cfg: Config, strategy, remote=None) -> RunResult:
-    from oxrl.algorithms.advantages import NEEDS_VALUES
-    from oxrl.data.rl_tasks import encode_prompts
-    from oxrl.loops.rl import train_rl
-    from oxrl.loops.rl_setup import environment, load_prompts, reward_function
+@dataclass
+class Trained:
+    """What a run's training returned, in the terms the lifecycle reports."""
+
+    losses: list[float]
+    final_metrics: dict[str, float]
+    samples: dict[str, list[dict]] = field(default_factory=dict)  # RL: the first and last steps' completions
+    accuracy: tuple[float | None, float | None] | None = None  # RL: held-out accuracy before and after
+    summary: dict | None = None  # RL: summary.json
+
+
+def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
+    """One run's lifecycle, the same for every kind (`OfflineRun`, `RLRun`): tokenizer -> inputs read and checked
+    -> memory estimate -> config.yaml -> models -> answers before -> train -> final folder -> answers after ->
+    samples, summary and report (rank 0)."""
     from oxrl.models.load import load_processor, load_tokenizer
 
     started = time.monotonic()
-    rl = cfg.rl
-    reward_fn = reward_function(cfg, rl)  # None with an episode runner: episodes reward themselves
-    if remote is not None:
-        reward_fn = remote.rewards(reward_fn, strategy)  # scored by the reward workers (or rank 0), shared by all
     tokenizer = load_tokenizer(cfg.model)
     processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
-    if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
-        raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), which "
-                         "cannot read a vision-language policy's images; use rl.critic_backbone: shared (a value head on "
-                         "the policy's own hidden states) or an advantage estimator without a critic (e.g. grpo)")
-    env = environment(cfg, tokenizer, processor)
-    if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
-        # Ranks finish their episodes after different numbers of turns, hence different numbers of
-        # `generate` calls; with sharded weights each decoding step is a collective and would hang.
-        raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
-                         "strategy.name `deepspeed` with zero_stage 2, or one process")
-    train_prompts, val_prompts = load_prompts(cfg, rl)
-    # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
-    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
-              "processor": processor}
-    train, val = encode_prompts(train_prompts, tokenizer, **budget), encode_prompts(val_prompts, tokenizer, **budget)
-    if rl.env is not None and (train.vision or val.vision):
-        raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
-    logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(val.prompt_ids))
-    # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
-    longest = max((len(ids) for ids in train.prompt_ids + val.prompt_ids), default=0)
-    row_tokens = None if env is not None else cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
+    saved_with = processor or tokenizer  # what checkpoints and the final folder are saved with
+    row_tokens = job.read_inputs(tokenizer, processor)  # bad input stops the run here, before any model loads
     log_memory_estimate(cfg, strategy.device, strategy.world_size, row_tokens)
-    if cfg.algorithm.name == "spin":
-        from oxrl.loops.online import spin_iteration_steps
-
-        spin_iteration_steps(cfg, len(train.prompt_ids))  # checkpoints and validation at iteration ends, or refused now
     write_config(cfg, run_dir, strategy.is_main)
-    if cfg.vla is not None and strategy.is_main:
+    if job.action_tokens is not None and strategy.is_main:  # a VLA's action bins (oxrl/vla)
         from oxrl.vla.build import save_action_tokens
 
-        save_action_tokens(env.tokens, run_dir)
-    handles = _rl_handles(cfg, strategy, tokenizer, reward_fn, env, len(train.prompt_ids), remote, processor)
-    handles.tokenizer = processor or tokenizer  # what checkpoints are saved with: a VLM's whole processor
+        save_action_tokens(job.action_tokens, run_dir)
+    model = job.load(tokenizer, processor, saved_with)
     answers: dict[str, list[dict]] = {}
     try:
-        answers["before"] = answer_samples(cfg, handles.model, tokenizer)
-        result = train_rl(handles, train, val, run_dir)
-        final_dir = save_final(strategy, handles.tokenizer, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
-        answers["after"] = answer_samples(cfg, handles.model, tokenizer)
+        answers["before"] = answer_samples(cfg, model, tokenizer)
+        trained = job.train(run_dir)
+        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
+        answers["after"] = answer_samples(cfg, model, tokenizer)
     finally:
-        handles.engine.close()
+        job.close()
         strategy.close()
-    summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after, "rewards": result.rewards}
+    answers = answers if cfg.logging.samples else {}
+    summary = {"summary": [trained.summary]} if trained.summary is not None else {}
     if not strategy.is_main:
-        return RunResult(run_dir, None, [], result.final_metrics, {"summary": [summary]})
-    samples = {**result.samples, **(answers if cfg.logging.samples else {})}
-    write_samples(run_dir, answers if cfg.logging.samples else {})
-    if result.accuracy_before is not None:
-        logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training",
-                    100 * result.accuracy_before, 100 * (result.accuracy_after or 0.0))
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return RunResult(run_dir, None, trained.losses, trained.final_metrics, {**summary, **answers})
+    write_samples(run_dir, answers)
+    if trained.summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(trained.summary, indent=1))
+    before, after = trained.accuracy or (None, None)
+    if before is not None:
+        logger.info("held-out accuracy: %.1f%% before -> %.1f%% after training", 100 * before, 100 * (after or 0.0))
+    samples = {**trained.samples, **answers}
     if cfg.logging.plot:
         from oxrl.logging.report import write_report
 
-        write_report(run_dir, cfg, time.monotonic() - started, (result.accuracy_before, result.accuracy_after), samples)
-    return RunResult(run_dir, final_dir, [], result.final_metrics, {"summary": [summary], **samples})
+        write_report(run_dir, cfg, time.monotonic() - started, trained.accuracy, samples)
+    return RunResult(run_dir, final_dir, trained.losses, trained.final_metrics, {**summary, **samples})
 
 
+class RLRun:
+    """The RL and online algorithms in the lifecycle (`run_in`): prompts, rewards and the episode runner, then the
+    policy, its reference or critic and the rollout engine, trained by the RL loop (oxrl/loops/rl.py)."""
+
+    def __init__(self, cfg: Config, strategy, remote=None):
+        self.cfg, self.strategy, self.remote = cfg, strategy, remote
+        self.action_tokens = None
+
+    def read_inputs(self, tokenizer, processor) -> int | None:
+        from oxrl.algorithms.advantages import NEEDS_VALUES
+        from oxrl.data.rl_tasks import encode_prompts
+        from oxrl.loops.rl_setup import environment, load_prompts, reward_function
+
+        cfg, rl, strategy = self.cfg, self.cfg.rl, self.strategy
+        self.reward_fn = reward_function(cfg, rl)  # None with an episode runner: episodes reward themselves
+        if self.remote is not None:
+            self.reward_fn = self.remote.rewards(self.reward_fn, strategy)  # scored by the reward workers (or rank 0)
+        if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
+            raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), "
+                             "which cannot read a vision-language policy's images; use rl.critic_backbone: shared (a "
+                             "value head on the policy's own hidden states) or an advantage estimator without a critic "
+                             "(e.g. grpo)")
+        self.env = environment(cfg, tokenizer, processor)
+        if self.env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
+            # Ranks finish their episodes after different numbers of turns, hence different numbers of
+            # `generate` calls; with sharded weights each decoding step is a collective and would hang.
+            raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
+                             "strategy.name `deepspeed` with zero_stage 2, or one process")
+        if cfg.vla is not None:
+            self.action_tokens = self.env.tokens
+        train_prompts, val_prompts = load_prompts(cfg, rl)
+        # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
+        budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
+                  "processor": processor}
+        self.train_prompts = encode_prompts(train_prompts, tokenizer, **budget)
+        self.val_prompts = encode_prompts(val_prompts, tokenizer, **budget)
+        if rl.env is not None and (self.train_prompts.vision or self.val_prompts.vision):
+            raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
+        logger.info("RL prompts: %d train / %d validation", len(self.train_prompts.prompt_ids),
+                    len(self.val_prompts.prompt_ids))
+        if cfg.algorithm.name == "spin":
+            from oxrl.loops.online import spin_iteration_steps
+
+            spin_iteration_steps(cfg, len(self.train_prompts.prompt_ids))  # iteration ends fit, or refused now
+        # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
+        longest = max((len(ids) for ids in self.train_prompts.prompt_ids + self.val_prompts.prompt_ids), default=0)
+        if self.env is not None:
+            return None
+        return cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
+
+    def load(self, tokenizer, processor, saved_with):
+        self.handles = _rl_handles(self.cfg, self.strategy, tokenizer, self.reward_fn, self.env,
+                                   len(self.train_prompts.prompt_ids), self.remote, processor)
+        self.handles.tokenizer = saved_with
+        return self.handles.model
+
+    def train(self, run_dir: Path) -> Trained:
+        from oxrl.loops.rl import train_rl
+
+        result = train_rl(self.handles, self.train_prompts, self.val_prompts, run_dir)
+        summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
+                   "rewards": result.rewards}
+        return Trained([], result.final_metrics, result.samples, (result.accuracy_before, result.accuracy_after),
+                       summary)
+
+    def close(self) -> None:
+        self.handles.engine.close()
+
+
+@torch.no_grad()
 def answer_samples(cfg: Config, model, tokenizer) -> list[dict]:
-    """Greedy answers to `logging.samples` (every rank runs them: sharded weights are gathered by all)."""
-    from oxrl.loops.samples import generate_samples
-
+    """Greedy answers to `logging.samples`, to show what training changed (every rank runs them: sharded weights
+    are gathered by all)."""
     if not cfg.logging.samples:
         return []
-    return generate_samples(model, tokenizer, cfg.logging.samples, cfg.logging.sample_max_new_tokens)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for prompt in cfg.logging.samples:
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"]
+        else:
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        ids = ids.to(device)
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                   max_new_tokens=cfg.logging.sample_max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        completion = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
+        out.append({"prompt": prompt, "completion": completion.strip()})
+    model.train(was_training)
+    return out
 
 
 def write_samples(run_dir: Path, samples: dict[str, list[dict]]) -> None:
@@ -311,52 +382,47 @@ def run(cfg: Config) -> RunResult:
 
     strategy = build_strategy(cfg)
     with claimed_run(cfg, strategy) as (cfg, run_dir):
-        return _run_offline_in(run_dir, cfg, objective, strategy)
+        return run_in(run_dir, cfg, strategy, OfflineRun(cfg, strategy, objective))
 
 
-def _run_offline_in(run_dir: Path, cfg: Config, objective, strategy) -> RunResult:
-    from oxrl.data.build import load_examples
-    from oxrl.models.load import load_processor, load_tokenizer
+class OfflineRun:
+    """The offline objectives in the lifecycle (`run_in`): examples, then the model and the reference or teacher
+    the objective needs, trained by oxrl/loops/sl.py."""
 
-    started = time.monotonic()
-    device = strategy.device
-    tokenizer = load_tokenizer(cfg.model)
-    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
-    saved_with = processor or tokenizer  # what checkpoints and the final folder are saved with
-    readers = {}
-    if cfg.vla is not None:  # robot demonstrations (oxrl/vla)
-        from oxrl.vla.build import demonstration_reader, save_action_tokens
+    def __init__(self, cfg: Config, strategy, objective):
+        self.cfg, self.strategy, self.objective = cfg, strategy, objective
+        self.action_tokens = None
 
-        readers["lerobot"], tokens = demonstration_reader(cfg, tokenizer, processor)
-        if strategy.is_main:
-            save_action_tokens(tokens, run_dir)
-    data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor, readers=readers)
-    longest_rows = sorted(example.num_tokens for example in data.train)[-cfg.train.micro_batch_size_per_device:]
-    log_memory_estimate(cfg, strategy.device, strategy.world_size, sum(longest_rows) or None)
-    write_config(cfg, run_dir, strategy.is_main)
+    def read_inputs(self, tokenizer, processor) -> int | None:
+        from oxrl.data.build import load_examples
 
-    model = _load_trained_model(cfg, tokenizer, device)
-    from oxrl.loops.sl import train_offline
+        cfg = self.cfg
+        readers = {}
+        if cfg.vla is not None:  # robot demonstrations (oxrl/vla)
+            from oxrl.vla.build import demonstration_reader
 
-    reference = _fixed_model(cfg, objective, model, data.train + data.validation, strategy)
-    samples: dict[str, list[dict]] = {}
-    try:
-        samples["before"] = answer_samples(cfg, model, tokenizer)
-        result = train_offline(cfg, objective, model, saved_with, data.train, data.validation, strategy, run_dir, reference)
-        del reference  # free a frozen copy or teacher before saving
-        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
-        samples["after"] = answer_samples(cfg, model, tokenizer)
-    finally:
-        strategy.close()
-    samples = samples if cfg.logging.samples else {}
-    if not strategy.is_main:
-        return RunResult(run_dir, None, result.losses, result.final_metrics, samples)
-    write_samples(run_dir, samples)
-    if cfg.logging.plot:
-        from oxrl.logging.report import write_report
+            readers["lerobot"], self.action_tokens = demonstration_reader(cfg, tokenizer, processor)
+        self.data = load_examples(cfg.data, tokenizer, seed=cfg.run.seed, processor=processor, readers=readers)
+        longest_rows = sorted(example.num_tokens for example in self.data.train)[-cfg.train.micro_batch_size_per_device:]
+        return sum(longest_rows) or None
 
-        write_report(run_dir, cfg, time.monotonic() - started, samples=samples)
-    return RunResult(run_dir, final_dir, result.losses, result.final_metrics, samples)
+    def load(self, tokenizer, processor, saved_with):
+        self.saved_with = saved_with
+        self.model = _load_trained_model(self.cfg, tokenizer, self.strategy.device)
+        self.reference = _fixed_model(self.cfg, self.objective, self.model, self.data.train + self.data.validation,
+                                      self.strategy)
+        return self.model
+
+    def train(self, run_dir: Path) -> Trained:
+        from oxrl.loops.sl import train_offline
+
+        result = train_offline(self.cfg, self.objective, self.model, self.saved_with, self.data.train,
+                               self.data.validation, self.strategy, run_dir, self.reference)
+        self.reference = None  # free a frozen copy or teacher before the final folder is saved
+        return Trained(result.losses, result.final_metrics)
+
+    def close(self) -> None:
+        self.reference = None
 
 
 def _load_trained_model(cfg: Config, tokenizer, device: torch.device):

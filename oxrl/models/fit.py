@@ -7,6 +7,7 @@ registry's entry, else from the hub's config.json: nothing is loaded but that sm
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -32,13 +33,15 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
     from transformers import AutoConfig
 
     from oxrl.models.load import from_pretrained_or_explain, resolve_source
-    from oxrl.models.registry import find_model, load_registry
 
     source = resolve_source(model.name_or_path)
-    entry = find_model(model.name_or_path, load_registry(registry_files))
-    if source.path == model.name_or_path and entry is not None and entry.config is not None:
-        config = entry.transformers_config()  # a hub id the registry knows: no network needed
-    else:
+    config = None
+    if not Path(source.path).exists():  # a hub id: the registry's entry, when it has one, needs no network
+        from oxrl.models.registry import find_model, load_registry
+
+        entry = find_model(model.name_or_path, load_registry(registry_files))
+        config = entry.transformers_config() if entry is not None and entry.config is not None else None
+    if config is None:
         config = from_pretrained_or_explain(AutoConfig, source, "model config", revision=model.revision,
                                             trust_remote_code=model.trust_remote_code)
     return ModelShape.from_config(getattr(config, "text_config", None) or config, model.trust_remote_code)
