@@ -188,18 +188,21 @@ class RLRun:
     policy, its reference or critic and the rollout engine, trained by the RL loop (oxrl/loops/rl.py)."""
 
     def __init__(self, cfg: Config, strategy, remote=None):
+        """The reward functions are built (and their settings checked) here, before even the tokenizer loads."""
+        from oxrl.loops.rl_setup import reward_function
+
         self.cfg, self.strategy, self.remote = cfg, strategy, remote
         self.action_tokens = None
+        self.reward_fn = reward_function(cfg, cfg.rl)  # None with an episode runner: episodes reward themselves
+        if remote is not None:
+            self.reward_fn = remote.rewards(self.reward_fn, strategy)  # scored by the reward workers (or rank 0)
 
     def read_inputs(self, tokenizer, processor) -> int | None:
         from oxrl.algorithms.advantages import NEEDS_VALUES
         from oxrl.data.rl_tasks import encode_prompts
-        from oxrl.loops.rl_setup import environment, load_prompts, reward_function
+        from oxrl.loops.rl_setup import environment, load_prompts
 
         cfg, rl, strategy = self.cfg, self.cfg.rl, self.strategy
-        self.reward_fn = reward_function(cfg, rl)  # None with an episode runner: episodes reward themselves
-        if self.remote is not None:
-            self.reward_fn = self.remote.rewards(self.reward_fn, strategy)  # scored by the reward workers (or rank 0)
         if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
             raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), "
                              "which cannot read a vision-language policy's images; use rl.critic_backbone: shared (a "

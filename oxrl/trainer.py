@@ -59,7 +59,8 @@ class Trainer:
         if data is not None:
             paths = [data] if isinstance(data, str) else list(data)
             tree.setdefault("data", {})["train"] = [{"path": p} for p in paths]
-            tree.get("rl", {}).pop("task", None)  # files replace a generated task
+            for key in ("task", "task_size", "task_config"):  # files replace a generated task and its options
+                tree.get("rl", {}).pop(key, None)
         for key, value in {**self.overrides, **overrides}.items():
             apply_override(tree, key.split("."), value)
         cfg = load_config(None, base=tree)

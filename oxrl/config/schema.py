@@ -8,6 +8,7 @@ closest valid key. Batch sizes name their scope and are never rewritten after va
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -230,6 +231,13 @@ class DataConfig(Section):
         description="Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most "
         "this many when it is decoded, before the model's processor sees it.",
     )
+
+    @model_validator(mode="after")
+    def _one_held_out_set(self) -> "DataConfig":
+        if self.validation and self.validation_fraction:
+            raise ValueError(f"data.validation_fraction = {self.validation_fraction} is not read with data.validation, "
+                             "which is then the held-out set: set only one")
+        return self
 
 
 class OptimConfig(Section):
@@ -842,13 +850,6 @@ class LoggingConfig(Section):
         return names
 
 
-# Settings an RL run does not read, and what to use instead: refused unless left at their default.
-RL_UNUSED_SETTINGS = (
-    ("train", "eval_every", "RL validates on its held-out prompts every rl.validation_every steps: use rl.validation_every"),
-    ("train", "global_batch_size", "an RL step trains on rl.prompts_per_step x rl.rollout.n completions: set those"),
-)
-
-
 def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Dotted key -> value of every setting under `prefix` that differs from `default`'s, nested sections followed;
     `skip`: fields of this level left out."""
@@ -864,9 +865,11 @@ def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tu
     return changed
 
 
-# Sections read only when a choice elsewhere names them: (the section, the fields read regardless, who reads it,
-# whether this run does). A changed setting in a section the run does not read is an error naming its reader.
-CONDITIONAL_SECTIONS = (
+# Sections and settings read only when a choice elsewhere names them: (a section or one setting, the fields of a
+# section read regardless, who reads it, whether this run does). A setting that differs from its default in a run
+# that does not read it is an error naming its reader.
+_HELD_OUT = "with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)"
+CONDITIONAL_SETTINGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], bool]], ...] = (
     ("rl", (), "by RL and online algorithms (" + ", ".join(SAMPLING_ALGORITHMS) + ")",
      lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS),
     ("lora", ("enabled",), "with lora.enabled: true", lambda cfg: cfg.lora.enabled),
@@ -876,6 +879,25 @@ CONDITIONAL_SECTIONS = (
      "with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed"),
     ("strategy", ("name", "cpu_offload", "zero_stage", "deepspeed_config", "collective_timeout_s"),
      "with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)", lambda cfg: cfg.strategy.name in ("fsdp2", "auto")),
+    ("strategy.cpu_offload", (), "with strategy.name fsdp2 or deepspeed (or auto, which is fsdp2 under torchrun): "
+     "`single` shards nothing to offload", lambda cfg: cfg.strategy.name != "single"),
+    ("train.eval_every", (), "by offline objectives; RL validates on its held-out prompts every rl.validation_every "
+     "steps: use rl.validation_every", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS),
+    ("train.global_batch_size", (), "by offline objectives; an RL step trains on rl.prompts_per_step x rl.rollout.n "
+     "completions: set those", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS),
+    *((f"data.{key}", (), "by offline objectives and by RL on prompt files; rl.task generates its own prompts",
+       lambda cfg: cfg.rl.task is None) for key in ("train", "validation", "validation_fraction", "num_examples")),
+    ("rl.task_size", (), "with rl.task (or a `vla` simulator's initial states); prompt files are read whole",
+     lambda cfg: cfg.rl.task is not None or cfg.vla is not None),
+    ("rl.task_config", (), "with rl.task", lambda cfg: cfg.rl.task is not None),
+    ("rl.validation_size", (), "without data.validation, which is then the held-out set",
+     lambda cfg: not cfg.data.validation),
+    ("rl.validation_every", (), _HELD_OUT, lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
+     or bool(cfg.data.validation_fraction)),
+    *((f"rl.rollout.{key}", (), "with rl.rollout.temperature > 0 (0 decodes greedily)",
+       lambda cfg: cfg.rl.rollout.temperature > 0) for key in ("top_k", "top_p")),
+    *((f"rl.{key}", (), "with reward functions: rl.env and `vla` episodes reward themselves",
+       lambda cfg: cfg.rl.env is None and cfg.vla is None) for key in ("reward_timeout_s", "on_reward_error")),
 )
 
 
@@ -1152,22 +1174,29 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _every_section_set_is_read(self) -> "Config":
-        """A changed setting in a section this run does not read (CONDITIONAL_SECTIONS) names who reads it."""
+    def _every_setting_set_is_read(self) -> "Config":
+        """A changed setting this run does not read (CONDITIONAL_SETTINGS) names who reads it."""
         unread = []
-        for path, always, reader, reads in CONDITIONAL_SECTIONS:
-            if not reads(self):
-                section = functools.reduce(getattr, path.split("."), self)
-                unread += [f"{key} = {value!r} is not read: it is read only {reader}"
-                           for key, value in changed_settings(section, type(section)(), path, skip=always).items()]
+        for path, always, reader, reads in CONDITIONAL_SETTINGS:
+            if reads(self):
+                continue
+            *parents, name = path.split(".")
+            owner = functools.reduce(getattr, parents, self)
+            value = getattr(owner, name)
+            if isinstance(value, BaseModel):  # a whole section
+                changed = changed_settings(value, type(value)(), path, skip=always)
+            else:
+                default = type(owner).model_fields[name].get_default(call_default_factory=True)
+                changed = {path: value} if value != default else {}
+            unread += [f"{key} = {value!r} is not read: it is read only {reader}" for key, value in changed.items()]
         if unread:
             raise ValueError(f"`{self.algorithm.name}` run: " + "; ".join(unread))
         return self
 
     @model_validator(mode="after")
     def _data_fits_the_algorithm(self) -> "Config":
-        """Dataset formats of the algorithm's kind (offline rows or RL prompts); RL: room for the completion, one
-        held-out split, and no setting it would ignore (`RL_UNUSED_SETTINGS`)."""
+        """Dataset formats of the algorithm's kind (offline rows or RL prompts); RL: room for the completion, and one
+        held-out split."""
         is_rl = self.algorithm.name in SAMPLING_ALGORITHMS
         for part in ("train", "validation"):
             for index, spec in enumerate(getattr(self.data, part)):
@@ -1180,10 +1209,6 @@ class Config(Section):
                                      f"rows: use one of {', '.join(OFFLINE_FORMATS)} (or `auto`)")
         if not is_rl:
             return self
-        for section, name, instead in RL_UNUSED_SETTINGS:
-            value = getattr(getattr(self, section), name)
-            if value != type(getattr(self, section)).model_fields[name].default:
-                raise ValueError(f"{section}.{name} = {value!r} is not read by RL algorithms: {instead}")
         if self.data.max_length <= self.rl.rollout.max_new_tokens:
             raise ValueError(f"data.max_length ({self.data.max_length}) must exceed rl.rollout.max_new_tokens "
                              f"({self.rl.rollout.max_new_tokens}): a prompt gets the tokens the completion leaves")

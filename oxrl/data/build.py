@@ -54,9 +54,7 @@ def load_examples(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, *, seed: 
     per_dataset = {name: _load_dataset(spec, cfg, row_tokenizer, skipped, readers.get(spec.format))
                    for name, spec in zip(names, cfg.train)}
     validation: list[Example] = []
-    if cfg.validation:
-        if cfg.validation_fraction:
-            logger.warning("data.validation_fraction is ignored: validation datasets are given")
+    if cfg.validation:  # (a DataConfig with both validation datasets and validation_fraction is refused)
         for spec in cfg.validation:
             validation.extend(_load_dataset(spec, cfg, row_tokenizer, skipped, readers.get(spec.format)))
     elif cfg.validation_fraction:

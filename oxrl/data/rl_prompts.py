@@ -79,11 +79,7 @@ def load_rl_prompts(data: DataConfig, rl: RLConfig, *, seed: int) -> LoadedPromp
 
     names = distinct_names(data.train)
     per_dataset = {name: read(spec) for name, spec in zip(names, data.train)}
-    if data.validation:
-        for ignored, value in (("data.validation_fraction", data.validation_fraction or None),
-                               ("rl.validation_size", rl.validation_size)):
-            if value is not None:
-                logger.warning("%s is ignored: the validation prompts are data.validation", ignored)
+    if data.validation:  # the held-out set (the config refuses data.validation_fraction or rl.validation_size beside it)
         validation = [prompt for spec in data.validation for prompt in read(spec)]
     elif data.validation_fraction:
         per_dataset, validation = hold_out(per_dataset, data.validation_fraction, seed)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oxrl.config.names import SAMPLING_ALGORITHMS
-from oxrl.config.schema import Config
+from oxrl.config.schema import Config, DataConfig, RLConfig
 from oxrl.data.rl_tasks import RLPrompt
 from oxrl.loops.rl import correct_flags, summarise
 
@@ -123,12 +123,14 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
              "rl.rollout.engine": request.engine, "run.seed": request.seed}
     flags = {"model.name_or_path": model_path, "rl.rollout.n": request.n, "strategy.name": "single",
              **{key: value for key, value in given.items() if value is not None}}
+    unset = {key: RLConfig.model_fields[key].get_default(call_default_factory=True) for key in ("task_size", "task_config")}
     if request.task is not None:  # a task replaces the config's prompt files (and another task's options)
-        flags.update({"rl.task": request.task, "data.train": [], "data.validation": []})
+        flags.update({"rl.task": request.task, "data.train": [], "data.validation": [],
+                      "data.validation_fraction": DataConfig().validation_fraction, "data.num_examples": None})
         if request.task != tree.get("rl", {}).get("task"):
-            flags["rl.task_config"] = {}
-    if request.data:  # files replace the config's task (and with it the task's default reward)
-        flags["rl.task"] = None
+            flags["rl.task_config"] = unset["task_config"]
+    if request.data:  # files replace the config's task (and with it the task's default reward and options)
+        flags.update({"rl.task": None, **{f"rl.{key}": value for key, value in unset.items()}})
     if request.rewards:
         flags["rl.rewards"] = [{"name": name} for name in request.rewards]
     for key, value in flags.items():

@@ -76,9 +76,11 @@ def test_validation_fraction_holds_out_rows_deterministically(tmp_path):
 def test_validation_datasets(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", qa_rows(6))
     valid = write_jsonl(tmp_path / "valid.jsonl", qa_rows(2, prefix="v"))
-    cfg = DataConfig(train=[{"path": str(train)}], validation=[{"path": str(valid)}], validation_fraction=0.5)
+    cfg = DataConfig(train=[{"path": str(train)}], validation=[{"path": str(valid)}])
     data = load_examples(cfg, char_tokenizer(), seed=0)
-    assert (len(data.train), len(data.validation)) == (6, 2)
+    assert (len(data.train), len(data.validation)) == (6, 2)  # every training row trains: none is held out
+    with pytest.raises(ValueError, match="data.validation_fraction = 0.5 is not read with data.validation"):
+        DataConfig(train=[{"path": str(train)}], validation=[{"path": str(valid)}], validation_fraction=0.5)
 
 
 def test_incompatible_formats_cannot_be_mixed(tmp_path):

@@ -219,6 +219,21 @@ def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
      "rl.prompts_per_step x rl.rollout.n"),
     ("grpo", ["rl.task=arithmetic", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
      "rl.rollout.vllm.gpu_memory_utilization = 0.3", "with rl.rollout.engine: vllm"),
+    # A generated task is its own prompts: no prompt file, hold-out or mixture setting is read beside it.
+    *(("grpo", ["rl.task=arithmetic", override], refused, "rl.task generates its own prompts") for override, refused in (
+        ("data.train=[{path: d.jsonl}]", "data.train = "), ("data.validation=[{path: v.jsonl}]", "data.validation = "),
+        ("data.validation_fraction=0.1", "data.validation_fraction = 0.1"), ("data.num_examples=10", "data.num_examples = 10"))),
+    ("grpo", ["data.train=[{path: d.jsonl}]", "rl.task_size=10"], "rl.task_size = 10", "with rl.task"),
+    ("grpo", ["data.train=[{path: d.jsonl}]", "rl.task_config={max_operand: 5}"], "rl.task_config = ", "with rl.task"),
+    ("grpo", ["data.train=[{path: d.jsonl}]", "data.validation=[{path: v.jsonl}]", "rl.validation_size=5"],
+     "rl.validation_size = 5", "without data.validation"),
+    ("grpo", ["rl.task=arithmetic", "rl.validation_size=0", "rl.validation_every=4"], "rl.validation_every = 4",
+     "with held-out prompts"),
+    ("grpo", ["rl.task=arithmetic", "rl.rollout.temperature=0", "rl.rollout.top_p=0.9"], "rl.rollout.top_p = 0.9",
+     "with rl.rollout.temperature > 0"),
+    ("grpo", ["rl.task=arithmetic", "rl.env={path: tests.integration.test_multiturn:make_env}",
+              "rl.on_reward_error=zero"], "rl.on_reward_error = 'zero'", "rl.env and `vla` episodes reward themselves"),
+    ("sft", ["strategy.name=single", "strategy.cpu_offload=true"], "strategy.cpu_offload = True", "fsdp2 or deepspeed"),
 ])
 def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm, overrides, refused, reader):
     with pytest.raises(ConfigError) as raised:
@@ -231,9 +246,19 @@ def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm,
     ["algorithm.name=grpo", "rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.vllm.gpu_memory_utilization=0.3"],
     ["algorithm.name=grpo", "rl.task=arithmetic", "rl.kl_coef=0.1", "rl.rollout.n=4"],
     ["algorithm.name=sft", "train.global_batch_size=64"],
+    ["algorithm.name=grpo", "data.train=[{path: d.jsonl}]", "data.validation_fraction=0.1", "data.num_examples=10"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.task_size=10", "rl.task_config={max_operand: 5}",
+     "rl.validation_size=4", "rl.validation_every=2", "rl.rollout.top_p=0.9", "rl.on_reward_error=zero"],
+    ["algorithm.name=sft", "strategy.name=fsdp2", "strategy.cpu_offload=true"],
 ])
 def test_the_same_settings_are_accepted_where_they_are_read(overrides):
     load_config(None, ["model.name_or_path=m", *overrides])
+
+
+def test_validation_datasets_and_a_validation_fraction_are_one_too_many():
+    with pytest.raises(ConfigError, match="data.validation_fraction = 0.1 is not read with data.validation"):
+        load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "data.train=[{path: d.jsonl}]",
+                           "data.validation=[{path: v.jsonl}]", "data.validation_fraction=0.1"])
 
 
 @pytest.mark.parametrize("overrides, refused", [
@@ -244,3 +269,12 @@ def test_a_setting_of_another_strategy_is_refused(overrides, refused):
     with pytest.raises(ConfigError, match=refused):
         load_config(None, ["model.name_or_path=m", "algorithm.name=sft", *overrides])
     load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.name=deepspeed", "strategy.zero_stage=2"])
+
+
+def test_a_sharding_setting_in_one_process_is_refused_before_anything_loads():
+    # `auto` is fsdp2 under torchrun, so the config alone cannot tell; one process (strategy `single`) can.
+    from oxrl.training.build import build_strategy
+
+    cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.cpu_offload=true"])
+    with pytest.raises(ValueError, match=r"strategy.cpu_offload = True is not read: one process \(strategy `single`\)"):
+        build_strategy(cfg)
