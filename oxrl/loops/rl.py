@@ -62,7 +62,9 @@ class RLHandles:
     strategy: Any  # oxrl/training/strategy.py
     engine: Any  # a RolloutEngine (oxrl/rollout/base.py)
     reward_fn: Any = None  # scores single-turn completions (oxrl/rewards/combine.py); None with `env`
-    env: Any = None  # multi-turn episodes (oxrl/loops/multiturn.py Environment), which reward themselves
+    # An episode runner, `run(engine, batch, params) -> Episodes`: a multi-turn environment (oxrl/loops/multiturn.py)
+    # or a VLA's simulator (oxrl/vla/episodes.py), whose episodes reward themselves.
+    env: Any = None
     reference: Any = None  # a FrozenModel (oxrl/models/reference.py) for the KL term; None when kl_coef is 0
     critic: Any = None  # PPO (advantage `gae`): a Critic or SharedValueHead (oxrl/loops/critic.py); None without
     tokenizer: Any = None  # saved with checkpoints: the tokenizer, or a vision-language model's processor
@@ -132,7 +134,7 @@ class Sampled:
 
 class InTurn:
     """`rl.max_staleness` 0, the synchronous loop: each step is sampled by the live weights, then trained. Steps
-    sampled ahead plug in instead, with the same four calls (`RLHandles.ahead`, oxrl/loops/pipeline.py)."""
+    sampled ahead plug in instead, with the same calls (`RLHandles.ahead`, oxrl/loops/pipeline.py)."""
 
     def __init__(self, h: RLHandles, total_steps: int, prompts_of: Callable[[int], RLPromptBatch]):
         self.h, self.prompts_of = h, prompts_of
@@ -156,6 +158,26 @@ class ResumeError(UserError, ValueError):
     """A checkpoint of a pipelined run cannot resume this run's schedule."""
 
 
+def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict | None, Path | None]:
+    """Optimizers and schedules for the policy (and critic), handed to their strategies; resume. Returns the first
+    step, and on resume this rank's samples of the later steps the checkpoint holds, and the checkpoint."""
+    cfg = h.cfg
+    optimizer = build_optimizer(h.model, cfg.train.optim, fused=h.strategy.fused_optimizer)
+    h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
+    h.policy.train()
+    if h.critic is not None:
+        h.critic.prepare(h.strategy, cfg, total_updates)
+    if h.strategy.world_size > 1:
+        torch.manual_seed(cfg.run.seed + h.strategy.rank)  # weights are in sync already; samples must differ per rank
+    resume_from = resume_path(cfg, run_dir)
+    if resume_from is None:
+        return 0, None, None
+    state = h.strategy.load_checkpoint(resume_from)
+    h.strategy.nonfinite.load_state_dict(state)
+    sync(h, None)
+    return state["step"], state.get("rank_state"), resume_from
+
+
 def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Path) -> RLResult:
     cfg, rl, strategy = h.cfg, h.cfg.rl, h.strategy
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
@@ -173,9 +195,9 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
     if rl.max_staleness and h.ahead is None:
         raise ValueError("rl.max_staleness >= 1 samples steps ahead: give the handles a schedule that does "
                          "(RLHandles.ahead = oxrl.loops.pipeline.RolloutPipeline.of)")
-    pipeline = (h.ahead if rl.max_staleness else InTurn)(h, total_steps, prompts_of)
+    schedule = (h.ahead if rl.max_staleness else InTurn)(h, total_steps, prompts_of)  # which policy samples a step
     if checkpoint is not None:
-        pipeline.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
+        schedule.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
     log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
                         config=cfg)
     validating = rl.validation_every is not None and bool(val.prompt_ids)
@@ -189,7 +211,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             done = step + 1
             started = time.perf_counter()
             with naming_step(done):  # collecting and rewarding (each step is started under its own name)
-                sampled = pipeline.take(step)
+                sampled = schedule.take(step)
             metrics, rollout = one_step(h, sampled, done)
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollout.completions)))
@@ -205,10 +227,10 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             if done % cfg.logging.every == 0 or done == total_steps:
                 log.log(done, metrics)
             if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
-                pipeline.settle()  # the steps sampled ahead are part of the checkpoint
+                schedule.settle()  # the steps sampled ahead are part of the checkpoint
                 strategy.save_checkpoint(run_dir, done, h.tokenizer, strategy.nonfinite.state_dict(),
                                          cfg.checkpoint.keep_last, cfg.lora.save,
-                                         rank_state={"pipeline": pipeline.state_dict()} if rl.max_staleness else None)
+                                         rank_state={"pipeline": schedule.state_dict()} if rl.max_staleness else None)
     finally:
         log.close()
     return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics, samples)
@@ -415,24 +437,7 @@ def estimate(h, rollout: Rollout) -> None:
         rollout.returns = [out.returns[i, : rows[i].numel()] for i in mine_only]
 
 
-def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict | None, Path | None]:
-    """Optimizers and schedules for the policy (and critic), handed to their strategies; resume. Returns the first
-    step, and on resume this rank's samples of the later steps the checkpoint holds, and the checkpoint."""
-    cfg = h.cfg
-    optimizer = build_optimizer(h.model, cfg.train.optim, fused=h.strategy.fused_optimizer)
-    h.policy = h.strategy.prepare(h.model, optimizer, build_scheduler(optimizer, total_updates, cfg.train.optim))
-    h.policy.train()
-    if h.critic is not None:
-        h.critic.prepare(h.strategy, cfg, total_updates)
-    if h.strategy.world_size > 1:
-        torch.manual_seed(cfg.run.seed + h.strategy.rank)  # weights are in sync already; samples must differ per rank
-    resume_from = resume_path(cfg, run_dir)
-    if resume_from is None:
-        return 0, None, None
-    state = h.strategy.load_checkpoint(resume_from)
-    h.strategy.nonfinite.load_state_dict(state)
-    sync(h, None)
-    return state["step"], state.get("rank_state"), resume_from
+# ---- sync ---------------------------------------------------------------------------------------------------------
 
 
 def sync(h: RLHandles, step: int | None) -> dict[str, float]:
