@@ -60,7 +60,7 @@ def configs(folder: Path) -> dict[str, Path]:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = save_tiny_model(folder / "tiny-model", tokenizer)
     write_chat_rows(folder / "chat.jsonl", 24)
-    # Defaults wherever the run allows: the end-of-run report and curves are written, the final model saved.
+    # Defaults wherever the run allows: the final model is saved; the report and curves are opt-in (logging.plot).
     common = {"model": {"name_or_path": str(model)}, "logging": {"progress_bar": False}}
     trees = {
         "grpo": {"run": {"name": "grpo", "output_dir": str(folder / "runs"), "device": "cpu"},

@@ -88,6 +88,47 @@ def test_saving_draws_no_progress_bar(tiny_config, tmp_path):
     assert not {"vllm", "ray"} & set(imported(result))
 
 
+# What a config must name to load: the core path (one process, the built-in engine, a generated task or offline rows)
+# imports none of these (README: Layout; docs/extending.md).
+EXTENSIONS = (
+    "oxrl.loops.pipeline", "oxrl.loops.online", "oxrl.loops.critic", "oxrl.loops.multiturn", "oxrl.logging.trackers",
+    "oxrl.logging.report", "oxrl.logging.plot", "oxrl.data.rl_prompts", "oxrl.models.registry", "oxrl.models.recipe",
+    "oxrl.rollout.vllm_engine", "oxrl.cluster", "oxrl.vla", "oxrl.evaluation", "oxrl.onboard", "oxrl.extensions",
+    "oxrl.rewards.sandbox", "oxrl.rewards.code_reward", "oxrl.rewards.judge", "oxrl.rewards.reward_model_reward",
+    "oxrl.rewards.gym_reward", "oxrl.models.reward_model", "oxrl.models.critic", "oxrl.training.fsdp",
+    "oxrl.training.deepspeed_strategy",
+)
+
+
+@pytest.fixture
+def grpo_config(tiny_config, tmp_path) -> Path:
+    """One GRPO step on the arithmetic task with the `math` reward, the same tiny model."""
+    config = yaml.safe_load(tiny_config.read_text())
+    del config["data"]
+    config["train"] = {"max_steps": 1, "micro_batch_size_per_device": 4}
+    config.update(algorithm={"name": "grpo"}, rl={
+        "task": "arithmetic", "task_size": 8, "validation_size": 0, "prompts_per_step": 2, "rewards": [{"name": "math"}],
+        "rollout": {"n": 4, "max_new_tokens": 8}})
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "grpo"])
+def test_the_core_path_loads_no_extension(algorithm, tiny_config, grpo_config):
+    config = tiny_config if algorithm == "sft" else grpo_config
+    result = run_fresh(RUN_AND_REPORT.format(optional=EXTENSIONS), str(config), "run.overwrite=true")
+    assert imported(result) == []
+
+
+def test_an_extension_loads_when_the_config_names_it(grpo_config):
+    """The other side, so that the test above can fail: the report, the curves and the schedule of steps
+    sampled ahead load when the config turns them on."""
+    result = run_fresh(RUN_AND_REPORT.format(optional=EXTENSIONS), str(grpo_config), "logging.plot=true",
+                       "rl.max_staleness=1", "rl.off_policy_correction=decoupled")
+    assert imported(result) == ["oxrl.logging.plot", "oxrl.logging.report", "oxrl.loops.pipeline"]
+
+
 def test_help_imports_no_torch():
     result = run_fresh("import sys\nfrom oxrl.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                        "print('IMPORTED ' + __import__('json').dumps(sorted(m for m in ('torch', 'transformers') "
