@@ -5,8 +5,8 @@
 
 Each run is `python -m coverage run --source=oxrl -m oxrl train CONFIG` on a 2-layer random Llama with
 the bundled SmolLM2 tokenizer, one process, the built-in engine: GRPO on the arithmetic task with
-the `math` reward, and SFT on 24 chat rows, every other setting at its default (so the report, the
-curves and the final model are written). A file counts when any of its code ran, its import included,
+the `math` reward, and SFT on 24 chat rows, every other setting at its default (so the final model is written, and the
+report and curves, which `logging.plot` turns on, are not). A file counts when any of its code ran, its import included,
 and it holds code (an empty `__init__.py` has nothing to read); "code lines" are its lines that are not
 blank, comments or docstrings, whether they ran or not (what a reader of that file reads);
 "statements run" is what coverage saw execute.
