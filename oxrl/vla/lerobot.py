@@ -196,15 +196,8 @@ def _read_tasks(root: Path, version: str) -> tuple[dict[int, str], str]:
     else:
         path = root / "meta" / "tasks.parquet"
         table = _parquet(path)
-        # LeRobot writes a pandas frame indexed by the task text; pandas stores that index as a column named
-        # in its metadata (a JSON document), by default "__index_level_0__".
-        index_columns = []
-        try:
-            index_columns = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}")).get("index_columns", [])
-        except (ValueError, AttributeError):
-            pass  # unreadable pandas metadata: the usual column names below still apply
         names = table.column_names
-        text = next((c for c in ["task", *index_columns, "__index_level_0__"] if c in names), None)
+        text = "task" if "task" in names else _pandas_index_column(table, path)
         if "task_index" not in names or text is None:
             raise DataError(str(path), None, None,
                             f"expected columns task_index and task (or a pandas index holding the task), found {names}")
@@ -212,6 +205,21 @@ def _read_tasks(root: Path, version: str) -> tuple[dict[int, str], str]:
         pairs = [(i + 1, n, t) for i, (n, t) in enumerate(zip(indices, texts))]
     tasks = {_typed(n, int, path, row, "task_index"): _typed(t, str, path, row, "task") for row, n, t in pairs}
     return tasks, str(path)
+
+
+def _pandas_index_column(table: pa.Table, path: Path) -> str | None:
+    """The column holding a pandas frame's index: LeRobot writes its tasks as a frame indexed by the task text, and
+    pandas stores that index as a column its metadata (a JSON document) names, by default "__index_level_0__"."""
+    raw = (table.schema.metadata or {}).get(b"pandas")
+    index_columns: list = []
+    if raw is not None:
+        try:
+            index_columns = json.loads(raw)["index_columns"]
+        except (ValueError, KeyError, TypeError) as error:  # not JSON, or not pandas' object with index_columns
+            raise DataError(str(path), None, None, f"expected pandas metadata with `index_columns` (it has no `task` "
+                            f"column), found metadata it cannot read ({type(error).__name__}: {error})") from error
+    return next((c for c in [*index_columns, "__index_level_0__"] if isinstance(c, str) and c in table.column_names),
+                None)
 
 
 def _read_episode_list(root: Path, version: str) -> tuple[dict[int, tuple[str, int, int]], str]:

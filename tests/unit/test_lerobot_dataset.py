@@ -148,6 +148,35 @@ def test_tasks_parquet_reads_as_lerobot_reads_it(written):
     assert tasks.iloc[0].name == "pick up the red cube"
 
 
+def _retitle_tasks(root: Path, metadata: bytes | None, text_column: str = "__index_level_0__") -> None:
+    """tasks.parquet with its task-text column renamed and its pandas metadata replaced (None: removed)."""
+    path = root / "meta" / "tasks.parquet"
+    table = pq.read_table(path)
+    table = table.rename_columns([name if name == "task_index" else text_column for name in table.column_names])
+    pq.write_table(table.replace_schema_metadata(None if metadata is None else {b"pandas": metadata}), path)
+
+
+def _tasks(root: Path) -> list[str]:
+    return sorted({episode.task for episode in read_dataset(root).episodes})
+
+
+def test_the_task_text_is_found_by_pandas_metadata_or_by_name(written):
+    _retitle_tasks(written, json.dumps({"index_columns": ["text"]}).encode(), text_column="text")
+    assert _tasks(written) == ["open the drawer", "pick up the red cube"]
+    _retitle_tasks(written, None, text_column="task")  # a plain `task` column needs no metadata
+    assert _tasks(written) == ["open the drawer", "pick up the red cube"]
+    _retitle_tasks(written, None, text_column="text")  # neither: the error names what it looked for
+    _raises(written, "tasks.parquet: expected columns task_index and task (or a pandas index holding the task)")
+
+
+@pytest.mark.parametrize("metadata", [b"{not json", b"[1, 2]", b'{"columns": []}'])
+def test_unreadable_pandas_metadata_is_named_when_the_task_text_depends_on_it(written, metadata):
+    _retitle_tasks(written, metadata, text_column="text")
+    _raises(written, "tasks.parquet: expected pandas metadata with `index_columns`")
+    _retitle_tasks(written, metadata, text_column="task")  # beside a `task` column the metadata is not read
+    assert _tasks(written) == ["open the drawer", "pick up the red cube"]
+
+
 def _write_v21(root: Path, records: list[EpisodeRecord]) -> None:
     """The v2.1 layout, written here independently of the module: one parquet file per episode, jsonl metadata,
     variable-length float64 lists."""
