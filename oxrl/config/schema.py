@@ -869,6 +869,13 @@ def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tu
 # section read regardless, who reads it, whether this run does). A setting that differs from its default in a run
 # that does not read it is an error naming its reader.
 _HELD_OUT = "with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)"
+
+
+def _rl_reads(reads: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """Whether a sampling run reads an `rl` setting; an offline run is told once, by the whole `rl` section's entry."""
+    return lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS or reads(cfg)
+
+
 CONDITIONAL_SETTINGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], bool]], ...] = (
     ("rl", (), "by RL and online algorithms (" + ", ".join(SAMPLING_ALGORITHMS) + ")",
      lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS),
@@ -888,16 +895,16 @@ CONDITIONAL_SETTINGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], boo
     *((f"data.{key}", (), "by offline objectives and by RL on prompt files; rl.task generates its own prompts",
        lambda cfg: cfg.rl.task is None) for key in ("train", "validation", "validation_fraction", "num_examples")),
     ("rl.task_size", (), "with rl.task (or a `vla` simulator's initial states); prompt files are read whole",
-     lambda cfg: cfg.rl.task is not None or cfg.vla is not None),
-    ("rl.task_config", (), "with rl.task", lambda cfg: cfg.rl.task is not None),
+     _rl_reads(lambda cfg: cfg.rl.task is not None or cfg.vla is not None)),
+    ("rl.task_config", (), "with rl.task", _rl_reads(lambda cfg: cfg.rl.task is not None)),
     ("rl.validation_size", (), "without data.validation, which is then the held-out set",
-     lambda cfg: not cfg.data.validation),
-    ("rl.validation_every", (), _HELD_OUT, lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
-     or bool(cfg.data.validation_fraction)),
+     _rl_reads(lambda cfg: not cfg.data.validation)),
+    ("rl.validation_every", (), _HELD_OUT, _rl_reads(lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
+                                                     or bool(cfg.data.validation_fraction))),
     *((f"rl.rollout.{key}", (), "with rl.rollout.temperature > 0 (0 decodes greedily)",
-       lambda cfg: cfg.rl.rollout.temperature > 0) for key in ("top_k", "top_p")),
+       _rl_reads(lambda cfg: cfg.rl.rollout.temperature > 0)) for key in ("top_k", "top_p")),
     *((f"rl.{key}", (), "with reward functions: rl.env and `vla` episodes reward themselves",
-       lambda cfg: cfg.rl.env is None and cfg.vla is None) for key in ("reward_timeout_s", "on_reward_error")),
+       _rl_reads(lambda cfg: cfg.rl.env is None and cfg.vla is None)) for key in ("reward_timeout_s", "on_reward_error")),
 )
 
 
