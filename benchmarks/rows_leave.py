@@ -52,7 +52,7 @@ def main() -> None:
 
     import oxrl.rollout.hf as hf
     from oxrl.config.load import load_config
-    from oxrl.data.rl_prompts import load_rl_prompts
+    from oxrl.loops.rl_setup import load_prompts
     from oxrl.data.rl_tasks import encode_prompts
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.loops.rl import sampling_params
@@ -65,9 +65,9 @@ def main() -> None:
     cfg = load_config(DEMO)
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, torch.device("cpu")).eval()
-    prompts = load_rl_prompts(cfg.data, cfg.rl, seed=cfg.run.seed)
-    held_out = encode_prompts(prompts.validation, tokenizer).prompt_ids
-    step = encode_prompts(prompts.train[: cfg.rl.prompts_per_step], tokenizer).prompt_ids
+    train, validation = load_prompts(cfg, cfg.rl)
+    held_out = encode_prompts(validation, tokenizer).prompt_ids
+    step = encode_prompts(train[: cfg.rl.prompts_per_step], tokenizer).prompt_ids
     copy = samples_from_bf16_copy(cfg.rl.engine_precision, "cpu", shards_parameters=False)
     engine = HFEngine(model, tokenizer, max_batch_size=cfg.rl.rollout.max_batch_size, sample_in_bf16=copy)
     print("machine:", machine_summary())

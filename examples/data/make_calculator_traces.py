@@ -38,10 +38,11 @@ SENTENCES = ["The answer is \\boxed{{{value}}}.", "So {expression} = {value}, an
 def rl_prompts(config_path: Path = RL_CONFIG):
     """The RL run's prompt template, held-out prompts and `max_operand`, read from its config."""
     from oxrl.config.load import load_config
-    from oxrl.data.rl_prompts import load_rl_prompts, prompt_template
+    from oxrl.data.rl_tasks import prompt_template
+    from oxrl.loops.rl_setup import load_prompts
 
     cfg = load_config(str(config_path))
-    held_out = load_rl_prompts(cfg.data, cfg.rl, seed=cfg.run.seed).validation
+    held_out = load_prompts(cfg, cfg.rl)[1]
     return prompt_template(cfg.rl), held_out, cfg.rl.task_config.get("max_operand", 99)
 
 

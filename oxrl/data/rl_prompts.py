@@ -42,8 +42,7 @@ from oxrl.data.images import decode_images
 from oxrl.data.formats import _RowChecker as RowChecker  # shared row validation (file, row, field in every error)
 from oxrl.data.mix import mix
 from oxrl.data.read import Row, read_dataset
-from oxrl.data.rl_tasks import (DEFAULT_VALIDATION_SIZE, PromptTemplate, RLPrompt, plain_text, prompt_template,
-                                task_prompts)
+from oxrl.data.rl_tasks import DEFAULT_VALIDATION_SIZE, PromptTemplate, RLPrompt, plain_text, prompt_template
 from oxrl.data.extract import last_boxed
 
 logger = logging.getLogger(__name__)
@@ -62,11 +61,12 @@ class LoadedPrompts:
 
 
 def load_rl_prompts(data: DataConfig, rl: RLConfig, *, seed: int) -> LoadedPrompts:
-    """Training and validation prompts: `rl.task`'s, else those of the `data` files (module docstring)."""
-    template = prompt_template(rl)
+    """Training and validation prompts of the `data` files (module docstring). Where a run's prompts come from (these
+    files, `rl.task`'s generator, a VLA's simulator) is `oxrl.loops.rl_setup.load_prompts`'s choice."""
     if rl.task is not None:
-        train, validation = task_prompts(rl, seed)
-        return LoadedPrompts(train, validation, {rl.task: len(train)}, {})
+        raise ValueError(f"rl.task {rl.task!r} generates its own prompts (oxrl.data.rl_tasks.task_prompts); "
+                         "load_rl_prompts reads prompt files (oxrl.loops.rl_setup.load_prompts picks the source)")
+    template = prompt_template(rl)
     if not data.train:
         raise ValueError("RL needs prompts: set rl.task (e.g. `arithmetic`) or data.train to prompt files")
     skipped: Counter[str] = Counter()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from oxrl.config.load import load_config
-from oxrl.data.rl_prompts import load_rl_prompts
 from oxrl.data.rl_tasks import prompt_template
+from oxrl.loops.rl_setup import load_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIG = ROOT / "examples/sft_smollm2_calculator_traces.yaml"
@@ -65,7 +65,7 @@ def test_the_file_is_what_the_generator_writes_and_the_generator_is_deterministi
 def test_user_turns_are_the_rl_prompts(traces):
     cfg = load_config(RL_CONFIG)
     template = prompt_template(cfg.rl)
-    held_out = load_rl_prompts(cfg.data, cfg.rl, seed=cfg.run.seed).validation
+    held_out = load_prompts(cfg, cfg.rl)[1]
     for row in traces:
         a, symbol, b = EXPRESSION.search(row["messages"][-1]["content"]).groups()
         assert row["messages"][:-1] == template.messages(f"What is {a}{symbol}{b}?")
@@ -77,7 +77,7 @@ def test_user_turns_are_the_rl_prompts(traces):
 
 def test_no_held_out_question_is_a_trace(traces):
     cfg = load_config(RL_CONFIG)
-    held_out = load_rl_prompts(cfg.data, cfg.rl, seed=cfg.run.seed).validation
+    held_out = load_prompts(cfg, cfg.rl)[1]
     assert len(held_out) == cfg.rl.validation_size
     prompts = {json.dumps(row["messages"][:-1]) for row in traces}
     assert not [p.messages for p in held_out if json.dumps(p.messages) in prompts]

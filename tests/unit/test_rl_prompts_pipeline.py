@@ -34,6 +34,17 @@ def loaded(*overrides: str, seed: int = 0):
     return load_rl_prompts(cfg.data, cfg.rl, seed=cfg.run.seed)
 
 
+def test_the_run_picks_a_task_or_files_and_the_file_reader_reads_files_only():
+    from oxrl.data.rl_tasks import task_prompts
+    from oxrl.loops.rl_setup import load_prompts
+
+    cfg = config("rl.task=arithmetic", "rl.task_size=6", "rl.validation_size=2")
+    train, validation = load_prompts(cfg, cfg.rl)
+    assert (train, validation) == task_prompts(cfg.rl, cfg.run.seed) and (len(train), len(validation)) == (6, 2)
+    with pytest.raises(ValueError, match="rl.task 'arithmetic' generates its own prompts"):
+        load_rl_prompts(cfg.data, cfg.rl, seed=0)
+
+
 def test_two_files_are_mixed_by_weight_deterministically_keeping_origin_and_fields(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", gsm8k_rows(10, "a"))
     b = write_jsonl(tmp_path / "b.jsonl", gsm8k_rows(10, "b"))
