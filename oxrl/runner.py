@@ -134,8 +134,12 @@ class Trained:
     losses: list[float]
     final_metrics: dict[str, float]
     samples: dict[str, list[dict]] = field(default_factory=dict)  # RL: the first and last steps' completions
-    accuracy: tuple[float | None, float | None] | None = None  # RL: held-out accuracy before and after
-    summary: dict | None = None  # RL: summary.json
+    summary: dict | None = None  # RL: summary.json, with the held-out accuracy before and after
+
+    @property
+    def accuracy(self) -> tuple[float | None, float | None] | None:
+        """RL's held-out accuracy (before, after), either None when not measured; None for offline runs."""
+        return None if self.summary is None else (self.summary["accuracy_before"], self.summary["accuracy_after"])
 
 
 def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
@@ -248,8 +252,7 @@ class RLRun:
         result = train_rl(self.handles, self.train_prompts, self.val_prompts, run_dir)
         summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
                    "rewards": result.rewards}
-        return Trained([], result.final_metrics, result.samples, (result.accuracy_before, result.accuracy_after),
-                       summary)
+        return Trained([], result.final_metrics, result.samples, summary)
 
     def close(self) -> None:
         self.handles.engine.close()

@@ -5,13 +5,14 @@ that starts at `start_step` (a resume) first drops the rows logged after that st
 it replaces (killed after logging a step but before checkpointing it), and a run starting at step
 0 starts the file afresh. So after any resume the rows' steps are unique and increasing.
 Trackers (MLflow, TensorBoard, Weights & Biases: oxrl/logging/trackers.py, loaded only when
-`logging.report_to` names one) get the same rows.
+`logging.report_to` names one) get the same rows, their names mapped once by `tracker_name`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -54,8 +55,10 @@ class MetricsLogger:
         values = {k: float(v) for k, v in metrics.items()}
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
-        for tracker in self.trackers:
-            tracker.log(values, step)
+        if self.trackers:
+            named = {tracker_name(k): v for k, v in values.items()}
+            for tracker in self.trackers:
+                tracker.log(named, step)
         if self.bar is not None:
             if advance:
                 self.bar.update(step - self.bar.n)
@@ -82,6 +85,12 @@ class MetricsLogger:
                 errors.append(error)
         if errors and not failed:
             raise errors[0]
+
+
+def tracker_name(key: str) -> str:
+    """A metric name every tracker accepts. MLflow allows only letters, digits and `_-./ ` (and `:` outside
+    Windows): `val/pass@1` -> `val/pass_at_1`, any other character -> `_`."""
+    return re.sub(r"[^\w./ -]", "_", key.replace("@", "_at_"))
 
 
 def keep_rows_up_to(path: Path, step: int) -> None:

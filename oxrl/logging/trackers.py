@@ -10,13 +10,11 @@ missing package when the config is validated, before any model loads.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oxrl.config.load import flatten
-from oxrl.config.names import TRACKERS
 
 if TYPE_CHECKING:
     from oxrl.config.schema import Config
@@ -24,15 +22,9 @@ if TYPE_CHECKING:
 
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None:
-        """One step's metrics under oxRL's names (`tracker_name` maps them to what the tracker accepts)."""
+        """One step's metrics, their names mapped by `tracker_name` (oxrl/logging/metrics.py)."""
 
     def close(self, failed: bool) -> None: ...
-
-
-def tracker_name(key: str) -> str:
-    """A metric name every tracker accepts. MLflow allows only letters, digits and `_-./ ` (and `:` outside
-    Windows): `val/pass@1` -> `val/pass_at_1`, any other character -> `_`."""
-    return re.sub(r"[^\w./ -]", "_", key.replace("@", "_at_"))
 
 
 def mlflow_tracking_uri(cfg: Config, run_dir: Path) -> str:
@@ -84,7 +76,7 @@ class MLflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(tracker_name(k), v, now, step) for k, v in metrics.items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -104,7 +96,7 @@ class TensorBoardTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(tracker_name(key), value, step)
+            self.writer.add_scalar(key, value, step)
 
     def close(self, failed: bool) -> None:
         self.writer.close()
@@ -121,7 +113,7 @@ class WandbTracker:
         self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=params, reinit="create_new")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log({tracker_name(key): value for key, value in metrics.items()}, step=step)
+        self.run.log(metrics, step=step)
 
     def close(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)

@@ -35,10 +35,8 @@ from oxrl.data.sampler import balanced_split, micro_batches
 from oxrl.data.types import Example, RLPromptBatch, Sequence
 from oxrl.loops.sl import Objective
 from oxrl.loops.objectives import get_objective
-from oxrl.loops.rl import sync
+from oxrl.loops.rl import global_metrics, naming_step, rollout_metrics, sync
 from oxrl.loops.rl_update import completion_example
-from oxrl.loops.rl import global_metrics, rollout_metrics
-from oxrl.loops.rl import naming_step
 from oxrl.loops.sl import run_micro_batches
 from oxrl.models.reference import FrozenModel, build_reference
 

@@ -17,7 +17,7 @@ from oxrl.config.schema import Config, LoggingConfig
 from oxrl.training.strategy import SingleDevice
 from oxrl.logging.metrics import MetricsLogger, read_metrics
 from oxrl.config.names import TRACKERS
-from oxrl.logging.trackers import tracker_name
+from oxrl.logging.metrics import tracker_name
 from oxrl.loops.objectives import get_objective
 from oxrl.loops.sl import train_offline
 from tests.conftest import make_tiny_llama
