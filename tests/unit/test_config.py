@@ -221,7 +221,8 @@ def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
      "rl.rollout.vllm.gpu_memory_utilization = 0.3", "with rl.rollout.engine: vllm"),
     # A generated task is its own prompts: no prompt file, hold-out or mixture setting is read beside it.
     *(("grpo", ["rl.task=arithmetic", override], refused, "rl.task generates its own prompts") for override, refused in (
-        ("data.train=[{path: d.jsonl}]", "data.train = "), ("data.validation=[{path: v.jsonl}]", "data.validation = "),
+        ("data.train=[{path: d.jsonl}]", "data.train = [{'path': 'd.jsonl'}]"),
+        ("data.validation=[{path: v.jsonl}]", "data.validation = [{'path': 'v.jsonl'}]"),
         ("data.validation_fraction=0.1", "data.validation_fraction = 0.1"), ("data.num_examples=10", "data.num_examples = 10"))),
     ("grpo", ["data.train=[{path: d.jsonl}]", "rl.task_size=10"], "rl.task_size = 10", "with rl.task"),
     ("grpo", ["data.train=[{path: d.jsonl}]", "rl.task_config={max_operand: 5}"], "rl.task_config = ", "with rl.task"),
