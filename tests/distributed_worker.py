@@ -71,8 +71,8 @@ def train_sft(cfg: Config, strategy: Strategy, run_dir: Path, model=None, checkp
     return model, result.losses
 
 
-def train_dpo(cfg: Config, strategy: Strategy, run_dir: Path) -> list[float]:
-    model = make_tiny_llama()
+def train_dpo(cfg: Config, strategy: Strategy, run_dir: Path, model=None) -> list[float]:
+    model = model if model is not None else make_tiny_llama()
     reference = FrozenModel(copy.deepcopy(model).eval().requires_grad_(False))
     reference.model = strategy.prepare_frozen(reference.model)
     result = train_offline(cfg, get_objective("dpo", cfg.preference), model, None, preference_pairs(8), [], strategy,
@@ -105,18 +105,18 @@ def probe_logits(model) -> list:
         return model(input_ids=torch.tensor(PROBE_IDS), use_cache=False).logits.float().tolist()
 
 
-def grpo_update(cfg: Config, strategy: Strategy) -> dict:
+def grpo_update(cfg: Config, strategy: Strategy, model=None) -> dict:
     """One `update` (rl.epochs = 2 optimizer steps) on fixed rollouts; advantages of two estimators."""
     from oxrl.loops.rl_update import score_logprobs
     from oxrl.loops.rl import Rollout, estimate
     from oxrl.loops.rl_update import update
     from oxrl.training.optim import build_optimizer, build_scheduler
 
-    model = make_tiny_llama()
+    model = model if model is not None else make_tiny_llama()
     h = rl_handles(cfg, model, None, strategy=strategy)
     optimizer = build_optimizer(model, cfg.train.optim)
     h.policy = strategy.prepare(model, optimizer, build_scheduler(optimizer, 4, cfg.train.optim))
-    completions, rewards = fixed_rollouts(strategy.rank, strategy.world_size)
+    completions, rewards = fixed_rollouts(strategy.data_rank, strategy.data_size)
     advantages = {}
     for name in ("grpo", "reinforce_pp"):
         rollout = Rollout.of(completions, rewards)
@@ -349,6 +349,45 @@ def scenario_fsdp2_nonfinite(out: Path) -> dict:
 
 def scenario_deepspeed_nonfinite(out: Path) -> dict:
     return train_with_a_nan_step(nan_step_config(out, {"name": "deepspeed", "zero_stage": 3}), out / "run")
+
+
+def packed_tiny_llama():
+    """The tiny Llama on oxRL's packed attention, as a run loads it (context parallel runs on that kernel)."""
+    from oxrl.models.packed_attention import use_packed_attention
+
+    model = make_tiny_llama()
+    use_packed_attention(model)
+    return model
+
+
+def mesh_runs(out: Path, mesh: dict) -> dict:
+    """SFT (4 steps), DPO (3 steps) and one GRPO update (2 optimizer steps) under `strategy.mesh`, every row's
+    log-probs through the vocabulary-parallel (tp) or row-splitting (cp) path."""
+    strategy = {"name": "fsdp2", "mesh": mesh}
+    sft_cfg = config(out, strategy=strategy)
+    model, sft = train_sft(sft_cfg, build_strategy(sft_cfg), out / "sft", model=packed_tiny_llama())
+    dpo_cfg = config(out, "dpo", strategy, max_steps=3)
+    dpo = train_dpo(dpo_cfg, build_strategy(dpo_cfg), out / "dpo", model=packed_tiny_llama())
+    grpo_cfg = rl_config(out, strategy)
+    grpo = grpo_update(grpo_cfg, build_strategy(grpo_cfg), model=packed_tiny_llama())
+    return {"sft": {"losses": sft, "grad_norms": grad_norms(out / "sft"), "logits": probe_logits(model)},
+            "dpo": {"losses": dpo, "grad_norms": grad_norms(out / "dpo")}, "grpo": grpo}
+
+
+def scenario_mesh_tp2(out: Path) -> dict:
+    return mesh_runs(out, {"tp": 2})
+
+
+def scenario_mesh_cp2(out: Path) -> dict:
+    return mesh_runs(out, {"cp": 2})
+
+
+def scenario_mesh_dp2_tp2(out: Path) -> dict:
+    return mesh_runs(out, {"tp": 2, "dp_shard": 2})
+
+
+def scenario_mesh_dp2_cp2(out: Path) -> dict:
+    return mesh_runs(out, {"cp": 2, "dp_shard": 2})
 
 
 COLLECTIVE_TIMEOUT_S = 5.0

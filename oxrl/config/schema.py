@@ -713,6 +713,27 @@ ONLINE_READ_BY: dict[str, tuple[str, ...]] = {
 }
 
 
+class MeshConfig(Section):
+    """How `fsdp2` lays its ranks out (docs/distributed.md): world size = dp_shard x cp x tp."""
+
+    tp: int = Field(
+        1, ge=1,
+        description="Tensor parallel: ranks each layer's weights are split over (attention heads, MLP features, the "
+        "vocabulary), by the family's own plan. Divides the attention and key-value heads, the MLP width and the "
+        "vocabulary. Ranks of one node: it communicates at every layer.",
+    )
+    cp: int = Field(
+        1, ge=1,
+        description="Context parallel: ranks each packed row's tokens are split over (causally balanced), attention "
+        "gathering the keys and values of every rank; for sequences too long for one device's activations.",
+    )
+    dp_shard: int | None = Field(
+        None, ge=1,
+        description="Ranks that see different rows; FSDP2 shards parameters, gradients and optimizer state over "
+        "dp_shard x cp. null: the world size / (tp x cp).",
+    )
+
+
 class StrategyConfig(Section):
     name: Literal[STRATEGY_NAMES] = Field(
         "auto",
@@ -738,6 +759,11 @@ class StrategyConfig(Section):
         None,
         description="`deepspeed` only: a JSON file merged over the DeepSpeed config oxRL generates (nested keys "
         "replace ours), for settings oxRL does not expose, e.g. bucket sizes.",
+    )
+    mesh: MeshConfig = Field(
+        default_factory=MeshConfig,
+        description="`fsdp2` only: tensor and context parallel beside the sharding (SFT, preference and RL "
+        "objectives; not distillation, reward models, PPO's critic, online algorithms or vision models).",
     )
     collective_timeout_s: float = Field(
         1800.0, gt=0,
@@ -889,7 +915,7 @@ CONDITIONAL_SETTINGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], boo
     ("lora", ("enabled",), "with lora.enabled: true", lambda cfg: cfg.lora.enabled),
     ("rl.rollout.vllm", ("sync_check_tolerance",), "with rl.rollout.engine: vllm",
      lambda cfg: cfg.rl.rollout.engine == "vllm"),
-    ("strategy", ("name", "cpu_offload", "reshard_after_forward", "collective_timeout_s"),
+    ("strategy", ("name", "cpu_offload", "reshard_after_forward", "mesh", "collective_timeout_s"),
      "with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed"),
     ("strategy", ("name", "cpu_offload", "zero_stage", "deepspeed_config", "collective_timeout_s"),
      "with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)", lambda cfg: cfg.strategy.name in ("fsdp2", "auto")),
@@ -1185,6 +1211,31 @@ class Config(Section):
         if self.rl.max_staleness or self.run.launcher != "local":
             raise ValueError("a `vla` run samples its episodes in one local process, synchronously, for now: leave "
                              "rl.max_staleness 0 and run.launcher local")
+        return self
+
+    @model_validator(mode="after")
+    def _mesh_fits(self) -> "Config":
+        """Tensor and context parallel serve the objectives that score rows by their token log-probs."""
+        mesh = self.strategy.mesh
+        if mesh.tp == 1 and mesh.cp == 1:
+            return self
+        name = self.algorithm.name
+        reasons = {**{kd: "its loss reads the whole vocabulary's logits" for kd in DISTILLATION},
+                   "rm": "its score head reads the last hidden state", **{online: "it runs in one layout only for now"
+                                                                           for online in ONLINE}}
+        clash = reasons.get(name)
+        if clash is None and self.rl.advantage == "gae":
+            clash = "PPO's critic is a second model with a value head"
+        if clash is None and self.lora.enabled:
+            clash = "LoRA adapters are not split"
+        if clash is None and self.vla is not None:
+            clash = "a `vla` run keeps its images whole"
+        if clash is None and self.run.launcher != "local":
+            clash = "`run.launcher: ray` lays its trainers out by worker groups"
+        if clash:
+            raise ValueError(f"strategy.mesh (tp = {mesh.tp}, cp = {mesh.cp}) cannot serve `{name}`: {clash}; "
+                             "tensor and context parallel serve sft, cpt, the preference losses and the RL "
+                             "algorithms other than ppo, without LoRA")
         return self
 
     @model_validator(mode="after")

@@ -183,13 +183,13 @@ def online_update(h, selection: Selection, step: int) -> dict[str, float]:
     metrics = {key: value for key, value in counts.items() if "/" in key}
     metrics.update({name: counts[a] / counts[b] if counts[b] else 0.0 for name, (a, b) in selection.rates.items()})
     pooled = [e for rank in strategy.gather_objects(selection.examples) for e in rank]
-    usable = len(pooled) - len(pooled) % strategy.world_size
+    usable = len(pooled) - len(pooled) % strategy.data_size
     metrics["online/examples"] = float(usable)
     if usable == 0:
         logger.info("step %d: no examples to train on (%s): no optimizer step", step, counts)
         return metrics
     pooled = pooled[:usable]
-    mine = balanced_split(pooled, [e.num_tokens for e in pooled], strategy.rank, strategy.world_size)
+    mine = balanced_split(pooled, [e.num_tokens for e in pooled], strategy.data_rank, strategy.data_size)
     totals: dict[str, float] = {}
     updates = 0
     for _epoch in range(rl.epochs):

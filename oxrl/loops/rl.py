@@ -167,8 +167,8 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict 
     h.policy.train()
     if h.critic is not None:
         h.critic.prepare(h.strategy, cfg, total_updates)
-    if h.strategy.world_size > 1:
-        torch.manual_seed(cfg.run.seed + h.strategy.rank)  # weights are in sync already; samples must differ per rank
+    if h.strategy.data_size > 1:  # weights are in sync already; samples must differ per data rank (and agree
+        torch.manual_seed(cfg.run.seed + h.strategy.data_rank)  # between the ranks that split one model)
     resume_from = resume_path(cfg, run_dir)
     if resume_from is None:
         return 0, None, None
@@ -182,14 +182,14 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
     cfg, rl, strategy = h.cfg, h.cfg.rl, h.strategy
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
-    if rl.prompts_per_step % strategy.world_size:
-        raise ValueError(f"rl.prompts_per_step ({rl.prompts_per_step}) must be a multiple of the world size "
-                         f"({strategy.world_size}): each rank samples whole groups")
+    if rl.prompts_per_step % strategy.data_size:
+        raise ValueError(f"rl.prompts_per_step ({rl.prompts_per_step}) must be a multiple of the data-parallel ranks "
+                         f"({strategy.data_size}): each samples whole groups")
     start_step, sampled_ahead, checkpoint = prepare(h, total_steps * rl.epochs * rl.mini_batches, run_dir)
 
     def prompts_of(step: int) -> RLPromptBatch:  # this rank's prompts of a step (every rank's, shared rollouts)
         indices = sampler.step_indices(step)
-        mine = indices if h.shared_rollouts else split_for_rank(indices, strategy.rank, strategy.world_size)
+        mine = indices if h.shared_rollouts else split_for_rank(indices, strategy.data_rank, strategy.data_size)
         return train.subset(mine)
 
     if rl.max_staleness and h.ahead is None:
@@ -216,7 +216,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             elapsed = time.perf_counter() - started
             generated = strategy.all_reduce_sum(float(sum(c.num_sampled for c in rollout.completions)))
             metrics.update({"time/step": elapsed, "tokens_per_s": generated / elapsed,
-                            "completions_per_s": len(rollout.completions) * strategy.world_size / elapsed})
+                            "completions_per_s": len(rollout.completions) * strategy.data_size / elapsed})
             rewards.append(metrics["reward/mean"])
             if step == start_step or done == total_steps:  # this rank's, for the report (rank 0 writes it)
                 samples["first" if step == start_step else "last"] = example_completions(rollout, done)
@@ -353,7 +353,7 @@ def finish_sample(h, sampling: Sampling) -> tuple[Rollout, dict[str, float]]:
     batch = sampling.batch
     metrics = {**scored.metrics("reward"), "accuracy": accuracy_of(scored.components), **metrics}
     if h.shared_rollouts:
-        batch, completions, scored = rank_share(batch, completions, scored, h.strategy.rank, h.strategy.world_size)
+        batch, completions, scored = rank_share(batch, completions, scored, h.strategy.data_rank, h.strategy.data_size)
     rollout = Rollout.of(completions, torch.tensor(scored.totals, dtype=torch.float32), scored.token_rewards)
     rollout.batch = batch
     return rollout, metrics
@@ -421,7 +421,7 @@ def estimate(h, rollout: Rollout) -> None:
     gathered = h.strategy.gather_objects(mine)
     rows, values, groups, first, offset = [], [], [], 0, 0
     for rank, (rank_rewards, rank_values, rank_groups) in enumerate(gathered):
-        if rank == h.strategy.rank:
+        if rank == h.strategy.data_rank:
             first = len(rows)
         rows += rank_rewards
         values += rank_values or []
@@ -476,7 +476,7 @@ def rollout_metrics(rollout) -> dict[str, float]:
 def global_metrics(strategy, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
     """Step metrics over all ranks: means of the ranks' means (every rank holds as many completions),
     maxima for `*max*` keys, and the reward spread from the gathered rewards."""
-    if strategy.world_size == 1:
+    if strategy.data_size == 1:
         return metrics
     per_rank = strategy.gather_objects(metrics)
     combined = {}

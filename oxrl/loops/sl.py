@@ -85,13 +85,13 @@ def run_micro_batches(objective: Objective, model, examples: list[Example], micr
 def validate(objective: Objective, model, examples: list[Example], micro_size: int, strategy, reference=None) -> dict[str, float]:
     if not examples:
         return {}
-    usable = len(examples) - len(examples) % strategy.world_size
+    usable = len(examples) - len(examples) % strategy.data_size
     if usable < len(examples):
         # Every rank must run the same number of forward passes; the few left over are not scored.
         logger.warning("validation: %d of %d examples skipped so that they divide over %d ranks",
-                       len(examples) - usable, len(examples), strategy.world_size)
+                       len(examples) - usable, len(examples), strategy.data_size)
     examples = examples[:usable]
-    mine = balanced_split(examples, [e.num_tokens for e in examples], strategy.rank, strategy.world_size)
+    mine = balanced_split(examples, [e.num_tokens for e in examples], strategy.data_rank, strategy.data_size)
     was_training = model.training
     model.eval()
     sums, _ = run_micro_batches(objective, model, mine, micro_size, strategy, reference, train=False)
@@ -102,11 +102,11 @@ def validate(objective: Objective, model, examples: list[Example], micro_size: i
 def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set: list[Example],
                   val_set: list[Example], strategy, run_dir: Path, reference=None) -> LoopResult:
     tc = cfg.train
-    world = strategy.world_size
+    world = strategy.data_size
     if tc.global_batch_size % (tc.micro_batch_size_per_device * world):
         raise ValueError(
             f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of micro_batch_size_per_device "
-            f"({tc.micro_batch_size_per_device}) x world size ({world})"
+            f"({tc.micro_batch_size_per_device}) x data-parallel ranks ({world})"
         )
     sampler = StepSampler(len(train_set), tc.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(tc.epochs, tc.max_steps)
@@ -130,7 +130,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
         for step in range(start_step, total_steps):
             started = time.perf_counter()
             step_indices = sampler.step_indices(step)
-            indices = balanced_split(step_indices, [train_set[i].num_tokens for i in step_indices], strategy.rank, world)
+            indices = balanced_split(step_indices, [train_set[i].num_tokens for i in step_indices], strategy.data_rank, world)
             examples = [train_set[i] for i in indices]
             sums, tokens = run_micro_batches(objective, model, examples, tc.micro_batch_size_per_device, strategy, reference)
             lr = scheduler.get_last_lr()[0]

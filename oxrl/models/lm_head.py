@@ -29,6 +29,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from oxrl.models.model_inputs import hf_config
+from oxrl.models.parallel import VocabShard, layout_of, vocab_parallel_logprobs, vocab_shard
 
 # N x V above which logits are never held whole (512 MiB in fp32), and the size of one chunk (128 MiB).
 FULL_LOGITS_ELEMENTS = 2**27
@@ -44,13 +45,17 @@ class OutputHead:
     multiplier: float = 1.0  # Cohere `logit_scale`, Falcon-H1 `lm_head_multiplier`, 1 / Granite `logits_scaling`
     softcap: float | None = None  # Gemma `final_logit_softcapping`: logits = cap * tanh(logits / cap)
     gathers_per_call: bool = False  # each call is a collective (ZeRO-3): every rank makes as many
+    shard: VocabShard | None = None  # tensor parallel: this rank's slice of the vocabulary (oxrl/models/parallel.py)
 
     @property
     def vocab_size(self) -> int:
+        """The logits' width on this rank."""
+        if self.shard is not None:
+            return self.shard.size
         return int(self.projection.out_features)  # kept by ZeRO-3, whose partitioned weight has no shape
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.projection(hidden)
+        logits = self.projection(hidden) if self.shard is None else self.shard.logits(self.projection, hidden)
         if self.multiplier != 1.0:
             logits = logits * self.multiplier
         if self.softcap is not None:
@@ -62,6 +67,8 @@ class OutputHead:
         with torch.no_grad():
             ours = self.logits(hidden_row).float()
             theirs = model_logits_row.float()
+            if self.shard is not None:
+                theirs = theirs[:, self.shard.offset : self.shard.offset + self.shard.size]
             gap = float((ours - theirs).abs().max())
             if gap > 1e-3 * (1.0 + float(theirs.abs().max())):
                 raise ValueError(
@@ -87,7 +94,7 @@ def output_head(model) -> OutputHead:
     if isinstance(scaling, (int, float)):
         multiplier /= float(scaling)
     return OutputHead(inner.get_output_embeddings(), config.model_type, multiplier,
-                      getattr(text, "final_logit_softcapping", None) or None, gathers_per_call(model))
+                      getattr(text, "final_logit_softcapping", None) or None, gathers_per_call(model), vocab_shard(model))
 
 
 def gathers_per_call(model) -> bool:
@@ -105,7 +112,11 @@ def most_over_ranks(value: int, device: torch.device) -> int:
 
 def should_chunk(model, rows: int) -> bool:
     """Whether `rows` positions' logits would be too large to hold whole (on any rank, where weights are gathered
-    per call: every rank must then take the chunked path together)."""
+    per call: every rank must then take the chunked path together). A model split by tensor or context parallel
+    always takes it: its logits are never gathered, and its rows are computed from their ranks' hidden states."""
+    layout = layout_of(model)
+    if layout.tp_size > 1 or layout.cp_size > 1:
+        return True
     chunk = rows * int(hf_config(model).get_text_config().vocab_size) > FULL_LOGITS_ELEMENTS
     if gathers_per_call(model):
         chunk = bool(most_over_ranks(int(chunk), next(model.parameters()).device))
@@ -119,6 +130,10 @@ def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tens
     rows = max(1, CHUNK_ELEMENTS // head.vocab_size)
 
     def chunk(states: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if head.shard is not None:
+            logp, entropy = vocab_parallel_logprobs(head.logits(states).float() / temperature, ids, head.shard,
+                                                    with_entropy)
+            return logp, entropy if with_entropy else logp.new_zeros(0)
         logp = (head.logits(states).float() / temperature).log_softmax(-1)
         entropy = -(logp.exp() * logp).sum(-1) if with_entropy else logp.new_zeros(0)
         return logp.gather(-1, ids[:, None])[:, 0], entropy
@@ -129,6 +144,9 @@ def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tens
     if head.gathers_per_call:  # as many calls as the rank with the most chunks (module docstring)
         missing = most_over_ranks(len(states), hidden.device) - len(states)
         states, ids = states + [hidden[:0]] * missing, ids + [targets[:0]] * missing
+    if not hidden.shape[0] and not head.gathers_per_call:  # no row (a context-parallel rank that predicts no target)
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty if with_entropy else None
     pieces = [run(chunk_states, chunk_ids) for chunk_states, chunk_ids in zip(states, ids)]
     logprobs = torch.cat([logp for logp, _ in pieces])
     return logprobs, torch.cat([entropy for _, entropy in pieces]) if with_entropy else None

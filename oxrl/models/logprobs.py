@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.lm_head import chunked_logprobs, output_head, should_chunk
-from oxrl.models.model_inputs import row_forward
+from oxrl.models.context_parallel import share_row
+from oxrl.models.lm_head import OutputHead, chunked_logprobs, output_head, should_chunk
+from oxrl.models.model_inputs import PACKED_ATTENTION, PADDED_FAMILIES, hf_config, row_forward
+from oxrl.models.parallel import layout_of
 
 
 def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -67,6 +69,11 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
         keep = positions - 1 if batch.predictor is None else batch.predictor[positions]
     if should_chunk(model, positions.numel()):  # long row: never the whole [N, V] (lm_head.py)
         head = output_head(model)
+        if layout_of(model).cp_size > 1:
+            if value_head is not None:
+                raise ValueError("context parallel computes log-probs only: a value head (PPO's shared critic) "
+                                 "needs strategy.mesh.cp = 1")
+            return _context_parallel(model, head, batch, positions, keep, temperature, with_entropy)
         check_logits, hidden = row_forward(model, batch, keep, hidden=True, logits_at=0)
         head.check(hidden[:1], check_logits)
         # With no target (a rank that chunks only because another does), no row: `keep`'s one is not scored.
@@ -85,6 +92,36 @@ def token_logprobs(model, batch: PackedBatch, targets: torch.Tensor | None = Non
     else:
         selected, row_entropy = selected_logprobs(logits, targets_ids), None
     return _laid_out(batch, positions, selected, row_entropy, with_entropy, value_head, hidden)
+
+
+def _context_parallel(model, head: OutputHead, batch: PackedBatch, positions: torch.Tensor, keep: torch.Tensor,
+                      temperature: float, with_entropy: bool):
+    """`token_logprobs` of a row split over context-parallel ranks (oxrl/models/context_parallel.py): each rank
+    scores the targets whose predicting position it holds, and the values are gathered into the whole row."""
+    config = hf_config(model)
+    if config.model_type in PADDED_FAMILIES or getattr(config, "_attn_implementation", None) != PACKED_ATTENTION:
+        raise ValueError(f"context parallel needs oxRL's packed attention ({PACKED_ATTENTION}), which this "
+                         f"{config.model_type!r} model does not run (model.attn_implementation, docs/models.md)")
+    share, inputs = share_row(batch, layout_of(model))
+    count = positions.numel()
+    mine, local_keep = share.local_positions(keep[:count])
+    # A rank with no target still runs a forward, and its backward: the other ranks gather keys from it.
+    forward_keep = local_keep if local_keep.numel() else torch.zeros(1, dtype=torch.long, device=keep.device)
+    check_logits, hidden = row_forward(model, batch, forward_keep, hidden=True, logits_at=0, inputs=inputs)
+    if local_keep.numel():
+        head.check(hidden[:1], check_logits)
+    rows, ids = local_keep.numel(), batch.input_ids[0, positions[mine]]
+    # A rank without a target scores the dummy row: every rank's gradients then hold the same parameters (the
+    # output layer's too), which FSDP2 reduces together.
+    selected, row_entropy = chunked_logprobs(head, hidden, ids if rows else ids.new_zeros(1), temperature, with_entropy)
+    anchor = 0.0 * (hidden.sum() + selected.sum())  # keeps every layer of this rank in the loss's graph
+    if not count:
+        return _laid_out(batch, positions, anchor[None], anchor[None], with_entropy, None, None)
+    predictors = keep[:count]
+    selected = share.gather_targets(selected[:rows], predictors) + anchor
+    if with_entropy:
+        row_entropy = share.gather_targets(row_entropy[:rows], predictors) + anchor
+    return _laid_out(batch, positions, selected, row_entropy, with_entropy, None, None)
 
 
 def _laid_out(batch: PackedBatch, positions: torch.Tensor, selected: torch.Tensor, row_entropy: torch.Tensor | None,

@@ -49,6 +49,9 @@ class PackedRow:
     max_k: int
     key_index: torch.Tensor | None  # [T_k] row positions of the keys, in key-segment order; None: the row itself
     kernel_state: dict = field(default_factory=dict, repr=False)  # what a kernel builds once per row (a block mask)
+    # Context parallel (oxrl/models/context_parallel.py): the row is one rank's share of a longer row, its keys and
+    # values are gathered from every rank by this callable, and `key_index` indexes the gathered tokens.
+    gather: object = None
 
     @property
     def continues(self) -> bool:
@@ -103,11 +106,12 @@ PADDED_FAMILIES = frozenset({"gemma3"})
 
 
 def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None, hidden: bool = False,
-                logits_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                logits_at: int | None = None, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits [N, V] at the row's positions `keep` (all T positions when None) and, with `hidden`, the final hidden
     states there [N, H]: one forward of the packed row, or for a `PADDED_FAMILIES` model one of its sequences as a
     padded batch. With `logits_at` (an index into `keep`), only that one kept position goes through the lm_head
-    (logits [1, V]; the chunked log-probs of oxrl/models/lm_head.py check their head against it)."""
+    (logits [1, V]; the chunked log-probs of oxrl/models/lm_head.py check their head against it). `inputs` replaces
+    the row's own model inputs (one rank's share of the row under context parallel; `keep` then indexes it)."""
     with_hidden = {"output_hidden_states": True} if hidden else {}
     if hf_config(model).model_type in PADDED_FAMILIES:
         rows, present = padded_rows(batch)
@@ -123,7 +127,7 @@ def row_forward(model, batch: PackedBatch, keep: torch.Tensor | None = None, hid
         projected = {"logits_to_keep": (keep if keep is not None else torch.arange(batch.input_ids.shape[1]))[logits_at : logits_at + 1]}
     else:
         projected = {} if keep is None else {"logits_to_keep": keep}  # only the kept positions through the lm_head
-    out = model(**forward_inputs(model, batch), use_cache=False, **projected, **with_hidden)
+    out = model(**(inputs or forward_inputs(model, batch)), use_cache=False, **projected, **with_hidden)
     states = out.hidden_states[-1][0] if hidden else None  # every position: `logits_to_keep` slices logits only
     return out.logits[0], None if states is None else (states if keep is None else states[keep])
 

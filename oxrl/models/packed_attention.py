@@ -178,6 +178,8 @@ def packed_sdpa_attention_forward(
         )
     if row.length != query.shape[2]:
         raise ValueError(f"the packed row's layout covers {row.length} tokens but the attention call has {query.shape[2]}")
+    if row.gather is not None:  # this rank's share of a row: its queries attend to every rank's keys
+        key, value = row.gather(key), row.gather(value)
     if dropout:
         raise ValueError(f"{PACKED_ATTENTION} does not apply attention dropout ({dropout}); set the model's "
                          "attention_dropout to 0 or use attn_implementation='sdpa'")
@@ -190,6 +192,8 @@ def packed_sdpa_attention_forward(
         out = VARLEN(q, k, v, row.cu_q, row.cu_k, row.max_q, row.max_k, scaling)
         return out[None], None
     grouped_query = query.shape[1] != key.shape[1]  # GQA: the kernels share the kv heads themselves
+    if row.gather is not None:  # the block mask covers a whole row; a share's keys are indexed (key_index)
+        return key_segment_sdpa(query, key, value, row, scaling, grouped_query).transpose(1, 2).contiguous(), None
     if kernel == "flex":
         if "block_mask" not in row.kernel_state:  # once per row: every layer, and their backward, reuse it
             row.kernel_state["block_mask"] = document_block_mask(row)
@@ -216,6 +220,20 @@ def per_sequence_sdpa(query, key, value, row: PackedRow, scaling: float | None, 
         visible = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device).tril(segment.shared)
         outputs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scaling,
                                                       enable_gqa=grouped_query))
+    return torch.cat(outputs, dim=2)
+
+
+def key_segment_sdpa(query, key, value, row: PackedRow, scaling: float | None, grouped_query: bool) -> torch.Tensor:
+    """[1, H, T_q, D]: one SDPA call per query segment over its key segment (`row.key_index`), causal from the
+    bottom-right corner: the varlen layout, computed segment by segment."""
+    outputs = []
+    cu_q, cu_k = row.cu_q.tolist(), row.cu_k.tolist()
+    for i in range(len(cu_q) - 1):
+        q = query[:, :, cu_q[i] : cu_q[i + 1]]
+        keys = row.key_index[cu_k[i] : cu_k[i + 1]]
+        visible = torch.ones(q.shape[2], len(keys), dtype=torch.bool, device=q.device).tril(len(keys) - q.shape[2])
+        outputs.append(F.scaled_dot_product_attention(q, key[:, :, keys], value[:, :, keys], attn_mask=visible,
+                                                      scale=scaling, enable_gqa=grouped_query))
     return torch.cat(outputs, dim=2)
 
 

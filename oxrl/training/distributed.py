@@ -78,21 +78,22 @@ def init_distributed(device_name: str = "auto", process_group: bool = False, tim
     return DistEnv(rank, local_rank, world_size, device)
 
 
-def all_reduce_sum(value: float, device: torch.device) -> float:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def all_reduce_sum(value: float, device: torch.device, group=None) -> float:
+    """The sum of `value` over the ranks of `group` (None: every rank)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return value
     # float64 so that token counts and loss sums add exactly on every backend.
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return float(tensor.item())
 
 
-def all_gather_objects(value: object) -> list[object]:
-    """Every rank's `value`, in rank order (a one-element list in a single process)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def all_gather_objects(value: object, group=None) -> list[object]:
+    """Every rank's `value` (of `group`; None: every rank), in rank order (a one-element list in a single process)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return [value]
-    out: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    out: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 

@@ -17,6 +17,16 @@ folder must be on a file system every node sees), plus the scheduler and every r
 companion (`Strategy.companion`, e.g. PPO's critic) is sharded with the same policies and keeps
 its own HF folder and DCP shards in `<name>/`.
 
+Tensor and context parallel (`strategy.mesh`): the ranks form a mesh of (dp_shard, cp, tp), tp innermost, so the
+ranks that split one layer are neighbours (one node). Two views of it, as in RL2: the parameter mesh (dp_shard x cp,
+tp), whose `tp` dimension the layers are split over (oxrl/models/parallel.py) and whose first FSDP2 shards over;
+and the data mesh (dp_shard, cp, tp), whose `dp_shard` ranks see different rows (`Strategy.data_rank`) and whose
+`cp` ranks split each row's tokens (oxrl/models/context_parallel.py). FSDP2 is handed the 1-D `dp_shard x cp`
+mesh: a 2-D slice would give hybrid sharding (replicated over one dimension), not the sharding asked for. A
+context-parallel rank's gradient holds its own tokens' share, so gradients are summed over dp_shard x cp ranks; a
+tensor-parallel rank's is its slice of the whole. The checkpoint's DTensor shards load under any other mesh (torch
+DCP reshards them), and the HF folder is gathered whole.
+
 LoRA: the peft model is sharded like any other, its frozen base weights in the same units as the
 adapters; FSDP2 reduce-scatters only the gradients that exist, so only the adapters train. The
 gathered full state dict carries peft's names; `MultiProcessStrategy` merges it (or writes the
@@ -39,7 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from oxrl.config.schema import StrategyConfig
+from oxrl.config.schema import MeshConfig, StrategyConfig
+from oxrl.models.parallel import ParallelLayout, apply_tensor_parallel, set_layout
 from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
@@ -62,6 +73,19 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
             dist.broadcast(tensor.data, src=0)
 
 
+def data_parallel_size(world_size: int, mesh: MeshConfig) -> int:
+    """dp_shard: the world size over tp x cp; a clear error where the mesh does not tile the world."""
+    split = mesh.tp * mesh.cp
+    if world_size % split:
+        raise ValueError(f"strategy.mesh: tp x cp = {mesh.tp} x {mesh.cp} = {split} does not divide the {world_size} "
+                         "processes launched (torchrun --nproc_per_node)")
+    dp = world_size // split
+    if mesh.dp_shard is not None and mesh.dp_shard != dp:
+        raise ValueError(f"strategy.mesh: dp_shard x cp x tp = {mesh.dp_shard} x {mesh.cp} x {mesh.tp} must equal the "
+                         f"{world_size} processes launched (dp_shard {dp} would; or leave dp_shard unset)")
+    return dp
+
+
 class FSDP2Strategy(MultiProcessStrategy):
     shards_parameters = True
     shard_dir = "sharded"
@@ -80,11 +104,31 @@ class FSDP2Strategy(MultiProcessStrategy):
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
+        self.shard_mesh, self.tp_mesh, self.layout = None, None, ParallelLayout()
+        self.gradient_ranks = env.world_size  # the ranks whose gradients add up to the step's (FSDP2 averages them)
+        tp, cp = cfg.mesh.tp, cfg.mesh.cp
+        dp = data_parallel_size(env.world_size, cfg.mesh)
+        if tp * cp > 1:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            ranks = torch.arange(env.world_size)
+            parameters = DeviceMesh(env.device.type, ranks.reshape(dp * cp, tp), mesh_dim_names=("shard", "tp"))
+            data = DeviceMesh(env.device.type, ranks.reshape(dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+            self.shard_mesh, self.tp_mesh = parameters["shard"], parameters["tp"]
+            self.layout = ParallelLayout(self.tp_mesh.get_group(), tp, self.tp_mesh.get_local_rank(),
+                                         data["cp"].get_group(), cp, data["cp"].get_local_rank())
+            self.data_coordinates, self.data_group = (data["dp"].get_local_rank(), dp), data["dp"].get_group()
+            self.gradient_ranks = dp * cp
+            if self.is_main:
+                logger.info("mesh: dp_shard %d x cp %d x tp %d; FSDP2 shards over %d ranks", dp, cp, tp, dp * cp)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank0(model)
+        if self.layout.tp_size > 1:
+            apply_tensor_parallel(model, self.tp_mesh)
+        set_layout(model, self.layout)
         options = dict(mp_policy=self.mp_policy, offload_policy=self.offload_policy,
-                       reshard_after_forward=self.reshard_after_forward)
+                       reshard_after_forward=self.reshard_after_forward, mesh=self.shard_mesh)
         layers = layer_modules(model)
         if not layers:
             logger.warning("%s declares no decoder-layer classes (_no_split_modules): the whole model is one FSDP "
@@ -117,15 +161,33 @@ class FSDP2Strategy(MultiProcessStrategy):
 
     def backward(self, loss: torch.Tensor) -> None:
         # FSDP averages gradients over ranks; the loss is a share of the GLOBAL loss, so sum instead.
-        (loss * self.world_size).backward()
+        (loss * self.gradient_ranks).backward()
 
     def clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.layout.tp_size > 1:
+            return self._clip_over_meshes(params)
         # max_norm=inf leaves the gradients as they are and still returns the global norm.
         limit = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit)
         if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every rank's shards
             norm = norm.full_tensor()
+        return float(norm)
+
+    def _clip_over_meshes(self, params: list[torch.nn.Parameter]) -> float:
+        """`clip_gradients` where parameters live on two meshes (the split layers on shard x tp, the rest on shard):
+        one norm per mesh, then their global norm, and torch's clipping with it."""
+        by_mesh: dict = {}
+        for p in params:
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh, []).append(p.grad)
+        norms = [torch.nn.utils.get_total_norm(grads).full_tensor() for grads in by_mesh.values()]
+        norm = torch.linalg.vector_norm(torch.stack(norms))
+        if self.max_grad_norm is not None:
+            coefficient = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+            for grads in by_mesh.values():
+                for grad in grads:
+                    grad.mul_(float(coefficient))
         return float(norm)
 
     def trainable_tensors(self):

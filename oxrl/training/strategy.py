@@ -73,6 +73,11 @@ class Strategy:
     # one device. Sharded parameters (DTensors, DeepSpeed's flat partitions) keep torch's default implementation.
     fused_optimizer: bool = False
 
+    # The ranks that see different rows (data parallel): every rank, unless a mesh splits one model over several
+    # (tensor and context parallel, oxrl/training/fsdp.py); then (this rank's index, their count) and their group.
+    data_coordinates: tuple[int, int] | None = None
+    data_group = None
+
     nonfinite: NonFiniteGuard  # skipped-step counts; set by each subclass from train.max_nonfinite_steps
     max_grad_norm: float | None = None  # clip the global gradient norm to this (None: no clipping)
     model: torch.nn.Module | None = None
@@ -85,6 +90,16 @@ class Strategy:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of each batch this rank trains on: its index among the data-parallel ranks."""
+        return self.rank if self.data_coordinates is None else self.data_coordinates[0]
+
+    @property
+    def data_size(self) -> int:
+        """The data-parallel ranks: how many shares each batch is split into."""
+        return self.world_size if self.data_coordinates is None else self.data_coordinates[1]
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler=None):
         """Take ownership of the model, optimizer and schedule; returns the model to call in the loop."""
@@ -158,7 +173,7 @@ class Strategy:
         local_bad = not (is_finite(loss) and is_finite(grad_norm))
         # The loss and norm are global already; the all-reduce makes the agreement explicit, whatever
         # a backend does with NaN, so that no rank ever steps while another skips.
-        finite = self.all_reduce_sum(float(local_bad)) == 0.0
+        finite = self.world_sum(float(local_bad)) == 0.0
         return self.nonfinite.allow(finite, loss, grad_norm, step)
 
     def trainable_tensors(self):
@@ -169,8 +184,8 @@ class Strategy:
         """Raise `NonFiniteError` when a trainable parameter holds inf/NaN on any rank (every rank calls it)."""
         local = [name for name, tensor in self.trainable_tensors() if not bool(torch.isfinite(tensor).all())]
         # A count first (one small all-reduce at every save); the names travel only when something is wrong.
-        if self.all_reduce_sum(float(len(local))) > 0:
-            bad = sorted({name for names in self.gather_objects(local) for name in names})
+        if self.world_sum(float(len(local))) > 0:  # each rank of a split model holds other slices
+            bad = sorted({name for names in distributed.all_gather_objects(local) for name in names})
             raise NonFiniteError(
                 f"refusing to write {what}: {len(bad)} trainable parameter(s) hold inf/NaN values "
                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); earlier checkpoints are kept as they are. "
@@ -178,10 +193,16 @@ class Strategy:
             )
 
     def all_reduce_sum(self, value: float) -> float:
+        """The sum of `value` over the data-parallel ranks: one share's counts and loss sums made global."""
+        return distributed.all_reduce_sum(value, self.device, self.data_group)
+
+    def world_sum(self, value: float) -> float:
+        """The sum of `value` over every rank (a flag any rank may raise)."""
         return distributed.all_reduce_sum(value, self.device)
 
     def gather_objects(self, value: object) -> list[object]:
-        return distributed.all_gather_objects(value)
+        """Every data-parallel rank's `value`, in their order."""
+        return distributed.all_gather_objects(value, self.data_group)
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
                         lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
@@ -301,6 +322,9 @@ class SingleDevice(Strategy):
         return float(norm)
 
     def all_reduce_sum(self, value: float) -> float:
+        return value
+
+    def world_sum(self, value: float) -> float:
         return value
 
     def gather_objects(self, value: object) -> list[object]:

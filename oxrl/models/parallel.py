@@ -1,0 +1,201 @@
+"""Tensor parallel: each layer's weights split over the ranks of a mesh dimension, and log-probs over a vocabulary
+split the same way.
+
+Tensor parallel (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053) with torch's DTensor plans
+(`parallelize_module`). Which projection splits how is the family's own declaration, transformers'
+`config.base_model_tp_plan`: q/k/v and gate/up split by output features (`colwise`), so each rank computes its
+heads and its slice of the MLP, o/down by input features (`rowwise`), whose partial outputs one all-reduce per
+block adds up. Phi-3's fused qkv and gate/up projections (`colwise_gather_output`) are split by weight and their
+outputs gathered, and the next projection takes its slice of them (`rowwise_split_input`). A plan entry of another
+kind (Qwen3's per-head norms, MoE experts) is refused by name, never silently replicated. The input embedding is
+split by vocabulary. The output layer is too, and training never gathers its logits: log p(target) and the entropy
+come from a log-sum-exp over the ranks' slices (`vocab_parallel_logprobs`), so no rank holds a [tokens, vocabulary]
+tensor of the whole vocabulary. Generation, which needs one row of logits per step, gets them gathered.
+
+The embeddings' weight must not be tied to the output layer's (each would then be split twice): a tied model is
+refused with the reason. LoRA adapters are not split either (refused in the config).
+
+Which ranks a model is split over is its `ParallelLayout`, recorded by the strategy that split it
+(oxrl/training/fsdp.py) and read by the forward of a packed row (`layout_of`): the log-probs
+(oxrl/models/logprobs.py, oxrl/models/lm_head.py) and context parallel (oxrl/models/context_parallel.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from oxrl.models.model_inputs import hf_config
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """The process groups one model is split over: `tp` ranks split its layers, `cp` ranks each row's tokens."""
+
+    tp_group: object = None
+    tp_size: int = 1
+    tp_rank: int = 0
+    cp_group: object = None
+    cp_size: int = 1
+    cp_rank: int = 0
+
+
+ONE_RANK = ParallelLayout()
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_layout(model: torch.nn.Module, layout: ParallelLayout) -> None:
+    _LAYOUTS[model] = layout
+
+
+def layout_of(model) -> ParallelLayout:
+    """The layout the strategy recorded for `model` (a frozen reference is asked about its own model), else one rank."""
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
+    return _LAYOUTS.get(module, ONE_RANK) if module is not None else ONE_RANK
+
+
+# --------------------------------------------------------------------------------------------- the plan
+
+
+def _styles():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+    }
+
+
+SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
+
+
+def tensor_parallel_refusal(config, tp: int) -> str | None:
+    """Why a model of `config` cannot be split over `tp` ranks (a sentence naming the constraint), or None."""
+    text = config.get_text_config()
+    plan = getattr(text, "base_model_tp_plan", None) or {}
+    if not plan:
+        return f"the {text.model_type!r} family declares no tensor-parallel plan (transformers' base_model_tp_plan)"
+    others = sorted(f"{name}: {style}" for name, style in plan.items() if style not in SUPPORTED_STYLES)
+    if others:
+        return (f"the {text.model_type!r} plan has entries oxRL does not split ({', '.join(others)}; it splits "
+                f"{', '.join(SUPPORTED_STYLES)})")
+    if getattr(text, "tie_word_embeddings", False):
+        return "its output layer is tied to the input embeddings, and each would be split on its own"
+    sizes = {"num_attention_heads": getattr(text, "num_attention_heads", None),
+             "num_key_value_heads": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
+             "intermediate_size": getattr(text, "intermediate_size", None), "vocab_size": getattr(text, "vocab_size", None)}
+    uneven = [f"{key} = {value}" for key, value in sizes.items() if isinstance(value, int) and value % tp]
+    if uneven:
+        return f"{', '.join(uneven)} is not divisible by strategy.mesh.tp = {tp}"
+    return None
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
+    """Split `model` (a transformers causal LM) over the 1-D mesh `tp_mesh` in place: its family's plan for the
+    decoder layers, the embedding and the output layer by vocabulary."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    refusal = tensor_parallel_refusal(hf_config(model), tp_mesh.size())
+    if refusal:
+        raise ValueError(f"strategy.mesh.tp = {tp_mesh.size()} cannot split this model: {refusal}")
+    styles = _styles()
+    backbone = getattr(model, model.base_model_prefix)
+    plan = {name: styles[style]() for name, style in hf_config(model).get_text_config().base_model_tp_plan.items()}
+    parallelize_module(backbone, tp_mesh, plan)
+    names = {module: name for name, module in model.named_modules()}
+    parallelize_module(model, tp_mesh, {
+        names[model.get_input_embeddings()]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        # Whole logits only where the model's own forward computes them (a decoding step, one checked position).
+        names[model.get_output_embeddings()]: ColwiseParallel(output_layouts=Replicate()),
+    })
+
+
+# --------------------------------------------------------------------------------------------- vocabulary-parallel
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Forward: the sum over the group's ranks. Backward: the gradient as it is. Every rank of the group computes
+    the same loss from the sum, so each rank's share gets the loss's gradient exactly once (Megatron-LM's
+    "reduce from the tensor-parallel region")."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:
+        out = tensor.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class _SharedInput(torch.autograd.Function):
+    """Forward: the tensor as it is. Backward: the gradient summed over the group. A replicated input (the final
+    hidden states) that each rank multiplies by its own slice of a weight gets its whole gradient from every slice
+    (Megatron-LM's "copy to the tensor-parallel region")."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """This rank's slice [offset, offset + size) of an output layer split by vocabulary over `group`."""
+
+    group: object
+    offset: int
+    size: int
+
+    def logits(self, projection: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's logits [N, size] of hidden states [N, H] replicated over the group."""
+        weight = projection.weight
+        weight = weight.to_local() if hasattr(weight, "to_local") else weight
+        bias = projection.bias.to_local() if getattr(projection, "bias", None) is not None else None
+        return F.linear(_SharedInput.apply(hidden, self.group), weight, bias)
+
+
+def vocab_shard(model) -> VocabShard | None:
+    """The output layer's slice on this rank when `model` is split by tensor parallel, else None."""
+    layout = layout_of(model)
+    if layout.tp_size == 1:
+        return None
+    size = int(hf_config(model).get_text_config().vocab_size) // layout.tp_size
+    return VocabShard(layout.tp_group, layout.tp_rank * size, size)
+
+
+def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, shard: VocabShard,
+                            with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(z)[target] [N] and, with `with_entropy`, the entropy [N], from this rank's slice of the logits
+    z [N, size] (fp32): a log-sum-exp over the ranks' slices, lse = m + log sum_ranks sum_v exp(z_v - m), the
+    target's logit from the rank holding it, and H = lse - sum_v p_v z_v. Three all-reduces of [N]; the same
+    numbers as the whole vocabulary's log-softmax, up to float summation order."""
+    with torch.no_grad():
+        peak = logits.max(-1).values
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=shard.group)
+    shifted = logits - peak[:, None]
+    exp = shifted.exp()
+    total = _SumOverRanks.apply(exp.sum(-1), shard.group)
+    local = targets - shard.offset
+    here = (local >= 0) & (local < shard.size)
+    picked = shifted.gather(-1, local.clamp(0, shard.size - 1)[:, None])[:, 0] * here
+    logprobs = _SumOverRanks.apply(picked, shard.group) - total.log()
+    if not with_entropy:
+        return logprobs, None
+    expected = _SumOverRanks.apply((exp * shifted).sum(-1), shard.group) / total
+    return logprobs, total.log() - expected
