@@ -169,7 +169,7 @@ def rl_config(out: Path, strategy: dict | None = None, algorithm: str = "grpo", 
     })
 
 
-def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path, critic: bool = False) -> dict:
+def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path, critic: bool = False, model=None) -> dict:
     """train_rl end to end: sampling from the FSDP2-sharded policy (synced decoding), gathered advantages."""
     from oxrl.data.types import RLPromptBatch
     from oxrl.loops.rl import train_rl
@@ -177,7 +177,7 @@ def rl_loop_smoke(cfg: Config, strategy: Strategy, run_dir: Path, critic: bool =
     from oxrl.rollout.hf import HFEngine
     from tests.integration.test_rollout_hf import TinyTokenizer
 
-    model = make_tiny_llama()
+    model = model if model is not None else make_tiny_llama()
     ids = [[1, 3 + i, 4 + i] for i in range(8)]
     prompts = RLPromptBatch(ids, [" ".join(map(str, p)) for p in ids], [{} for _ in ids], [f"row {i}" for i in ids])
     engine = HFEngine(model, TinyTokenizer(), synced=strategy.shards_parameters)
@@ -351,11 +351,11 @@ def scenario_deepspeed_nonfinite(out: Path) -> dict:
     return train_with_a_nan_step(nan_step_config(out, {"name": "deepspeed", "zero_stage": 3}), out / "run")
 
 
-def packed_tiny_llama():
+def packed_tiny_llama(seed: int = 0):
     """The tiny Llama on oxRL's packed attention, as a run loads it (context parallel runs on that kernel)."""
     from oxrl.models.packed_attention import use_packed_attention
 
-    model = make_tiny_llama()
+    model = make_tiny_llama(seed=seed)
     use_packed_attention(model)
     return model
 
@@ -363,15 +363,35 @@ def packed_tiny_llama():
 def mesh_runs(out: Path, mesh: dict) -> dict:
     """SFT (4 steps), DPO (3 steps) and one GRPO update (2 optimizer steps) under `strategy.mesh`, every row's
     log-probs through the vocabulary-parallel (tp) or row-splitting (cp) path."""
+    from oxrl.models.parallel import layout_of
+
     strategy = {"name": "fsdp2", "mesh": mesh}
     sft_cfg = config(out, strategy=strategy)
-    model, sft = train_sft(sft_cfg, build_strategy(sft_cfg), out / "sft", model=packed_tiny_llama())
+    sft_strategy = build_strategy(sft_cfg)
+    model, sft = train_sft(sft_cfg, sft_strategy, out / "sft", model=packed_tiny_llama())
+    sft_strategy.save_hf_folder(None, out / "hf")  # gathered whole from every rank's slices and shards
+    layout = layout_of(model)
+    split = [name for name, p in model.named_parameters() if "tp" in (getattr(p, "device_mesh", None) and
+                                                                       p.device_mesh.mesh_dim_names or ())]
     dpo_cfg = config(out, "dpo", strategy, max_steps=3)
     dpo = train_dpo(dpo_cfg, build_strategy(dpo_cfg), out / "dpo", model=packed_tiny_llama())
     grpo_cfg = rl_config(out, strategy)
     grpo = grpo_update(grpo_cfg, build_strategy(grpo_cfg), model=packed_tiny_llama())
+    loop = rl_loop_smoke(grpo_cfg, build_strategy(grpo_cfg), out / "loop", model=packed_tiny_llama())
     return {"sft": {"losses": sft, "grad_norms": grad_norms(out / "sft"), "logits": probe_logits(model)},
-            "dpo": {"losses": dpo, "grad_norms": grad_norms(out / "dpo")}, "grpo": grpo}
+            "dpo": {"losses": dpo, "grad_norms": grad_norms(out / "dpo")}, "grpo": grpo, "loop": loop,
+            "layout": [layout.tp_size, layout.cp_size], "split_parameters": split}
+
+
+def scenario_mesh_sft(out: Path, mesh: str, resume: str = "") -> dict:
+    """SFT under the mesh given as JSON (`{}`: FSDP2 alone), resumed from the checkpoint `resume` when given: a
+    checkpoint written under one mesh continues under another."""
+    cfg = config(out, strategy={"name": "fsdp2", "mesh": json.loads(mesh)})
+    if resume:
+        cfg.run.resume = resume
+    # A resumed run starts from other weights: the checkpoint must bring the trained ones back.
+    _, losses = train_sft(cfg, build_strategy(cfg), out / "sft", model=packed_tiny_llama(seed=123 if resume else 0))
+    return {"losses": losses}
 
 
 def scenario_mesh_tp2(out: Path) -> dict:
@@ -435,7 +455,7 @@ def run_as_worker(scenario) -> None:
 
     torch.set_num_threads(1)
     out = Path(sys.argv[2])
-    result = scenario(out)
+    result = scenario(out, *sys.argv[3:])
     if distributed.init_distributed("cpu").is_main:
         (out / "result.json").write_text(json.dumps(result))
     distributed.barrier()  # leave together: gloo can abort a process whose peer tore the group down first

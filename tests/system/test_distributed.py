@@ -33,17 +33,17 @@ TOL = 1e-5
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
-def torchrun(args: list[str], timeout: int = 300) -> None:
+def torchrun(args: list[str], timeout: int = 300, processes: int = 2) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *args]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         pytest.fail(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
 
 
-def run_scenario(name: str, factory) -> tuple[dict, Path]:
+def run_scenario(name: str, factory, processes: int = 2, args: tuple[str, ...] = ()) -> tuple[dict, Path]:
     out = factory.mktemp(name)
-    torchrun(["-m", "tests.distributed_worker", name, str(out)])
+    torchrun(["-m", "tests.distributed_worker", name, str(out), *args], processes=processes)
     return json.loads((out / "result.json").read_text()), out
 
 
@@ -393,3 +393,82 @@ def test_a_lost_rank_ends_the_collective_with_an_error_within_the_timeout(tmp_pa
     assert result["seconds"] < worker.COLLECTIVE_TIMEOUT_S + 10
     if scenario == "stuck_rank":  # alive but silent: only the timeout ends the wait
         assert result["seconds"] > worker.COLLECTIVE_TIMEOUT_S - 1
+
+
+# ----------------------------------------------------------------------------- tensor and context parallel
+
+# Scenario -> processes: TP2, CP2, FSDP2 x TP2 and FSDP2 x CP2 (tests/distributed_worker.py `mesh_runs`).
+MESHES = {"mesh_tp2": 2, "mesh_cp2": 2, "mesh_dp2_tp2": 4, "mesh_dp2_cp2": 4}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """SFT, DPO and a GRPO update in this process on one device (transformers' sdpa attention, whole logits)."""
+    out = tmp_path_factory.mktemp("mesh_single")
+    model, sft = worker.train_sft(worker.config(out), single(), out / "sft")
+    dpo = worker.train_dpo(worker.config(out, "dpo", max_steps=3), single(), out / "dpo")
+    return {"sft": {"losses": sft, "grad_norms": worker.grad_norms(out / "sft"), "logits": worker.probe_logits(model)},
+            "dpo": {"losses": dpo, "grad_norms": worker.grad_norms(out / "dpo")},
+            "grpo": worker.grpo_update(worker.rl_config(out), single())}
+
+
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory):
+    """Each mesh scenario's result and folder, run once for the tests that read it."""
+    done: dict[str, tuple[dict, Path]] = {}
+
+    def run(name: str) -> tuple[dict, Path]:
+        if name not in done:
+            done[name] = run_scenario(name, tmp_path_factory, processes=MESHES[name])
+        return done[name]
+
+    return run
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", list(MESHES))
+def test_mesh_trains_like_one_process(scenario, mesh_run, one_process):
+    """Losses, gradient norms and the weights after the steps (the logits they give) within 1e-5 of one process,
+    for SFT, DPO and a GRPO update, every row's log-probs from the vocabulary-parallel or row-splitting path."""
+    from transformers import AutoModelForCausalLM
+
+    result, out = mesh_run(scenario)
+    tp, cp = (2, 1) if "tp2" in scenario else (1, 2)
+    assert result["layout"] == [tp, cp]
+    split = set(result["split_parameters"])
+    if tp == 2:  # every projection of the family's plan, the embedding and the output layer
+        assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight",
+                "model.embed_tokens.weight", "lm_head.weight"} <= split
+        assert "model.norm.weight" not in split
+    else:
+        assert not split
+    for objective in ("sft", "dpo"):
+        assert_close(result[objective]["losses"], one_process[objective]["losses"])
+        assert_close(result[objective]["grad_norms"], one_process[objective]["grad_norms"])
+    assert_close(result["sft"]["logits"], one_process["sft"]["logits"])
+    grpo, baseline = result["grpo"], one_process["grpo"]
+    for key in ("loss", "grad_norm", "approx_kl", "entropy"):
+        assert_close(grpo["metrics"][key], baseline["metrics"][key])
+    assert_close(grpo["logits"], baseline["logits"])  # the weights after the update's 2 optimizer steps
+    # The HF folder is the whole model, gathered from every rank's slices and shards.
+    loaded = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
+    assert_close(loaded(input_ids=torch.tensor(worker.PROBE_IDS)).logits.tolist(), one_process["sft"]["logits"])
+    # Sampling from the split model: the engine's log-probs are the trainer's.
+    assert len(result["loop"]["rewards"]) == 2
+    assert result["loop"]["metrics"]["logprob_mismatch/mean_abs"] < 1e-4
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_resumes_under_another_mesh(mesh_run, one_process, tmp_path_factory):
+    """Saved at FSDP2 x TP2 (4 processes), resumed in one; saved in one, resumed at TP2 x CP2: steps 3 and 4 as
+    the uninterrupted run's, though the resumed run starts from other weights."""
+    uninterrupted = one_process["sft"]["losses"]
+    _, meshed = mesh_run("mesh_dp2_tp2")
+    alone, _ = run_scenario("mesh_sft", tmp_path_factory, processes=1,
+                            args=("{}", str(meshed / "sft" / "checkpoints" / "step_000002")))
+    assert_close(alone["losses"], uninterrupted[2:])
+    fresh, fresh_out = run_scenario("mesh_sft", tmp_path_factory, processes=1, args=("{}",))
+    assert_close(fresh["losses"], uninterrupted)
+    back, _ = run_scenario("mesh_sft", tmp_path_factory, processes=4,
+                           args=('{"tp": 2, "cp": 2}', str(fresh_out / "sft" / "checkpoints" / "step_000002")))
+    assert_close(back["losses"], uninterrupted[2:])
