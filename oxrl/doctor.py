@@ -70,6 +70,17 @@ def _sandbox_lines() -> list[str]:
 DEEPSPEED_MIN = (0, 19, 8)
 
 
+def _mesh_lines() -> list[str]:
+    """Whether `strategy.mesh` can split models here, and which layout suits which model (docs/distributed.md)."""
+    if importlib.util.find_spec("torch.distributed.tensor.parallel") is None:
+        return ["  mesh: no: this torch has no DTensor tensor parallel (torch.distributed.tensor.parallel)"]
+    return ["  mesh: yes (strategy.mesh: tp, cp, dp_shard; SFT, preference and RL objectives but ppo)",
+            "    models whose states fit FSDP2 over the GPUs (about 8B on 8 x 80 GB): FSDP2 alone, no mesh",
+            "    larger (about 14-70B on 80 GB GPUs): tp 2-8, within one node (it communicates every layer)",
+            "    sequences past about 16k tokens: cp 2-8 (activations per rank fall as 1/cp); with tp for large models",
+            "    `oxrl recipe MODEL --gpus NxMEM` picks the smallest mesh the memory estimate says fits"]
+
+
 def _strategy_lines(torch, dist) -> list[str]:
     """Which `strategy.name` values can run here, and why not."""
     lines = ["strategy single    yes (one process; CPU or one GPU)"]
@@ -85,6 +96,8 @@ def _strategy_lines(torch, dist) -> list[str]:
     else:
         fsdp = f"yes ({backend}); launch with torchrun --nproc_per_node N -m oxrl train cfg.yaml"
     lines.append(f"strategy fsdp2     {fsdp}")
+    if fsdp.startswith("yes"):
+        lines.extend(_mesh_lines())
     version = _version("deepspeed") if importlib.util.find_spec("deepspeed") else None
     if version is None:
         deepspeed = f"no: deepspeed is not installed ({install_hint('deepspeed')})"

@@ -980,6 +980,26 @@ class VLAConfig(Section):
     )
 
 
+def mesh_refusal(cfg: "Config") -> str | None:
+    """Why tensor or context parallel (`strategy.mesh`) cannot serve `cfg`'s run, or None."""
+    name = cfg.algorithm.name
+    if name in DISTILLATION:
+        return "its loss reads the whole vocabulary's logits"
+    if name == "rm":
+        return "its score head reads the last hidden state"
+    if name in ONLINE:
+        return "the online algorithms run without a mesh for now"
+    if name in RL_ALGORITHMS and cfg.rl.advantage == "gae":
+        return "PPO's critic is a second model with a value head"
+    if cfg.lora.enabled:
+        return "LoRA adapters are not split"
+    if cfg.vla is not None:
+        return "a `vla` run keeps its images whole"
+    if cfg.run.launcher != "local":
+        return "`run.launcher: ray` lays its trainers out by worker groups"
+    return None
+
+
 class Config(Section):
     extensions: list[str] = Field(
         default_factory=list,
@@ -1217,24 +1237,10 @@ class Config(Section):
     def _mesh_fits(self) -> "Config":
         """Tensor and context parallel serve the objectives that score rows by their token log-probs."""
         mesh = self.strategy.mesh
-        if mesh.tp == 1 and mesh.cp == 1:
-            return self
-        name = self.algorithm.name
-        reasons = {**{kd: "its loss reads the whole vocabulary's logits" for kd in DISTILLATION},
-                   "rm": "its score head reads the last hidden state", **{online: "it runs in one layout only for now"
-                                                                           for online in ONLINE}}
-        clash = reasons.get(name)
-        if clash is None and self.rl.advantage == "gae":
-            clash = "PPO's critic is a second model with a value head"
-        if clash is None and self.lora.enabled:
-            clash = "LoRA adapters are not split"
-        if clash is None and self.vla is not None:
-            clash = "a `vla` run keeps its images whole"
-        if clash is None and self.run.launcher != "local":
-            clash = "`run.launcher: ray` lays its trainers out by worker groups"
+        clash = mesh_refusal(self) if mesh.tp * mesh.cp > 1 else None
         if clash:
-            raise ValueError(f"strategy.mesh (tp = {mesh.tp}, cp = {mesh.cp}) cannot serve `{name}`: {clash}; "
-                             "tensor and context parallel serve sft, cpt, the preference losses and the RL "
+            raise ValueError(f"strategy.mesh (tp = {mesh.tp}, cp = {mesh.cp}) cannot serve `{self.algorithm.name}`: "
+                             f"{clash}; tensor and context parallel serve sft, cpt, the preference losses and the RL "
                              "algorithms other than ppo, without LoRA")
         return self
 

@@ -84,11 +84,12 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         cpu_offload=cfg.strategy.cpu_offload, gradient_checkpointing=cfg.model.gradient_checkpointing,
         lora=cfg.lora.enabled if lora is None else lora, lora_rank=cfg.lora.rank,
         lora_targets=cfg.lora.target_modules if isinstance(cfg.lora.target_modules, str) else tuple(cfg.lora.target_modules),
-        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2",
+        # (context parallel runs oxRL's packed kernel, which builds no mask)
+        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2" and cfg.strategy.mesh.cp == 1,
         reference=needs_reference(cfg),
         critic=rl and cfg.rl.advantage in NEEDS_VALUES and cfg.rl.critic_backbone == "separate",
         vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
-        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases,
+        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases, tp=cfg.strategy.mesh.tp, cp=cfg.strategy.mesh.cp,
         rollout_copy=rl and cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
             cfg.rl.engine_precision, devices.kind, weights_sharded(strategy, cfg.strategy.zero_stage)))
 

@@ -43,6 +43,12 @@ weights; `single` shards nothing):
   [T, T] mask for a packed row of T tokens; the memory-efficient kernel keeps it as a compute-dtype bias
   in every layer: compute x T^2 x layers (one layer under checkpointing), plus the boolean mask, T^2.
   Measured on an H100 (docs/models.md); on CPU the packed kernel runs each sequence alone, with no mask.
+- tensor parallel (`strategy.mesh.tp`, t ranks split each layer): the states stay P*b / D per rank (FSDP2 shards
+  over D / t ranks what tensor parallel has split t ways), the gathered layers and root unit are 1/t of theirs,
+  attention and MLP activations 1/t (the norms' stay whole: no sequence parallel), and the logits are never whole
+  (the chunked term below, on each rank's vocabulary slice).
+- context parallel (`strategy.mesh.cp`, c ranks split each row): activations and logits of T / c tokens, plus one
+  layer's keys and values gathered for the whole row and their gradient, 2 x 2 x T x KVd / t in the compute dtype.
 - reference model: P*b for the objectives that need one, except under LoRA (the reference is the
   base model with the adapters switched off: no second copy). FSDP2 shards it like the policy, P*b / D,
   and keeps its root unit gathered after its first forward (in b); DeepSpeed keeps it whole on every rank.
@@ -97,6 +103,8 @@ class TrainingPlan:
     vllm_share_bytes: int = 0  # memory a colocated vLLM claims on the device
     vllm_sleeps: bool = True
     rollout_copy: bool = False  # the `hf` engine samples from a bf16 copy of the policy (rl.rollout.precision)
+    tp: int = 1  # tensor-parallel ranks (strategy.mesh.tp)
+    cp: int = 1  # context-parallel ranks (strategy.mesh.cp)
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
 
     weights = shape.parameters * b // weight_shards
     if weight_shards > 1:
-        weights += (2 * shape.largest_layer_parameters + shape.outside_layers_parameters) * compute
+        weights += (2 * shape.largest_layer_parameters + shape.outside_layers_parameters) * compute // plan.tp
     if plan.lora:
         trainable = shape.lora_parameters(plan.lora_rank, plan.lora_targets)
         weights += trainable * b
@@ -183,27 +191,29 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
         rollout_copy=2 * shape.parameters if plan.rollout_copy else 0)
 
 
-def layer_activation_bytes(shape: ModelShape, compute: int) -> int:
-    """Bytes autograd keeps per token in one decoder layer (module docstring)."""
+def layer_activation_bytes(shape: ModelShape, compute: int, tp: int = 1) -> int:
+    """Bytes autograd keeps per token in one decoder layer (module docstring), on one of `tp` tensor-parallel ranks."""
     norms = 2 * (2 * 4 + compute) * shape.hidden
-    attention = (3 * shape.attention_width + 2 * shape.kv_width) * compute
-    mlp = 4 * shape.mlp_width * compute
+    attention = (3 * shape.attention_width + 2 * shape.kv_width) * compute // tp
+    mlp = 4 * shape.mlp_width * compute // tp
     return norms + attention + mlp
 
 
 def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
-    tokens = plan.tokens_per_micro_batch
+    tokens = -(-plan.tokens_per_micro_batch // plan.cp)  # this rank's share of the row
     kept_layers = 1 if plan.gradient_checkpointing else shape.layers
     mask = tokens * tokens * (compute * kept_layers + 1) if plan.dense_attention_mask else 0
-    per_layer = layer_activation_bytes(shape, compute)
+    per_layer = layer_activation_bytes(shape, compute, plan.tp)
+    gathered = 2 * 2 * plan.tokens_per_micro_batch * shape.kv_width // plan.tp * compute if plan.cp > 1 else 0
     if plan.gradient_checkpointing:
         residual = 4 if plan.dtype == "float32" else 2  # the stream between layers, in the parameter dtype
-        return tokens * (shape.layers * shape.hidden * residual + per_layer) + mask
-    return tokens * shape.layers * per_layer + mask
+        return tokens * (shape.layers * shape.hidden * residual + per_layer) + mask + gathered
+    return tokens * shape.layers * per_layer + mask + gathered
 
 
 def logit_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int:
     tokens = plan.tokens_per_micro_batch if plan.logit_tokens is None else plan.logit_tokens
-    if tokens * shape.vocab > FULL_LOGITS_ELEMENTS:  # chunked through the output layer
+    tokens = -(-tokens // plan.cp)
+    if tokens * shape.vocab > FULL_LOGITS_ELEMENTS or plan.tp * plan.cp > 1:  # chunked through the output layer
         return tokens * shape.hidden * compute + CHUNK_ELEMENTS * (16 + 2 * compute)
     return tokens * shape.vocab * (4 + 2 * compute)

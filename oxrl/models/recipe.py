@@ -18,6 +18,7 @@ import yaml
 from oxrl.config.load import apply_override, load_config
 from oxrl.config.presets import task_preset
 from oxrl.config.rl_presets import is_rl
+from oxrl.config.schema import mesh_refusal
 from oxrl.models.fit import HEADROOM, describe_fit, fits, model_shape, training_plan
 from oxrl.models.bundled import BUNDLED
 from oxrl.models.hardware import Devices
@@ -27,6 +28,10 @@ from oxrl.models.shape import ModelShape
 
 # Tried in this order; the first that fits is the recipe.
 LAYOUTS = ((False, False), (False, True), (True, False), (True, True))  # (LoRA, activation checkpointing)
+# Then, on several devices, a full fine-tune with checkpointing on a mesh (tp, cp): fewest ranks splitting one model
+# first, tensor parallel before context parallel (a long row is what cp is for, and the estimate's rows are all
+# data.max_length long), tp at most 8 (the GPUs of one node: it communicates at every layer).
+MESHES = ((2, 1), (1, 2), (4, 1), (2, 2), (8, 1), (4, 2), (1, 4), (8, 2), (2, 4), (4, 4), (8, 4), (1, 8), (2, 8), (8, 8))
 VLLM_DEFAULT_SHARE = 0.5
 
 
@@ -86,6 +91,23 @@ def layouts(tree: dict, shape: ModelShape, devices: Devices, lora_targets: list[
             if is_rl(cfg.algorithm.name) and devices.kind == "cuda" and devices.count == 1:
                 candidate, cfg = _with_vllm(candidate, cfg, shape, devices)
             yield candidate, cfg, estimate_memory(shape, training_plan(cfg, devices))
+    yield from mesh_layouts(tree, shape, devices, micro_batch)
+
+
+def mesh_layouts(tree: dict, shape: ModelShape, devices: Devices, micro_batch: int):
+    """The full fine-tune with activation checkpointing on each mesh of `MESHES` that `devices` and the model allow."""
+    if devices.count == 1 or mesh_refusal(load_config(None, base=tree)) is not None:
+        return
+    for tp, cp in MESHES:
+        if devices.count % (tp * cp) or (tp > 1 and tp not in shape.tensor_parallel):
+            continue
+        for micro in _halvings(micro_batch):
+            candidate = copy.deepcopy(tree)
+            apply_override(candidate, ["train", "micro_batch_size_per_device"], micro)
+            apply_override(candidate, ["model", "gradient_checkpointing"], True)
+            apply_override(candidate, ["strategy", "mesh"], {"tp": tp, "cp": cp})
+            cfg = load_config(None, base=candidate)
+            yield candidate, cfg, estimate_memory(shape, training_plan(cfg, devices))
 
 
 def _halvings(micro: int) -> list[int]:
@@ -109,8 +131,10 @@ def _with_vllm(tree: dict, cfg, shape, devices: Devices):
 
 
 def _notes(cfg, entry, devices: Devices, estimate: MemoryEstimate) -> list[str]:
+    mesh = cfg.strategy.mesh
     layout = ("LoRA" if cfg.lora.enabled else "full fine-tune") + (
-        " + activation checkpointing" if cfg.model.gradient_checkpointing else "")
+        " + activation checkpointing" if cfg.model.gradient_checkpointing else "") + (
+        f" on a mesh of tensor parallel {mesh.tp} x context parallel {mesh.cp}" if mesh.tp * mesh.cp > 1 else "")
     notes = [f"oxrl recipe: {cfg.model.name_or_path}, {cfg.algorithm.name}, on {devices.describe()}",
              f"layout: {layout}, strategy {cfg.strategy.name}, micro-batch {cfg.train.micro_batch_size_per_device} "
              f"x data.max_length {cfg.data.max_length} tokens (the estimate's worst case)" + (

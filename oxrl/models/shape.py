@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from oxrl.models.parallel import tensor_parallel_refusal
+
 MAX_LAYERS = 1000  # decoder layers; the deepest released LLMs have about 130
 
 
@@ -44,6 +46,7 @@ class ModelShape:
     vocab: int
     context: int | None
     linears: tuple[Linear, ...]  # the decoder layers' nn.Linear modules (not the lm_head)
+    tensor_parallel: tuple[int, ...] = ()  # the tensor-parallel sizes among 2, 4, 8 the model splits over
 
     @classmethod
     def from_config(cls, config, trust_remote_code: bool = False) -> "ModelShape":
@@ -75,6 +78,7 @@ class ModelShape:
             vocab=config.vocab_size,
             context=getattr(config, "max_position_embeddings", None),
             linears=_decoder_linears(base),
+            tensor_parallel=tuple(tp for tp in (2, 4, 8) if tensor_parallel_refusal(config, tp) is None),
         )
 
     def lora_parameters(self, rank: int, target_modules: list[str] | str = "all-linear") -> int:

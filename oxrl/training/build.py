@@ -33,8 +33,9 @@ def build_strategy(cfg) -> Strategy:
     if name == "single" and launched > 1:
         raise ValueError(f"strategy.name `single` trains in one process, but {launched} were launched: "
                          "use `fsdp2` or `deepspeed` (or `auto`)")
-    unread = [f"strategy.{key} = {getattr(cfg.strategy, key)!r}" for key in ("cpu_offload", "reshard_after_forward")
-              if name == "single" and getattr(cfg.strategy, key) != type(cfg.strategy).model_fields[key].default]
+    unread = [f"strategy.{key} = {getattr(cfg.strategy, key)!r}" for key in ("cpu_offload", "reshard_after_forward", "mesh")
+              if name == "single" and getattr(cfg.strategy, key) != type(cfg.strategy).model_fields[key].get_default(
+                  call_default_factory=True)]
     if unread:  # (`auto` in one process: the config could not tell)
         raise ValueError(f"{', '.join(unread)} is not read: one process (strategy `single`) shards nothing; it is "
                          "read only by fsdp2 or deepspeed under torchrun")
