@@ -332,6 +332,30 @@ def test_torchrun_oxrl_train_matches_one_process(tmp_path, smollm2_tokenizer):
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("mesh", ["tp", "cp"])
+def test_torchrun_oxrl_train_on_a_mesh_matches_one_process(mesh, tmp_path, smollm2_tokenizer):
+    """`oxrl train` end to end under torchrun with `strategy.mesh.tp=2` or `cp=2`: the loaded model split or its
+    rows split, the same losses as one process, and a final folder that loads in plain transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from oxrl.cli import main
+
+    path = cli_sft_config(tmp_path, smollm2_tokenizer, "no")
+    torchrun(["-m", "oxrl", "train", str(path), "run.name=mesh", "strategy.name=fsdp2", f"strategy.mesh.{mesh}=2"])
+    assert main(["train", str(path), "run.name=one"]) == 0
+    meshed, one = run_metrics(tmp_path, "mesh"), run_metrics(tmp_path, "one")
+    for key in ("loss", "val/loss"):
+        assert_close([r[key] for r in meshed if key in r], [r[key] for r in one if key in r])
+    assert_close([r["grad_norm"] for r in meshed], [r["grad_norm"] for r in one], tol=0.0, rtol=1e-5)
+    saved = yaml.safe_load((tmp_path / "runs" / "mesh" / "config.yaml").read_text())
+    assert saved["strategy"]["mesh"][mesh] == 2
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "mesh" / "final")
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "one" / "final")
+    ids = torch.tensor(worker.PROBE_IDS)
+    assert_close(final(input_ids=ids).logits.tolist(), expected(input_ids=ids).logits.tolist())
+
+
+@pytest.mark.distributed
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="`auto` is bf16 only on a CPU with native bf16")
 @pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("deepspeed", marks=pytest.mark.skipif(
     not HAS_DEEPSPEED, reason="deepspeed is not installed"))])
