@@ -47,8 +47,9 @@ weights; `single` shards nothing):
   over D / t ranks what tensor parallel has split t ways), the gathered layers and root unit are 1/t of theirs,
   attention and MLP activations 1/t (the norms' stay whole: no sequence parallel), and the logits are never whole
   (the chunked term below, on each rank's vocabulary slice).
-- context parallel (`strategy.mesh.cp`, c ranks split each row): activations and logits of T / c tokens, plus one
-  layer's keys and values gathered for the whole row and their gradient, 2 x 2 x T x KVd / t in the compute dtype.
+- context parallel (`strategy.mesh.cp`, c ranks split each row): activations and logits of T / c tokens, plus in each
+  layer autograd keeps (one layer under checkpointing) the keys and values gathered for the whole row and the copy
+  each run of queries attends to, 4 x T x KVd / t in the compute dtype.
 - reference model: P*b for the objectives that need one, except under LoRA (the reference is the
   base model with the adapters switched off: no second copy). FSDP2 shards it like the policy, P*b / D,
   and keeps its root unit gathered after its first forward (in b); DeepSpeed keeps it whole on every rank.
@@ -204,7 +205,7 @@ def activation_bytes(shape: ModelShape, plan: TrainingPlan, compute: int) -> int
     kept_layers = 1 if plan.gradient_checkpointing else shape.layers
     mask = tokens * tokens * (compute * kept_layers + 1) if plan.dense_attention_mask else 0
     per_layer = layer_activation_bytes(shape, compute, plan.tp)
-    gathered = 2 * 2 * plan.tokens_per_micro_batch * shape.kv_width // plan.tp * compute if plan.cp > 1 else 0
+    gathered = 4 * plan.tokens_per_micro_batch * shape.kv_width // plan.tp * compute * kept_layers if plan.cp > 1 else 0
     if plan.gradient_checkpointing:
         residual = 4 if plan.dtype == "float32" else 2  # the stream between layers, in the parameter dtype
         return tokens * (shape.layers * shape.hidden * residual + per_layer) + mask + gathered

@@ -159,7 +159,7 @@ def test_the_memory_estimate_splits_activations_by_tp_and_tokens_by_cp():
     assert layer_activation_bytes(shape, 2, 2) - norms == (layer_activation_bytes(shape, 2) - norms) // 2
     assert tp2.activations < alone.activations and tp2.weights < alone.weights  # the gathered layers are halved
     assert (tp2.gradients, tp2.optimizer) == (alone.gradients, alone.optimizer)  # P / D either way
-    gathered = 2 * 2 * 32768 * shape.kv_width * 2  # one layer's keys and values for the whole row, and their gradient
+    gathered = 4 * 32768 * shape.kv_width * 2 * shape.layers  # each layer's gathered keys and values, and their copies
     assert cp2.activations == alone.activations // 2 + gathered
     assert cp2.logits < alone.logits
 
