@@ -383,6 +383,37 @@ def mesh_runs(out: Path, mesh: dict) -> dict:
             "layout": [layout.tp_size, layout.cp_size], "split_parameters": split}
 
 
+def family_sft(cfg: Config, strategy: Strategy, folder: Path, run_dir: Path) -> dict:
+    """2 SFT steps of the tiny model saved in `folder`, loaded as `oxrl train` loads it."""
+    from tests.integration.test_architectures import load
+
+    _, losses = train_sft(cfg, strategy, run_dir, model=load(str(folder)))
+    return {"losses": losses, "grad_norms": grad_norms(run_dir)}
+
+
+def scenario_mesh_tp2_families(out: Path) -> dict:
+    """The architecture matrix's families (tests/integration/test_architectures.py) under tensor parallel 2: each
+    family tensor parallel can split trains; each it cannot is named with the reason."""
+    from transformers import AutoConfig
+
+    from oxrl.models.parallel import tensor_parallel_refusal
+    from oxrl.training import distributed
+    from tests.integration.test_architectures import INSTALLED, save_tiny
+
+    results, refused = {}, {}
+    for name in INSTALLED:
+        if distributed.init_distributed("cpu").is_main:
+            save_tiny(name, out / name)
+        distributed.barrier()
+        refusal = tensor_parallel_refusal(AutoConfig.from_pretrained(out / name), 2)
+        if refusal:
+            refused[name] = refusal
+            continue
+        cfg = config(out, strategy={"name": "fsdp2", "mesh": {"tp": 2}}, max_steps=2)
+        results[name] = family_sft(cfg, build_strategy(cfg), out / name, out / f"{name}_run")
+    return {"trained": results, "refused": refused}
+
+
 def scenario_mesh_sft(out: Path, mesh: str, resume: str = "") -> dict:
     """SFT under the mesh given as JSON (`{}`: FSDP2 alone), resumed from the checkpoint `resume` when given: a
     checkpoint written under one mesh continues under another."""

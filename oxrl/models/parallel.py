@@ -6,8 +6,9 @@ Tensor parallel (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053) with torch'
 `config.base_model_tp_plan`: q/k/v and gate/up split by output features (`colwise`), so each rank computes its
 heads and its slice of the MLP, o/down by input features (`rowwise`), whose partial outputs one all-reduce per
 block adds up. Phi-3's fused qkv and gate/up projections (`colwise_gather_output`) are split by weight and their
-outputs gathered, and the next projection takes its slice of them (`rowwise_split_input`). A plan entry of another
-kind (Qwen3's per-head norms, MoE experts) is refused by name, never silently replicated. The input embedding is
+outputs gathered, and the next projection takes its slice of them (`rowwise_split_input`). Qwen3's per-head norms
+(`replicated_with_grad_allreduce`) keep their weight whole, normalise the rank's own heads and sum their gradient
+over the ranks. A plan entry of another kind (MoE experts) is refused by name, never silently replicated. The input embedding is
 split by vocabulary. The output layer is too, and training never gathers its logits: log p(target) and the entropy
 come from a log-sum-exp over the ranks' slices (`vocab_parallel_logprobs`), so no rank holds a [tokens, vocabulary]
 tensor of the whole vocabulary. Generation, which needs one row of logits per step, gets them gathered.
@@ -63,17 +64,20 @@ def layout_of(model) -> ParallelLayout:
 
 def _styles():
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     return {
         "colwise": ColwiseParallel,
         "rowwise": RowwiseParallel,
         "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
         "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # A per-head norm (Qwen3's q_norm, k_norm) over this rank's heads [batch, tokens, heads, head_dim]: its weight
+        # replicated, its input split by heads, its gradient summed over the ranks.
+        "replicated_with_grad_allreduce": lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
     }
 
 
-SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
+SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input", "replicated_with_grad_allreduce")
 
 
 def tensor_parallel_refusal(config, tp: int) -> str | None:

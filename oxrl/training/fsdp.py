@@ -176,18 +176,24 @@ class FSDP2Strategy(MultiProcessStrategy):
 
     def _clip_over_meshes(self, params: list[torch.nn.Parameter]) -> float:
         """`clip_gradients` where parameters live on two meshes (the split layers on shard x tp, the rest on shard):
-        one norm per mesh, then their global norm, and torch's clipping with it."""
-        by_mesh: dict = {}
-        for p in params:
-            if p.grad is not None:
-                by_mesh.setdefault(p.grad.device_mesh, []).append(p.grad)
-        norms = [torch.nn.utils.get_total_norm(grads).full_tensor() for grads in by_mesh.values()]
-        norm = torch.linalg.vector_norm(torch.stack(norms))
+        each rank's squared norm of its pieces, each piece divided by the ranks that hold a copy of it, summed in one
+        all-reduce over every rank; then torch's clipping coefficient, applied to every piece."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        grads = [p.grad for p in params if p.grad is not None]
+        for grad in grads:
+            mesh, placements = grad.device_mesh, grad.placements
+            if any(placement.is_partial() for placement in placements):
+                raise RuntimeError(f"a gradient still holds partial sums ({placements}) at clipping time")
+            copies = self.world_size // mesh.size()  # the sub-meshes alike to this one, one per other coordinate
+            for dim, placement in enumerate(placements):
+                copies *= mesh.size(dim) if placement.is_replicate() else 1
+            squares += grad.to_local().double().pow(2).sum() / copies
+        dist.all_reduce(squares)
+        norm = squares.sqrt().float()
         if self.max_grad_norm is not None:
-            coefficient = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
-            for grads in by_mesh.values():
-                for grad in grads:
-                    grad.mul_(float(coefficient))
+            coefficient = float(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
+            for grad in grads:
+                grad.mul_(coefficient)
         return float(norm)
 
     def trainable_tensors(self):

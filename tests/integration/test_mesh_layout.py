@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, Phi3Config, Qwen3Config
+from transformers import LlamaConfig, Phi3Config, Qwen2MoeConfig, Qwen3Config
 
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.context_parallel import chunk_owners, share_row
@@ -104,7 +104,10 @@ def test_tensor_parallel_splits_the_families_whose_plans_it_knows_and_names_what
     assert "tied to the input embeddings" in tensor_parallel_refusal(llama(tie_word_embeddings=True), 2)
     qwen3 = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    assert "layers.*.self_attn.q_norm: replicated_with_grad_allreduce" in tensor_parallel_refusal(qwen3, 2)
+    assert tensor_parallel_refusal(qwen3, 2) is None  # its per-head norms: replicated, gradients summed
+    moe = Qwen2MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_experts=4,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    assert "layers.*.mlp.experts: moe_tp_experts" in tensor_parallel_refusal(moe, 2)
 
 
 @pytest.mark.parametrize(("algorithm", "changes", "reason"), [

@@ -422,7 +422,7 @@ def test_a_lost_rank_ends_the_collective_with_an_error_within_the_timeout(tmp_pa
 # ----------------------------------------------------------------------------- tensor and context parallel
 
 # Scenario -> processes: TP2, CP2, FSDP2 x TP2 and FSDP2 x CP2 (tests/distributed_worker.py `mesh_runs`).
-MESHES = {"mesh_tp2": 2, "mesh_cp2": 2, "mesh_dp2_tp2": 4, "mesh_dp2_cp2": 4}
+MESHES = {"mesh_tp2": 2, "mesh_cp2": 2, "mesh_dp2_tp2": 4, "mesh_dp2_cp2": 4, "mesh_tp2_families": 2}
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +450,25 @@ def mesh_run(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("scenario", list(MESHES))
+def test_tensor_parallel_trains_each_family_it_splits_like_one_process(mesh_run, tmp_path):
+    """The architecture matrix under TP2: Llama, Qwen2, Qwen3 (per-head norms), Mistral, Gemma 2/3, Phi-3 (fused
+    projections), SmolLM3 train 2 SFT steps as on one device; the MoE families are refused, naming their experts."""
+    from tests.integration.test_architectures import INSTALLED
+
+    result, out = mesh_run("mesh_tp2_families")
+    assert {"llama", "qwen2", "qwen3", "mistral", "phi3"} <= set(result["trained"])
+    assert set(result["trained"]) | set(result["refused"]) == set(INSTALLED)
+    for name, reason in result["refused"].items():
+        assert "moe" in name and "experts" in reason, (name, reason)
+    for name, meshed in result["trained"].items():
+        cfg = worker.config(tmp_path, max_steps=2)
+        alone = worker.family_sft(cfg, single(), out / name, tmp_path / name)
+        assert_close(meshed["losses"], alone["losses"])
+        assert_close(meshed["grad_norms"], alone["grad_norms"], rtol=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", [name for name in MESHES if name != "mesh_tp2_families"])
 def test_mesh_trains_like_one_process(scenario, mesh_run, one_process):
     """Losses, gradient norms and the weights after the steps (the logits they give) within 1e-5 of one process,
     for SFT, DPO and a GRPO update, every row's log-probs from the vocabulary-parallel or row-splitting path."""
