@@ -32,8 +32,20 @@ import torch
 import torch.distributed as dist
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.model_inputs import PackedRow, segment_ends
+from oxrl.models.model_inputs import PACKED_ATTENTION, PADDED_FAMILIES, PackedRow, hf_config, segment_ends
 from oxrl.models.parallel import ParallelLayout
+
+
+def context_parallel_refusal(model) -> str | None:
+    """Why `model`'s rows cannot be split over context-parallel ranks (a sentence), or None."""
+    config = hf_config(model)
+    if config.model_type in PADDED_FAMILIES or config.sub_configs:
+        return f"the {config.model_type!r} model reads images, and context parallel splits text rows only"
+    if getattr(config, "_attn_implementation", None) != PACKED_ATTENTION:
+        return (f"it runs attention {getattr(config, '_attn_implementation', None)!r}, and context parallel runs on "
+                f"oxRL's packed attention ({PACKED_ATTENTION}: model.attn_implementation auto or packed_sdpa, for a "
+                "family without sliding windows or soft-capping)")
+    return None
 
 
 @dataclass(frozen=True)

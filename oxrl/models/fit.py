@@ -119,13 +119,14 @@ STATIC_PARTS = ("weights", "optimizer", "reference", "critic", "autocast_copies"
 def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_tokens: int | None = None) -> None:
     """Before any model loads: the estimated peak per device, and a warning when it will not fit. A run whose
     static memory (STATIC_PARTS) is more than a device has cannot train at all: a ModelTooLargeError, unless
-    `model.allow_oversized`."""
+    `model.allow_oversized`; a `strategy.mesh.tp` the model cannot be split over: a ValueError naming why."""
     from oxrl.models.load import ModelNotFoundError
 
     devices = run_devices(device, world_size)
     plan = training_plan(cfg, devices, row_tokens=row_tokens)
     try:
-        estimate = estimate_memory(model_shape(cfg.model), plan)
+        shape = model_shape(cfg.model)
+        estimate = estimate_memory(shape, plan)
     except ModelTooLargeError as error:
         if not cfg.model.allow_oversized:
             raise ModelTooLargeError(f"{cfg.model.name_or_path}: {error}") from None
@@ -134,6 +135,9 @@ def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_
     except (ModelNotFoundError, OSError, ValueError) as error:
         logger.info("memory: no estimate (%s)", error)  # the model load itself will say what is wrong
         return
+    refusal = shape.tensor_parallel_refusal(plan.tp)  # (checked again, for any tp, when the model is split)
+    if refusal:
+        raise ValueError(f"strategy.mesh.tp = {plan.tp} cannot split {cfg.model.name_or_path}: {refusal}")
     if not cfg.model.allow_oversized:
         parts = ", ".join(f"{part.replace('_', ' ')} {gib(getattr(estimate, part))}" for part in STATIC_PARTS
                           if getattr(estimate, part))

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.context_parallel import share_row
+from oxrl.models.context_parallel import context_parallel_refusal, share_row
 from oxrl.models.lm_head import OutputHead, chunked_logprobs, output_head, should_chunk
-from oxrl.models.model_inputs import PACKED_ATTENTION, PADDED_FAMILIES, hf_config, row_forward
+from oxrl.models.model_inputs import row_forward
 from oxrl.models.parallel import layout_of
 
 
@@ -98,10 +98,9 @@ def _context_parallel(model, head: OutputHead, batch: PackedBatch, positions: to
                       temperature: float, with_entropy: bool):
     """`token_logprobs` of a row split over context-parallel ranks (oxrl/models/context_parallel.py): each rank
     scores the targets whose predicting position it holds, and the values are gathered into the whole row."""
-    config = hf_config(model)
-    if config.model_type in PADDED_FAMILIES or getattr(config, "_attn_implementation", None) != PACKED_ATTENTION:
-        raise ValueError(f"context parallel needs oxRL's packed attention ({PACKED_ATTENTION}), which this "
-                         f"{config.model_type!r} model does not run (model.attn_implementation, docs/models.md)")
+    refusal = context_parallel_refusal(model)
+    if refusal:
+        raise ValueError(f"strategy.mesh.cp cannot split this model's rows: {refusal}")
     share, inputs = share_row(batch, layout_of(model))
     count = positions.numel()
     mine, local_keep = share.local_positions(keep[:count])

@@ -99,7 +99,7 @@ def mesh_layouts(tree: dict, shape: ModelShape, devices: Devices, micro_batch: i
     if devices.count == 1 or mesh_refusal(load_config(None, base=tree)) is not None:
         return
     for tp, cp in MESHES:
-        if devices.count % (tp * cp) or (tp > 1 and tp not in shape.tensor_parallel):
+        if devices.count % (tp * cp) or shape.tensor_parallel_refusal(tp) is not None:
             continue
         for micro in _halvings(micro_batch):
             candidate = copy.deepcopy(tree)

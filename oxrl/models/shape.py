@@ -46,7 +46,12 @@ class ModelShape:
     vocab: int
     context: int | None
     linears: tuple[Linear, ...]  # the decoder layers' nn.Linear modules (not the lm_head)
-    tensor_parallel: tuple[int, ...] = ()  # the tensor-parallel sizes among 2, 4, 8 the model splits over
+    # (tp, why tensor parallel cannot split the model over tp ranks, or None) for tp = 2, 4, 8
+    tensor_parallel: tuple[tuple[int, str | None], ...] = ()
+
+    def tensor_parallel_refusal(self, tp: int) -> str | None:
+        """Why strategy.mesh.tp = `tp` cannot split this model (None: it can, or `tp` was not checked)."""
+        return dict(self.tensor_parallel).get(tp)
 
     @classmethod
     def from_config(cls, config, trust_remote_code: bool = False) -> "ModelShape":
@@ -78,7 +83,7 @@ class ModelShape:
             vocab=config.vocab_size,
             context=getattr(config, "max_position_embeddings", None),
             linears=_decoder_linears(base),
-            tensor_parallel=tuple(tp for tp in (2, 4, 8) if tensor_parallel_refusal(config, tp) is None),
+            tensor_parallel=tuple((tp, tensor_parallel_refusal(config, tp)) for tp in (2, 4, 8)),
         )
 
     def lora_parameters(self, rank: int, target_modules: list[str] | str = "all-linear") -> int:

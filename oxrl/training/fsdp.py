@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from oxrl.config.schema import MeshConfig, StrategyConfig
+from oxrl.models.context_parallel import context_parallel_refusal
 from oxrl.models.parallel import ParallelLayout, apply_tensor_parallel, set_layout
 from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
@@ -123,6 +124,9 @@ class FSDP2Strategy(MultiProcessStrategy):
                 logger.info("mesh: dp_shard %d x cp %d x tp %d; FSDP2 shards over %d ranks", dp, cp, tp, dp * cp)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        refusal = context_parallel_refusal(model) if self.layout.cp_size > 1 else None
+        if refusal:
+            raise ValueError(f"strategy.mesh.cp = {self.layout.cp_size} cannot split this model's rows: {refusal}")
         broadcast_from_rank0(model)
         if self.layout.tp_size > 1:
             apply_tensor_parallel(model, self.tp_mesh)

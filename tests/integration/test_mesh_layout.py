@@ -154,7 +154,8 @@ def test_the_memory_estimate_splits_activations_by_tp_and_tokens_by_cp():
 
     shape = ModelShape.from_config(llama(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                                          num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=4))
-    assert shape.tensor_parallel == (2, 4, 8)
+    assert [shape.tensor_parallel_refusal(tp) for tp in (2, 4, 8)] == [None, None, None]
+    assert "num_key_value_heads = 2 is not divisible" in ModelShape.from_config(llama()).tensor_parallel_refusal(4)
     plan = TrainingPlan(tokens_per_micro_batch=32768, dtype="bfloat16", strategy="fsdp2", devices=8)
     alone = estimate_memory(shape, plan)
     tp2, cp2 = estimate_memory(shape, replace(plan, tp=2)), estimate_memory(shape, replace(plan, cp=2))
@@ -187,3 +188,30 @@ def test_the_recipe_takes_a_mesh_when_fsdp2_alone_does_not_fit(tmp_path):
     # first and does not fit.
     assert (cfg.strategy.mesh.tp, cfg.strategy.mesh.cp) == (1, 2) and cfg.model.gradient_checkpointing
     assert any(c.strategy.mesh.tp == 2 and c.strategy.mesh.cp == 1 for _, c, _ in tried)
+
+
+def test_a_tp_the_model_cannot_take_is_refused_before_it_loads(tmp_path):
+    """Heads that tp does not divide: one line naming the constraint, from the model's config.json alone."""
+    from transformers import LlamaForCausalLM
+
+    from oxrl.config.schema import Config
+    from oxrl.models.fit import log_memory_estimate
+
+    LlamaForCausalLM(llama(num_key_value_heads=1)).save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()  # no weights: nothing but the config may be read
+    cfg = Config.model_validate({"model": {"name_or_path": str(tmp_path / "m")}, "algorithm": {"name": "sft"},
+                                 "data": {"train": [{"path": "d.jsonl"}]},
+                                 "strategy": {"name": "fsdp2", "mesh": {"tp": 2}}})
+    with pytest.raises(ValueError, match=r"strategy.mesh.tp = 2 cannot split .*num_key_value_heads = 1 is not divisible"):
+        log_memory_estimate(cfg, torch.device("cpu"), 2)
+
+
+def test_context_parallel_names_the_models_it_cannot_split():
+    from oxrl.models.context_parallel import context_parallel_refusal
+    from oxrl.models.packed_attention import use_packed_attention
+    from tests.conftest import make_tiny_llama
+
+    model = make_tiny_llama()
+    assert "runs attention 'sdpa'" in context_parallel_refusal(model)
+    use_packed_attention(model)
+    assert context_parallel_refusal(model) is None
