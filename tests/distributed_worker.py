@@ -414,6 +414,27 @@ def scenario_mesh_tp2_families(out: Path) -> dict:
     return {"trained": results, "refused": refused}
 
 
+def scenario_vocab_parallel(out: Path) -> dict:
+    """Log-probs, entropy and their gradient from two halves of a vocabulary (oxrl/models/parallel.py), with the
+    whole logits' for the test to compare: the same loss on both ranks, each rank's gradient of its half."""
+    import torch.distributed as dist
+
+    from oxrl.models.parallel import VocabShard, vocab_parallel_logprobs
+    from oxrl.training import distributed
+
+    env = distributed.init_distributed("cpu", process_group=True)
+    g = torch.Generator().manual_seed(3)
+    logits, targets = torch.randn(6, 10, generator=g) * 4, torch.tensor([0, 4, 5, 9, 2, 7])
+    weights = torch.randn(6, generator=g)
+    half = logits[:, env.rank * 5 : (env.rank + 1) * 5].clone().requires_grad_(True)
+    logprobs, entropy = vocab_parallel_logprobs(half, targets, VocabShard(dist.group.WORLD, env.rank * 5, 5), True)
+    loss = (weights * logprobs).sum() + (weights.flip(0) * entropy).sum()
+    loss.backward()
+    return {"logits": logits.tolist(), "targets": targets.tolist(), "weights": weights.tolist(),
+            "logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "loss": float(loss),
+            "gradient": torch.cat(distributed.all_gather_objects(half.grad), dim=1).tolist()}
+
+
 def scenario_mesh_sft(out: Path, mesh: str, resume: str = "") -> dict:
     """SFT under the mesh given as JSON (`{}`: FSDP2 alone), resumed from the checkpoint `resume` when given: a
     checkpoint written under one mesh continues under another."""

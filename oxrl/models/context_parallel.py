@@ -14,8 +14,8 @@ segment, a longer key segment, causal from the bottom-right corner), so the same
 rather than ring or Ulysses: packed rows need a per-sequence mask that changes inside every chunk, which a
 gather of all keys gives exactly and simply (Llama 3 chose it for document masks too); with grouped-query
 attention the keys and values are a few heads, so the gather costs less than the queries it serves, and it runs on
-gloo, which has no all-to-all for Ulysses. Its cost: every rank holds one layer's keys and values for the whole
-row while that layer runs.
+gloo, which has no all-to-all for Ulysses. Its cost: each layer's keys and values for the whole row are kept on
+every rank for the backward (one layer's under activation checkpointing).
 
 The loss needs nothing of this: each target's log-prob (and entropy) is computed on the rank holding the position
 that predicts it, and the ranks' values are gathered back into the whole row (`gather_targets`), identical on
@@ -108,7 +108,6 @@ class RowShare:
     owner: torch.Tensor  # [T_padded] the rank holding each position
     local: torch.Tensor  # [T_padded] each position's index among its owner's tokens
     layout: ParallelLayout
-    length: int  # the row's own length T
 
     def local_positions(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Of row positions [N]: which this rank holds (a [N] bool) and their indices among its tokens."""
@@ -185,5 +184,5 @@ def share_row(batch: PackedBatch, layout: ParallelLayout) -> tuple[RowShare, dic
     row = PackedRow((), len(index), segment_ends(queries, device), segment_ends([len(k) for k in keys], device),
                     max(queries), max(len(k) for k in keys), flat[key_index].to(device),
                     gather=KeyGather(layout.cp_group, size))
-    share = RowShare(index.to(device), owner.to(device), local.to(device), layout, length)
+    share = RowShare(index.to(device), owner.to(device), local.to(device), layout)
     return share, {"input_ids": ids[None], "position_ids": positions[None], "packed_row": row}

@@ -8,10 +8,12 @@ heads and its slice of the MLP, o/down by input features (`rowwise`), whose part
 block adds up. Phi-3's fused qkv and gate/up projections (`colwise_gather_output`) are split by weight and their
 outputs gathered, and the next projection takes its slice of them (`rowwise_split_input`). Qwen3's per-head norms
 (`replicated_with_grad_allreduce`) keep their weight whole, normalise the rank's own heads and sum their gradient
-over the ranks. A plan entry of another kind (MoE experts) is refused by name, never silently replicated. The input embedding is
-split by vocabulary. The output layer is too, and training never gathers its logits: log p(target) and the entropy
-come from a log-sum-exp over the ranks' slices (`vocab_parallel_logprobs`), so no rank holds a [tokens, vocabulary]
-tensor of the whole vocabulary. Generation, which needs one row of logits per step, gets them gathered.
+over the ranks. A plan entry of another kind (MoE experts) is refused by name, never silently replicated.
+
+The input embedding is split by vocabulary. The output layer is too, and training never gathers its logits:
+log p(target) and the entropy come from a log-sum-exp over the ranks' slices (`vocab_parallel_logprobs`), so no rank
+holds a [tokens, vocabulary] tensor of the whole vocabulary. Generation, which needs one row of logits per step,
+gets them gathered.
 
 The embeddings' weight must not be tied to the output layer's (each would then be split twice): a tied model is
 refused with the reason. LoRA adapters are not split either (refused in the config).
@@ -187,8 +189,10 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, shard: 
                             with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(z)[target] [N] and, with `with_entropy`, the entropy [N], from this rank's slice of the logits
     z [N, size] (fp32): a log-sum-exp over the ranks' slices, lse = m + log sum_ranks sum_v exp(z_v - m), the
-    target's logit from the rank holding it, and H = lse - sum_v p_v z_v. Three all-reduces of [N]; the same
-    numbers as the whole vocabulary's log-softmax, up to float summation order."""
+    target's logit from the rank holding it, and H = lse - sum_v p_v z_v (Megatron-LM's vocabulary-parallel cross
+    entropy, with the entropy beside it). Three all-reduces of [N], four with the entropy; the same numbers as the
+    whole vocabulary's log-softmax, up to float summation order. Every rank of the group must compute the same loss
+    from the results (their gradient reaches each rank's slice once)."""
     with torch.no_grad():
         peak = logits.max(-1).values
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=shard.group)

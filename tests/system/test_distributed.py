@@ -450,6 +450,21 @@ def mesh_run(tmp_path_factory):
 
 
 @pytest.mark.distributed
+def test_vocabulary_parallel_logprobs_entropy_and_gradient_equal_the_whole_vocabularys(tmp_path_factory):
+    result, _ = run_scenario("vocab_parallel", tmp_path_factory)
+    logits = torch.tensor(result["logits"], requires_grad=True)
+    targets, weights = torch.tensor(result["targets"]), torch.tensor(result["weights"])
+    logp = logits.log_softmax(-1)
+    logprobs, entropy = logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+    loss = (weights * logprobs).sum() + (weights.flip(0) * entropy).sum()
+    loss.backward()
+    assert_close(result["logprobs"], logprobs.tolist(), tol=1e-6)
+    assert_close(result["entropy"], entropy.tolist(), tol=1e-6)
+    assert_close(result["loss"], float(loss), tol=1e-5)
+    assert_close(result["gradient"], logits.grad.tolist(), tol=1e-6)  # each rank's half, side by side
+
+
+@pytest.mark.distributed
 def test_tensor_parallel_trains_each_family_it_splits_like_one_process(mesh_run, tmp_path):
     """The architecture matrix under TP2: Llama, Qwen2, Qwen3 (per-head norms), Mistral, Gemma 2/3, Phi-3 (fused
     projections), SmolLM3 train 2 SFT steps as on one device; the MoE families are refused, naming their experts."""
