@@ -57,27 +57,29 @@ class KeyGather:
     group: object
     size: int
 
-    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        """[B, H, T_local, D] -> [B, H, size x T_local, D]: every rank's tokens, rank after rank."""
-        return _GatherTokens.apply(tensor, self.group, self.size)
+    def __call__(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H, T_local, D] -> [B, H, size x T_local, D]: every rank's tokens, rank after rank, in
+        one collective (and one in the backward)."""
+        both = _GatherTokens.apply(torch.stack([key, value]), self.group, self.size)
+        return both[0], both[1]
 
 
 class _GatherTokens(torch.autograd.Function):
-    """All-gather along the token dimension (2). Backward: every rank's gradient of the gathered tensor summed, and
-    each rank's own slice returned (each rank's queries attend to every rank's keys)."""
+    """All-gather along the token dimension (3 of [2, B, H, T, D]). Backward: every rank's gradient of the gathered
+    tensor summed, and each rank's own slice returned (each rank's queries attend to every rank's keys)."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group, size: int) -> torch.Tensor:
         ctx.group, ctx.size, ctx.rank = group, size, dist.get_rank(group)
         parts = [torch.empty_like(tensor) for _ in range(size)]
         dist.all_gather(parts, tensor.contiguous(), group=group)
-        return torch.cat(parts, dim=2)
+        return torch.cat(parts, dim=3)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
-        return grad.chunk(ctx.size, dim=2)[ctx.rank], None, None
+        return grad.chunk(ctx.size, dim=3)[ctx.rank], None, None
 
 
 class _GatherTargets(torch.autograd.Function):

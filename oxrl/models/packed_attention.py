@@ -179,7 +179,7 @@ def packed_sdpa_attention_forward(
     if row.length != query.shape[2]:
         raise ValueError(f"the packed row's layout covers {row.length} tokens but the attention call has {query.shape[2]}")
     if row.gather is not None:  # this rank's share of a row: its queries attend to every rank's keys
-        key, value = row.gather(key), row.gather(value)
+        key, value = row.gather(key, value)
     if dropout:
         raise ValueError(f"{PACKED_ATTENTION} does not apply attention dropout ({dropout}); set the model's "
                          "attention_dropout to 0 or use attn_implementation='sdpa'")

@@ -190,7 +190,7 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, shard: 
     """log softmax(z)[target] [N] and, with `with_entropy`, the entropy [N], from this rank's slice of the logits
     z [N, size] (fp32): a log-sum-exp over the ranks' slices, lse = m + log sum_ranks sum_v exp(z_v - m), the
     target's logit from the rank holding it, and H = lse - sum_v p_v z_v (Megatron-LM's vocabulary-parallel cross
-    entropy, with the entropy beside it). Three all-reduces of [N], four with the entropy; the same numbers as the
+    entropy, with the entropy beside it). Two all-reduces: the maximum, then the sums; the same numbers as the
     whole vocabulary's log-softmax, up to float summation order. Every rank of the group must compute the same loss
     from the results (their gradient reaches each rank's slice once)."""
     with torch.no_grad():
@@ -198,12 +198,11 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, shard: 
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=shard.group)
     shifted = logits - peak[:, None]
     exp = shifted.exp()
-    total = _SumOverRanks.apply(exp.sum(-1), shard.group)
     local = targets - shard.offset
     here = (local >= 0) & (local < shard.size)
     picked = shifted.gather(-1, local.clamp(0, shard.size - 1)[:, None])[:, 0] * here
-    logprobs = _SumOverRanks.apply(picked, shard.group) - total.log()
-    if not with_entropy:
-        return logprobs, None
-    expected = _SumOverRanks.apply((exp * shifted).sum(-1), shard.group) / total
-    return logprobs, total.log() - expected
+    parts = [exp.sum(-1), picked] + ([(exp * shifted).sum(-1)] if with_entropy else [])
+    sums = _SumOverRanks.apply(torch.stack(parts), shard.group)  # one all-reduce for the two (three) sums
+    log_total = sums[0].log()
+    logprobs = sums[1] - log_total
+    return logprobs, (log_total - sums[2] / sums[0]) if with_entropy else None

@@ -19,9 +19,9 @@ its own HF folder and DCP shards in `<name>/`.
 
 Tensor and context parallel (`strategy.mesh`): the ranks form a mesh of (dp_shard, cp, tp), tp innermost, so the
 ranks that split one layer are neighbours (one node). Two views of it, as in RL2: the parameter mesh (dp_shard x cp,
-tp), whose `tp` dimension the layers are split over (oxrl/models/parallel.py) and whose first FSDP2 shards over;
-and the data mesh (dp_shard, cp, tp), whose `dp_shard` ranks see different rows (`Strategy.data_rank`) and whose
-`cp` ranks split each row's tokens (oxrl/models/context_parallel.py). FSDP2 is handed the 1-D `dp_shard x cp`
+tp), whose `tp` dimension the layers are split over (oxrl/models/parallel.py) and whose first dimension FSDP2
+shards over; and the data mesh (dp_shard, cp, tp), whose `dp_shard` ranks see different rows (`Strategy.data_rank`)
+and whose `cp` ranks split each row's tokens (oxrl/models/context_parallel.py). FSDP2 is handed the 1-D `dp_shard x cp`
 mesh: a 2-D slice would give hybrid sharding (replicated over one dimension), not the sharding asked for. A
 context-parallel rank's gradient holds its own tokens' share, so gradients are summed over dp_shard x cp ranks; a
 tensor-parallel rank's is its slice of the whole. The checkpoint's DTensor shards load under any other mesh (torch
