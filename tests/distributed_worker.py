@@ -363,7 +363,7 @@ def packed_tiny_llama(seed: int = 0):
 def mesh_runs(out: Path, mesh: dict) -> dict:
     """SFT (4 steps), DPO (3 steps) and one GRPO update (2 optimizer steps) under `strategy.mesh`, every row's
     log-probs through the vocabulary-parallel (tp) or row-splitting (cp) path."""
-    from oxrl.models.parallel import layout_of
+    from oxrl.models.model_inputs import layout_of
 
     strategy = {"name": "fsdp2", "mesh": mesh}
     sft_cfg = config(out, strategy=strategy)
@@ -396,7 +396,7 @@ def scenario_mesh_tp2_families(out: Path) -> dict:
     family tensor parallel can split trains; each it cannot is named with the reason."""
     from transformers import AutoConfig
 
-    from oxrl.models.parallel import tensor_parallel_refusal
+    from oxrl.models.shape import tensor_parallel_refusal
     from oxrl.training import distributed
     from tests.integration.test_architectures import INSTALLED, save_tiny
 

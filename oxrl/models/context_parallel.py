@@ -32,8 +32,7 @@ import torch
 import torch.distributed as dist
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.model_inputs import PACKED_ATTENTION, PADDED_FAMILIES, PackedRow, hf_config, segment_ends
-from oxrl.models.parallel import ParallelLayout
+from oxrl.models.model_inputs import PACKED_ATTENTION, PADDED_FAMILIES, PackedRow, ParallelLayout, hf_config, segment_ends
 
 
 def context_parallel_refusal(model) -> str | None:

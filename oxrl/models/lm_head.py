@@ -24,12 +24,15 @@ in the loss's graph so that their recomputation in the backward gathers in step 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from oxrl.models.model_inputs import hf_config
-from oxrl.models.parallel import VocabShard, layout_of, vocab_parallel_logprobs, vocab_shard
+from oxrl.models.model_inputs import hf_config, layout_of
+
+if TYPE_CHECKING:
+    from oxrl.models.parallel import VocabShard
 
 # N x V above which logits are never held whole (512 MiB in fp32), and the size of one chunk (128 MiB).
 FULL_LOGITS_ELEMENTS = 2**27
@@ -45,7 +48,7 @@ class OutputHead:
     multiplier: float = 1.0  # Cohere `logit_scale`, Falcon-H1 `lm_head_multiplier`, 1 / Granite `logits_scaling`
     softcap: float | None = None  # Gemma `final_logit_softcapping`: logits = cap * tanh(logits / cap)
     gathers_per_call: bool = False  # each call is a collective (ZeRO-3): every rank makes as many
-    shard: VocabShard | None = None  # tensor parallel: this rank's slice of the vocabulary (oxrl/models/parallel.py)
+    shard: "VocabShard | None" = None  # tensor parallel: this rank's slice of the vocabulary (oxrl/models/parallel.py)
 
     @property
     def vocab_size(self) -> int:
@@ -93,8 +96,13 @@ def output_head(model) -> OutputHead:
     scaling = getattr(text, "logits_scaling", None)
     if isinstance(scaling, (int, float)):
         multiplier /= float(scaling)
+    shard = None
+    if layout_of(model).tp_size > 1:  # (loaded only for a split model)
+        from oxrl.models.parallel import vocab_shard
+
+        shard = vocab_shard(model)
     return OutputHead(inner.get_output_embeddings(), config.model_type, multiplier,
-                      getattr(text, "final_logit_softcapping", None) or None, gathers_per_call(model), vocab_shard(model))
+                      getattr(text, "final_logit_softcapping", None) or None, gathers_per_call(model), shard)
 
 
 def gathers_per_call(model) -> bool:
@@ -114,8 +122,7 @@ def should_chunk(model, rows: int) -> bool:
     """Whether `rows` positions' logits would be too large to hold whole (on any rank, where weights are gathered
     per call: every rank must then take the chunked path together). A model split by tensor or context parallel
     always takes it: its logits are never gathered, and its rows are computed from their ranks' hidden states."""
-    layout = layout_of(model)
-    if layout.tp_size > 1 or layout.cp_size > 1:
+    if layout_of(model).splits:
         return True
     chunk = rows * int(hf_config(model).get_text_config().vocab_size) > FULL_LOGITS_ELEMENTS
     if gathers_per_call(model):
@@ -131,6 +138,8 @@ def chunked_logprobs(head: OutputHead, hidden: torch.Tensor, targets: torch.Tens
 
     def chunk(states: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if head.shard is not None:
+            from oxrl.models.parallel import vocab_parallel_logprobs
+
             logp, entropy = vocab_parallel_logprobs(head.logits(states).float() / temperature, ids, head.shard,
                                                     with_entropy)
             return logp, entropy if with_entropy else logp.new_zeros(0)

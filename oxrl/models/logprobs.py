@@ -10,10 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from oxrl.data.types import PackedBatch
-from oxrl.models.context_parallel import context_parallel_refusal, share_row
 from oxrl.models.lm_head import OutputHead, chunked_logprobs, output_head, should_chunk
-from oxrl.models.model_inputs import row_forward
-from oxrl.models.parallel import layout_of
+from oxrl.models.model_inputs import layout_of, row_forward
 
 
 def forward_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -98,6 +96,8 @@ def _context_parallel(model, head: OutputHead, batch: PackedBatch, positions: to
                       temperature: float, with_entropy: bool):
     """`token_logprobs` of a row split over context-parallel ranks (oxrl/models/context_parallel.py): each rank
     scores the targets whose predicting position it holds, and the values are gathered into the whole row."""
+    from oxrl.models.context_parallel import context_parallel_refusal, share_row  # (loaded only for a split model)
+
     refusal = context_parallel_refusal(model)
     if refusal:
         raise ValueError(f"strategy.mesh.cp cannot split this model's rows: {refusal}")

@@ -22,6 +22,7 @@ outputs back in the row's order, so callers never see the difference.
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,38 @@ class PackedRow:
     @property
     def continues(self) -> bool:
         return self.key_index is not None
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """The process groups one model is split over (`strategy.mesh`): `tp` ranks split its layers
+    (oxrl/models/parallel.py), `cp` ranks each row's tokens (oxrl/models/context_parallel.py)."""
+
+    tp_group: object = None
+    tp_size: int = 1
+    tp_rank: int = 0
+    cp_group: object = None
+    cp_size: int = 1
+    cp_rank: int = 0
+
+    @property
+    def splits(self) -> bool:
+        return self.tp_size > 1 or self.cp_size > 1
+
+
+ONE_RANK = ParallelLayout()
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_layout(model: torch.nn.Module, layout: ParallelLayout) -> None:
+    """Record how the strategy split `model`."""
+    _LAYOUTS[model] = layout
+
+
+def layout_of(model) -> ParallelLayout:
+    """The layout the strategy recorded for `model` (a frozen reference is asked about its own model), else one rank."""
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
+    return _LAYOUTS.get(module, ONE_RANK) if module is not None else ONE_RANK
 
 
 def packed_row(batch: PackedBatch, device: torch.device | str) -> PackedRow:

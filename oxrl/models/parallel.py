@@ -18,53 +18,28 @@ gets them gathered.
 The embeddings' weight must not be tied to the output layer's (each would then be split twice): a tied model is
 refused with the reason. LoRA adapters are not split either (refused in the config).
 
-Which ranks a model is split over is its `ParallelLayout`, recorded by the strategy that split it
-(oxrl/training/fsdp.py) and read by the forward of a packed row (`layout_of`): the log-probs
-(oxrl/models/logprobs.py, oxrl/models/lm_head.py) and context parallel (oxrl/models/context_parallel.py).
+Which ranks a model is split over is its `ParallelLayout` (oxrl/models/model_inputs.py), recorded by the strategy
+that split it (oxrl/training/fsdp.py) and read by the forward of a packed row: the log-probs (oxrl/models/logprobs.py,
+oxrl/models/lm_head.py) load this module and oxrl/models/context_parallel.py only for a model that is split.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from oxrl.models.model_inputs import hf_config
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """The process groups one model is split over: `tp` ranks split its layers, `cp` ranks each row's tokens."""
-
-    tp_group: object = None
-    tp_size: int = 1
-    tp_rank: int = 0
-    cp_group: object = None
-    cp_size: int = 1
-    cp_rank: int = 0
-
-
-ONE_RANK = ParallelLayout()
-_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def set_layout(model: torch.nn.Module, layout: ParallelLayout) -> None:
-    _LAYOUTS[model] = layout
-
-
-def layout_of(model) -> ParallelLayout:
-    """The layout the strategy recorded for `model` (a frozen reference is asked about its own model), else one rank."""
-    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
-    return _LAYOUTS.get(module, ONE_RANK) if module is not None else ONE_RANK
+from oxrl.models.model_inputs import hf_config, layout_of
+from oxrl.models.shape import tensor_parallel_refusal
 
 
 # --------------------------------------------------------------------------------------------- the plan
 
 
-def _styles():
+def plan_styles() -> dict:
+    """Each kind of plan entry oxRL splits (oxrl/models/shape.py SUPPORTED_STYLES) -> a factory of its DTensor style."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
@@ -79,30 +54,6 @@ def _styles():
     }
 
 
-SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input", "replicated_with_grad_allreduce")
-
-
-def tensor_parallel_refusal(config, tp: int) -> str | None:
-    """Why a model of `config` cannot be split over `tp` ranks (a sentence naming the constraint), or None."""
-    text = config.get_text_config()
-    plan = getattr(text, "base_model_tp_plan", None) or {}
-    if not plan:
-        return f"the {text.model_type!r} family declares no tensor-parallel plan (transformers' base_model_tp_plan)"
-    others = sorted(f"{name}: {style}" for name, style in plan.items() if style not in SUPPORTED_STYLES)
-    if others:
-        return (f"the {text.model_type!r} plan has entries oxRL does not split ({', '.join(others)}; it splits "
-                f"{', '.join(SUPPORTED_STYLES)})")
-    if getattr(text, "tie_word_embeddings", False):
-        return "its output layer is tied to the input embeddings, and each would be split on its own"
-    sizes = {"num_attention_heads": getattr(text, "num_attention_heads", None),
-             "num_key_value_heads": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
-             "intermediate_size": getattr(text, "intermediate_size", None), "vocab_size": getattr(text, "vocab_size", None)}
-    uneven = [f"{key} = {value}" for key, value in sizes.items() if isinstance(value, int) and value % tp]
-    if uneven:
-        return f"{', '.join(uneven)} is not divisible by strategy.mesh.tp = {tp}"
-    return None
-
-
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
     """Split `model` (a transformers causal LM) over the 1-D mesh `tp_mesh` in place: its family's plan for the
     decoder layers, the embedding and the output layer by vocabulary."""
@@ -112,7 +63,7 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
     refusal = tensor_parallel_refusal(hf_config(model), tp_mesh.size())
     if refusal:
         raise ValueError(f"strategy.mesh.tp = {tp_mesh.size()} cannot split this model: {refusal}")
-    styles = _styles()
+    styles = plan_styles()
     backbone = getattr(model, model.base_model_prefix)
     plan = {name: styles[style]() for name, style in hf_config(model).get_text_config().base_model_tp_plan.items()}
     parallelize_module(backbone, tp_mesh, plan)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from oxrl.models.parallel import tensor_parallel_refusal
 
 MAX_LAYERS = 1000  # decoder layers; the deepest released LLMs have about 130
 
@@ -108,3 +107,30 @@ def _decoder_linears(decoder) -> tuple[Linear, ...]:
             key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
             kinds[key] = kinds.get(key, 0) + 1
     return tuple(Linear(name, fan_in, fan_out, count) for (name, fan_in, fan_out), count in kinds.items())
+
+
+# The kinds of entry of transformers' `base_model_tp_plan` that oxrl/models/parallel.py splits.
+SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input", "replicated_with_grad_allreduce")
+
+
+def tensor_parallel_refusal(config, tp: int) -> str | None:
+    """Why a model of `config` cannot be split over `tp` ranks by oxrl/models/parallel.py (a sentence naming the
+    constraint), or None. From the config alone, so the memory estimate and `oxrl recipe` know before anything
+    loads."""
+    text = config.get_text_config()
+    plan = getattr(text, "base_model_tp_plan", None) or {}
+    if not plan:
+        return f"the {text.model_type!r} family declares no tensor-parallel plan (transformers' base_model_tp_plan)"
+    others = sorted(f"{name}: {style}" for name, style in plan.items() if style not in SUPPORTED_STYLES)
+    if others:
+        return (f"the {text.model_type!r} plan has entries oxRL does not split ({', '.join(others)}; it splits "
+                f"{', '.join(SUPPORTED_STYLES)})")
+    if getattr(text, "tie_word_embeddings", False):
+        return "its output layer is tied to the input embeddings, and each would be split on its own"
+    sizes = {"num_attention_heads": getattr(text, "num_attention_heads", None),
+             "num_key_value_heads": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
+             "intermediate_size": getattr(text, "intermediate_size", None), "vocab_size": getattr(text, "vocab_size", None)}
+    uneven = [f"{key} = {value}" for key, value in sizes.items() if isinstance(value, int) and value % tp]
+    if uneven:
+        return f"{', '.join(uneven)} is not divisible by strategy.mesh.tp = {tp}"
+    return None

@@ -51,7 +51,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from oxrl.config.schema import MeshConfig, StrategyConfig
 from oxrl.models.context_parallel import context_parallel_refusal
-from oxrl.models.parallel import ParallelLayout, apply_tensor_parallel, set_layout
+from oxrl.models.model_inputs import ParallelLayout, set_layout
+from oxrl.models.parallel import apply_tensor_parallel
 from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard

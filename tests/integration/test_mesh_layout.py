@@ -12,7 +12,8 @@ from oxrl.data.types import Example, Sequence, pack
 from oxrl.models.context_parallel import chunk_owners, share_row
 from oxrl.models.packed_attention import key_segment_sdpa, per_sequence_sdpa
 from oxrl.models.model_inputs import packed_row
-from oxrl.models.parallel import ParallelLayout, tensor_parallel_refusal
+from oxrl.models.model_inputs import ParallelLayout
+from oxrl.models.shape import tensor_parallel_refusal
 from tests.distributed_worker import config
 
 
@@ -93,6 +94,13 @@ def test_a_row_with_images_is_not_split():
 def llama(**changes) -> LlamaConfig:
     return LlamaConfig(**{"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                           "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": False, **changes})
+
+
+def test_the_plan_entries_the_shape_accepts_are_the_ones_parallel_splits():
+    from oxrl.models.parallel import plan_styles
+    from oxrl.models.shape import SUPPORTED_STYLES
+
+    assert set(plan_styles()) == set(SUPPORTED_STYLES)
 
 
 def test_tensor_parallel_splits_the_families_whose_plans_it_knows_and_names_what_stops_the_others():
