@@ -897,11 +897,11 @@ def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tu
 _HELD_OUT = "with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)"
 
 
-def _as_written(value: Any) -> Any:
+def as_written(value: Any) -> Any:
     """A setting as a config writes it: a section (or a list of them, e.g. `data.train`) by its keys that are set."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_defaults=True)
-    return [_as_written(item) for item in value] if isinstance(value, list) else value
+    return [as_written(item) for item in value] if isinstance(value, list) else value
 
 
 def _rl_reads(reads: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -1259,7 +1259,7 @@ class Config(Section):
             else:
                 default = type(owner).model_fields[name].get_default(call_default_factory=True)
                 changed = {path: value} if value != default else {}
-            unread += [f"{key} = {_as_written(value)!r} is not read: it is read only {reader}"
+            unread += [f"{key} = {as_written(value)!r} is not read: it is read only {reader}"
                        for key, value in changed.items()]
         if unread:
             raise ValueError(f"`{self.algorithm.name}` run: " + "; ".join(unread))

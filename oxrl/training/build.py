@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from oxrl.config.names import STRATEGY_NAMES
+from oxrl.config.schema import StrategyConfig, as_written
 from oxrl.models import precision
 from oxrl.training import distributed
 from oxrl.training.allocator import keep_freed_memory
@@ -33,12 +34,14 @@ def build_strategy(cfg) -> Strategy:
     if name == "single" and launched > 1:
         raise ValueError(f"strategy.name `single` trains in one process, but {launched} were launched: "
                          "use `fsdp2` or `deepspeed` (or `auto`)")
-    unread = [f"strategy.{key} = {getattr(cfg.strategy, key)!r}" for key in ("cpu_offload", "reshard_after_forward", "mesh")
-              if name == "single" and getattr(cfg.strategy, key) != type(cfg.strategy).model_fields[key].get_default(
-                  call_default_factory=True)]
-    if unread:  # (`auto` in one process: the config could not tell)
-        raise ValueError(f"{', '.join(unread)} is not read: one process (strategy `single`) shards nothing; it is "
-                         "read only by fsdp2 or deepspeed under torchrun")
+    # Setting -> who reads it under torchrun: in one process (`auto` there) the config could not tell it is unread.
+    readers = {"cpu_offload": "fsdp2 or deepspeed", "reshard_after_forward": "fsdp2", "mesh": "fsdp2"}
+    defaults = StrategyConfig()
+    unread = [f"strategy.{key} = {as_written(getattr(cfg.strategy, key))!r} (read by {reader})"
+              for key, reader in readers.items() if name == "single" and getattr(cfg.strategy, key) != getattr(defaults, key)]
+    if unread:
+        raise ValueError(f"{'; '.join(unread)}: not read in one process (strategy `single`), which shards nothing; "
+                         "launch several processes with torchrun")
     env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
                                        timeout_s=cfg.strategy.collective_timeout_s)
     if env.rank == 0:

@@ -277,5 +277,9 @@ def test_a_sharding_setting_in_one_process_is_refused_before_anything_loads():
     from oxrl.training.build import build_strategy
 
     cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.cpu_offload=true"])
-    with pytest.raises(ValueError, match=r"strategy.cpu_offload = True is not read: one process \(strategy `single`\)"):
+    with pytest.raises(ValueError, match=r"strategy.cpu_offload = True \(read by fsdp2 or deepspeed\): not read in one "
+                                         r"process \(strategy `single`\)"):
+        build_strategy(cfg)
+    cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.mesh.tp=2"])
+    with pytest.raises(ValueError, match=r"strategy.mesh = \{'tp': 2\} \(read by fsdp2\): not read in one process"):
         build_strategy(cfg)
