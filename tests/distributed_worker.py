@@ -392,8 +392,8 @@ def family_sft(cfg: Config, strategy: Strategy, folder: Path, run_dir: Path) -> 
 
 
 def scenario_mesh_tp2_families(out: Path) -> dict:
-    """The architecture matrix's families (tests/integration/test_architectures.py) under tensor parallel 2: each
-    family tensor parallel can split trains; each it cannot is named with the reason."""
+    """The architecture matrix's families (tests/integration/test_architectures.py) and a tied Llama under tensor
+    parallel 2: each family tensor parallel can split trains; each it cannot is named with the reason."""
     from transformers import AutoConfig
 
     from oxrl.models.shape import tensor_parallel_refusal
@@ -401,9 +401,12 @@ def scenario_mesh_tp2_families(out: Path) -> dict:
     from tests.integration.test_architectures import INSTALLED, save_tiny
 
     results, refused = {}, {}
-    for name in INSTALLED:
+    for name in [*INSTALLED, "llama_tied"]:
         if distributed.init_distributed("cpu").is_main:
-            save_tiny(name, out / name)
+            if name == "llama_tied":  # the output layer tied to the embeddings, as SmolLM2's and Gemma's are
+                make_tiny_llama(tie_word_embeddings=True).save_pretrained(out / name)
+            else:
+                save_tiny(name, out / name)
         distributed.barrier()
         refusal = tensor_parallel_refusal(AutoConfig.from_pretrained(out / name), 2)
         if refusal:

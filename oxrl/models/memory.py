@@ -44,7 +44,8 @@ weights; `single` shards nothing):
   in every layer: compute x T^2 x layers (one layer under checkpointing), plus the boolean mask, T^2.
   Measured on an H100 (docs/models.md); on CPU the packed kernel runs each sequence alone, with no mask.
 - tensor parallel (`strategy.mesh.tp`, t ranks split each layer): the states stay P*b / D per rank (FSDP2 shards
-  over D / t ranks what tensor parallel has split t ways), the gathered layers and root unit are 1/t of theirs,
+  over D / t ranks what tensor parallel has split t ways), but for a mixture of experts' E expert parameters, which
+  stay whole on each tensor-parallel rank: (P + E (t - 1)) * b / D; the gathered layers and root unit are 1/t of theirs,
   attention and MLP activations 1/t (the norms' stay whole: no sequence parallel), and the logits are never whole
   (the chunked term below, on each rank's vocabulary slice).
 - context parallel (`strategy.mesh.cp`, c ranks split each row): activations and logits of T / c tokens, plus in each
@@ -165,7 +166,9 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
     weight_shards = shards if weights_sharded(plan.strategy, plan.zero_stage) else 1
     deepspeed_bf16 = plan.strategy == "deepspeed" and plan.bf16_autocast
 
-    weights = shape.parameters * b // weight_shards
+    # Under tensor parallel a mixture of experts' experts stay whole on each of the t ranks: FSDP2 alone shards them.
+    held = shape.parameters + shape.expert_parameters * (plan.tp - 1)
+    weights = held * b // weight_shards
     if weight_shards > 1:
         weights += (2 * shape.largest_layer_parameters + shape.outside_layers_parameters) * compute // plan.tp
     if plan.lora:
@@ -175,9 +178,9 @@ def estimate_memory(shape: ModelShape, plan: TrainingPlan) -> MemoryEstimate:
     elif deepspeed_bf16:
         gradients, optimizer = shape.parameters * 2 // shards, 12 * shape.parameters // shards
     else:
-        gradients, optimizer = shape.parameters * b // shards, 2 * shape.parameters * b // shards
+        gradients, optimizer = held * b // shards, 2 * held * b // shards
     if plan.cpu_offload and sharded:
-        weights -= shape.parameters * b // weight_shards  # on the host; the gathered layers stay
+        weights -= held * b // weight_shards  # on the host; the gathered layers stay
         gradients, optimizer = 0, 0
     autocast_copies = 2 * shape.parameters if plan.bf16_autocast and b == 4 and not plan.lora and not sharded else 0
     reference = 0

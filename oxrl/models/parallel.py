@@ -8,15 +8,18 @@ heads and its slice of the MLP, o/down by input features (`rowwise`), whose part
 block adds up. Phi-3's fused qkv and gate/up projections (`colwise_gather_output`) are split by weight and their
 outputs gathered, and the next projection takes its slice of them (`rowwise_split_input`). Qwen3's per-head norms
 (`replicated_with_grad_allreduce`) keep their weight whole, normalise the rank's own heads and sum their gradient
-over the ranks. A plan entry of another kind (MoE experts) is refused by name, never silently replicated.
+over the ranks. A mixture of experts keeps its experts whole on every rank (`moe_tp_experts` and the entries under
+it are left out: each rank computes every expert, on the whole hidden state the attention block gathered), its
+router too; its attention is split. A plan entry of any other kind is refused by name, never silently replicated.
 
 The input embedding is split by vocabulary. The output layer is too, and training never gathers its logits:
 log p(target) and the entropy come from a log-sum-exp over the ranks' slices (`vocab_parallel_logprobs`), so no rank
 holds a [tokens, vocabulary] tensor of the whole vocabulary. Generation, which needs one row of logits per step,
 gets them gathered.
 
-The embeddings' weight must not be tied to the output layer's (each would then be split twice): a tied model is
-refused with the reason. LoRA adapters are not split either (refused in the config).
+Tied embeddings (SmolLM2, Gemma) stay tied: the embedding and the output layer split their one weight the same way,
+by vocabulary rows, so the output layer takes the embedding's split weight back. LoRA adapters are not split
+(refused in the config).
 
 Which ranks a model is split over is its `ParallelLayout` (oxrl/models/model_inputs.py), recorded by the strategy
 that split it (oxrl/training/fsdp.py) and read by the forward of a packed row: the log-probs (oxrl/models/logprobs.py,
@@ -32,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from oxrl.models.model_inputs import hf_config, layout_of
-from oxrl.models.shape import tensor_parallel_refusal
+from oxrl.models.shape import tensor_parallel_plan, tensor_parallel_refusal
 
 
 # --------------------------------------------------------------------------------------------- the plan
@@ -65,14 +68,18 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
         raise ValueError(f"strategy.mesh.tp = {tp_mesh.size()} cannot split this model: {refusal}")
     styles = plan_styles()
     backbone = getattr(model, model.base_model_prefix)
-    plan = {name: styles[style]() for name, style in hf_config(model).get_text_config().base_model_tp_plan.items()}
-    parallelize_module(backbone, tp_mesh, plan)
+    kept, _ = tensor_parallel_plan(hf_config(model))  # (a mixture of experts' experts stay whole)
+    parallelize_module(backbone, tp_mesh, {name: styles[style]() for name, style in kept.items()})
+    embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = output.weight is embedding.weight
     names = {module: name for name, module in model.named_modules()}
     parallelize_module(model, tp_mesh, {
-        names[model.get_input_embeddings()]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        names[embedding]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         # Whole logits only where the model's own forward computes them (a decoding step, one checked position).
-        names[model.get_output_embeddings()]: ColwiseParallel(output_layouts=Replicate()),
+        names[output]: ColwiseParallel(output_layouts=Replicate()),
     })
+    if tied:  # both split their weight by vocabulary rows (Shard(0)): one parameter again, as transformers tied it
+        output.weight = embedding.weight
 
 
 # --------------------------------------------------------------------------------------------- vocabulary-parallel

@@ -45,6 +45,7 @@ class ModelShape:
     vocab: int
     context: int | None
     linears: tuple[Linear, ...]  # the decoder layers' nn.Linear modules (not the lm_head)
+    expert_parameters: int = 0  # a mixture of experts' routed experts (tensor parallel keeps them whole)
     # (tp, why tensor parallel cannot split the model over tp ranks, or None) for tp = 2, 4, 8
     tensor_parallel: tuple[tuple[int, str | None], ...] = ()
 
@@ -82,6 +83,7 @@ class ModelShape:
             vocab=config.vocab_size,
             context=getattr(config, "max_position_embeddings", None),
             linears=_decoder_linears(base),
+            expert_parameters=sum(p.numel() for name, p in model.named_parameters() if ".experts." in name),
             tensor_parallel=tuple((tp, tensor_parallel_refusal(config, tp)) for tp in (2, 4, 8)),
         )
 
@@ -111,6 +113,19 @@ def _decoder_linears(decoder) -> tuple[Linear, ...]:
 
 # The kinds of entry of transformers' `base_model_tp_plan` that oxrl/models/parallel.py splits.
 SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input", "replicated_with_grad_allreduce")
+# The entry that marks a mixture of experts: its experts stay whole (replicated) on every tensor-parallel rank.
+EXPERTS_STYLE = "moe_tp_experts"
+
+
+def tensor_parallel_plan(config) -> tuple[dict[str, str], list[str]]:
+    """The family's `base_model_tp_plan` as oxRL applies it: (the entries it splits, the experts it keeps whole).
+    A mixture of experts' entries (the `moe_tp_experts` module and everything under it) are left out, so its experts
+    are computed whole on every rank while attention is split."""
+    plan = dict(getattr(config.get_text_config(), "base_model_tp_plan", None) or {})
+    experts = [name for name, style in plan.items() if style == EXPERTS_STYLE]
+    kept = {name: style for name, style in plan.items()
+            if not any(name == root or name.startswith(root + ".") for root in experts)}
+    return kept, experts
 
 
 def tensor_parallel_refusal(config, tp: int) -> str | None:
@@ -118,15 +133,13 @@ def tensor_parallel_refusal(config, tp: int) -> str | None:
     constraint), or None. From the config alone, so the memory estimate and `oxrl recipe` know before anything
     loads."""
     text = config.get_text_config()
-    plan = getattr(text, "base_model_tp_plan", None) or {}
-    if not plan:
+    plan, experts = tensor_parallel_plan(config)
+    if not plan and not experts:
         return f"the {text.model_type!r} family declares no tensor-parallel plan (transformers' base_model_tp_plan)"
     others = sorted(f"{name}: {style}" for name, style in plan.items() if style not in SUPPORTED_STYLES)
     if others:
         return (f"the {text.model_type!r} plan has entries oxRL does not split ({', '.join(others)}; it splits "
                 f"{', '.join(SUPPORTED_STYLES)})")
-    if getattr(text, "tie_word_embeddings", False):
-        return "its output layer is tied to the input embeddings, and each would be split on its own"
     sizes = {"num_attention_heads": getattr(text, "num_attention_heads", None),
              "num_key_value_heads": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
              "intermediate_size": getattr(text, "intermediate_size", None), "vocab_size": getattr(text, "vocab_size", None)}

@@ -13,7 +13,7 @@ from oxrl.models.context_parallel import chunk_owners, share_row
 from oxrl.models.packed_attention import key_segment_sdpa, per_sequence_sdpa
 from oxrl.models.model_inputs import packed_row
 from oxrl.models.model_inputs import ParallelLayout
-from oxrl.models.shape import tensor_parallel_refusal
+from oxrl.models.shape import tensor_parallel_plan, tensor_parallel_refusal
 from tests.distributed_worker import config
 
 
@@ -109,13 +109,19 @@ def test_tensor_parallel_splits_the_families_whose_plans_it_knows_and_names_what
                                               num_attention_heads=4, num_key_value_heads=2), 2) is None
     assert "num_key_value_heads = 2 is not divisible by strategy.mesh.tp = 4" in tensor_parallel_refusal(llama(), 4)
     assert "vocab_size = 129" in tensor_parallel_refusal(llama(vocab_size=129), 2)
-    assert "tied to the input embeddings" in tensor_parallel_refusal(llama(tie_word_embeddings=True), 2)
+    assert tensor_parallel_refusal(llama(tie_word_embeddings=True), 2) is None  # one weight, split once
     qwen3 = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
     assert tensor_parallel_refusal(qwen3, 2) is None  # its per-head norms: replicated, gradients summed
     moe = Qwen2MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_experts=4,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    assert "layers.*.mlp.experts: moe_tp_experts" in tensor_parallel_refusal(moe, 2)
+    assert tensor_parallel_refusal(moe, 2) is None
+    kept, experts = tensor_parallel_plan(moe)  # the experts stay whole: none of their entries is applied
+    assert experts == ["layers.*.mlp.experts"] and not [name for name in kept if ".experts" in name]
+    assert kept["layers.*.self_attn.q_proj"] == "colwise"
+    other = llama()
+    other.base_model_tp_plan = {**other.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    assert "embed_tokens: embedding_rowwise" in tensor_parallel_refusal(other, 2)
 
 
 @pytest.mark.parametrize(("algorithm", "changes", "reason"), [
@@ -174,6 +180,13 @@ def test_the_memory_estimate_splits_activations_by_tp_and_tokens_by_cp():
     gathered = 4 * 32768 * shape.kv_width * 2 * shape.layers  # each layer's gathered keys and values, and their copies
     assert cp2.activations == alone.activations // 2 + gathered
     assert cp2.logits < alone.logits
+    moe = ModelShape.from_config(Qwen2MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_experts=4,
+                                                moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                num_key_value_heads=2, tie_word_embeddings=False))
+    assert moe.expert_parameters == 2 * 4 * 3 * 32 * 16  # layers x experts x (gate, up, down) x hidden x width
+    small = TrainingPlan(tokens_per_micro_batch=64, strategy="fsdp2", devices=4)
+    whole_experts = estimate_memory(moe, replace(small, tp=2)).optimizer - estimate_memory(moe, small).optimizer
+    assert whole_experts == 2 * moe.expert_parameters * 4 // 4  # AdamW's 2 moments of E more parameters, over D
 
 
 def test_the_recipe_takes_a_mesh_when_fsdp2_alone_does_not_fit(tmp_path):
