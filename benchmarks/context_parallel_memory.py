@@ -1,10 +1,10 @@
-"""Peak memory per rank at a fixed row length, without and with context parallel (CPU, gloo).
+"""Peak memory per rank at a fixed row length, without and with context (or tensor) parallel (CPU, gloo).
 
-    .venv/bin/python benchmarks/context_parallel_memory.py                  # 16,384-token rows, cp 1 and 2
-    .venv/bin/python benchmarks/context_parallel_memory.py --tokens 8192 --steps 5
+    .venv/bin/python benchmarks/context_parallel_memory.py                  # 16,384-token rows: cp 1, cp 2
+    .venv/bin/python benchmarks/context_parallel_memory.py --layouts 1x1 2x1 1x2 --tokens 8192   # cp x tp
 
-For each cp it launches `torchrun --nproc_per_node cp` on itself (`--worker`): FSDP2 with `strategy.mesh.cp`
-(cp 1: FSDP2 alone in one process) trains SFT steps on one packed row of `--tokens` tokens (sequences of 1,024
+For each layout it launches `torchrun --nproc_per_node cp x tp` on itself (`--worker`): FSDP2 with `strategy.mesh`
+(1x1: FSDP2 alone in one process) trains SFT steps on one packed row of `--tokens` tokens (sequences of 1,024
 tokens, every token trained) through oxRL's own forward (`token_logprobs`, packed attention) on a 4-layer
 Llama-shaped model (hidden 512, MLP 2,048, 8 heads, 2 key-value heads, vocabulary 8,192) in fp32. Each rank reports
 the growth of its peak resident memory (ru_maxrss) over the steps, against its peak before the first step: what the
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(tokens: int, steps: int, cp: int, out: Path) -> None:
+def worker(tokens: int, steps: int, cp: int, tp: int, out: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -48,7 +47,7 @@ def worker(tokens: int, steps: int, cp: int, out: Path) -> None:
 
     torch.set_num_threads(1)
     env = init_distributed("cpu", process_group=True)
-    strategy = FSDP2Strategy(env, StrategyConfig(name="fsdp2", mesh={"cp": cp}), "no", max_grad_norm=1.0)
+    strategy = FSDP2Strategy(env, StrategyConfig(name="fsdp2", mesh={"cp": cp, "tp": tp}), "no", max_grad_norm=1.0)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
                                          num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
@@ -77,30 +76,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--cp", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # cp, when launched by torchrun
+    parser.add_argument("--layouts", nargs="+", default=["1x1", "2x1"], help="cp x tp of each run")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # cpxtp, when launched by torchrun
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.tokens, args.steps, args.worker, args.out)
+        cp, tp = map(int, args.worker.split("x"))
+        worker(args.tokens, args.steps, cp, tp, args.out)
         return
     from benchmarks.common import machine_summary, print_table, spread
 
     rows = []
-    for cp in args.cp:
+    for layout in args.layouts:
+        cp, tp = map(int, layout.split("x"))
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "result.json"
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cp),
-                            __file__, "--worker", str(cp), "--tokens", str(args.tokens), "--steps", str(args.steps),
-                            "--out", str(out)], env=env, check=True, capture_output=True, text=True)
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                            str(cp * tp), __file__, "--worker", layout, "--tokens", str(args.tokens), "--steps",
+                            str(args.steps), "--out", str(out)], env=env, check=True, capture_output=True, text=True)
             result = json.loads(out.read_text())
         steps = result["step_s"][1:] or result["step_s"]  # the first step also warms the allocator
-        rows.append({"layout": f"cp {cp}", "row tokens": f"{args.tokens:,}", "tokens per rank": f"{args.tokens // cp:,}",
+        rows.append({"layout": f"cp {cp} x tp {tp}", "row tokens": f"{args.tokens:,}",
+                     "tokens per rank": f"{args.tokens // cp:,}",
                      "peak growth per rank, MiB": " / ".join(f"{g:,.0f}" for g in result["growth_mib"]),
                      "step s, median (min..max)": spread(steps)})
     print_table([machine_summary()])
     print_table(rows)
+
 
 if __name__ == "__main__":
     main()

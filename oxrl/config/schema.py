@@ -995,8 +995,6 @@ def mesh_refusal(cfg: "Config") -> str | None:
         return "LoRA adapters are not split"
     if cfg.vla is not None:
         return "a `vla` run keeps its images whole"
-    if cfg.run.launcher != "local":
-        return "`run.launcher: ray` lays its trainers out by worker groups"
     return None
 
 

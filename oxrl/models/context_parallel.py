@@ -155,21 +155,19 @@ def share_row(batch: PackedBatch, layout: ParallelLayout) -> tuple[RowShare, dic
     segment_of = torch.full((padded,), -1, dtype=torch.long)
     for i, s in enumerate(batch.segments):
         segment_of[s.start : s.start + s.length] = i
-    flat = torch.empty(padded, dtype=torch.long)  # row position -> index among the gathered tokens
-    flat[torch.arange(padded)] = owner * (padded // size) + local
+    flat = owner * (padded // size) + local  # row position -> index among the gathered tokens
     index = torch.nonzero(owner == rank, as_tuple=True)[0]
     index = index[torch.argsort(local[index])]  # this rank's tokens in their local order
+    # Runs: this rank's tokens of one sequence at consecutive row positions (a chunk holds pieces of several).
+    breaks = torch.ones(len(index), dtype=torch.bool)
+    breaks[1:] = (index[1:] != index[:-1] + 1) | (segment_of[index[1:]] != segment_of[index[:-1]])
+    starts = torch.nonzero(breaks, as_tuple=True)[0].tolist()
+    ends = starts[1:] + [len(index)]
     queries, keys = [], []
-    start = 0
-    while start < len(index):
-        first = int(index[start])
-        end = start + 1
-        while end < len(index) and int(index[end]) == int(index[end - 1]) + 1 \
-                and int(segment_of[int(index[end])]) == int(segment_of[first]):
-            end += 1
-        last = int(index[end - 1])
+    for start, end in zip(starts, ends):
+        first, last = int(index[start]), int(index[end - 1])
         seq = int(segment_of[first])
-        if seq < 0:
+        if seq < 0:  # padding: attends to its own run
             run = torch.arange(first, last + 1)
         else:
             s = batch.segments[seq]
@@ -177,7 +175,6 @@ def share_row(batch: PackedBatch, layout: ParallelLayout) -> tuple[RowShare, dic
             run = torch.cat([torch.arange(s.root, s.root + s.shared), own]) if s.shared else own
         queries.append(end - start)
         keys.append(run)
-        start = end
     key_index = torch.cat(keys)
     pad = padded - length
     ids = torch.cat([batch.input_ids[0], batch.input_ids.new_zeros(pad)])[index.to(device)]

@@ -135,3 +135,18 @@ def test_a_pipelined_ray_run_trains_on_samples_one_version_old_and_resumes_exact
     for step in range(1, STEPS + 1):
         for key in COMPARED + ("off_policy/version_lag", "logprob_mismatch/mean_abs"):
             assert resumed[step][key] == pytest.approx(pipelined[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_trainers_split_by_tensor_parallel_sync_whole_weights_to_the_rollout_workers(config, uninterrupted):
+    """The 2 trainer ranks split one model (strategy.mesh.tp=2) instead of sharing the rows: the weights reach the
+    rollout workers gathered whole (their probe log-probs equal the trainers'), and the first step, sampled from
+    the same weights with the same seed, is the 2-rank FSDP2 run's."""
+    rows = rows_by_step(_train(config, "run.name=tp2", "strategy.name=fsdp2", "strategy.mesh.tp=2",
+                               "train.max_steps=3"))
+    assert sorted(rows) == [1, 2, 3]
+    assert all(row["weight_sync/probe_gap"] < 1e-4 for row in rows.values())
+    assert rows[1]["reward/mean"] == uninterrupted[1]["reward/mean"]
+    assert abs(rows[1]["loss"] - uninterrupted[1]["loss"]) < 1e-5
+
