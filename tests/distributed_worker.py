@@ -373,12 +373,17 @@ def mesh_runs(out: Path, mesh: dict) -> dict:
     layout = layout_of(model)
     split = [name for name, p in model.named_parameters() if "tp" in (getattr(p, "device_mesh", None) and
                                                                        p.device_mesh.mesh_dim_names or ())]
+    short = config(out, strategy=strategy, max_steps=2)
+    short.checkpoint.every = None
+    _, checkpointed = train_sft(short, build_strategy(short), out / "checkpointed", model=packed_tiny_llama(),
+                                checkpointing=True)  # each layer recomputed in the backward, its collectives too
     dpo_cfg = config(out, "dpo", strategy, max_steps=3)
     dpo = train_dpo(dpo_cfg, build_strategy(dpo_cfg), out / "dpo", model=packed_tiny_llama())
     grpo_cfg = rl_config(out, strategy)
     grpo = grpo_update(grpo_cfg, build_strategy(grpo_cfg), model=packed_tiny_llama())
     loop = rl_loop_smoke(grpo_cfg, build_strategy(grpo_cfg), out / "loop", model=packed_tiny_llama())
-    return {"sft": {"losses": sft, "grad_norms": grad_norms(out / "sft"), "logits": probe_logits(model)},
+    return {"sft": {"losses": sft, "grad_norms": grad_norms(out / "sft"), "logits": probe_logits(model),
+                    "checkpointed": checkpointed},
             "dpo": {"losses": dpo, "grad_norms": grad_norms(out / "dpo")}, "grpo": grpo, "loop": loop,
             "layout": [layout.tp_size, layout.cp_size], "split_parameters": split}
 

@@ -503,6 +503,7 @@ def test_mesh_trains_like_one_process(scenario, mesh_run, one_process):
         assert_close(result[objective]["losses"], one_process[objective]["losses"])
         assert_close(result[objective]["grad_norms"], one_process[objective]["grad_norms"])
     assert_close(result["sft"]["logits"], one_process["sft"]["logits"])
+    assert_close(result["sft"]["checkpointed"], one_process["sft"]["losses"][:2])  # activation checkpointing
     grpo, baseline = result["grpo"], one_process["grpo"]
     for key in ("loss", "grad_norm", "approx_kl", "entropy"):
         assert_close(grpo["metrics"][key], baseline["metrics"][key])
