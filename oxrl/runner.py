@@ -58,7 +58,7 @@ def claimed_run(cfg: Config, strategy):
             lock = claim_run_dir(run_dir_for(cfg.run.output_dir, name), _named(cfg, name))
         except Exception as caught:  # raised below, once the other ranks have heard of it
             error = caught
-    name, message = strategy.gather_objects((name, None if error is None else str(error)))[0]
+    name, message = strategy.world_objects((name, None if error is None else str(error)))[0]
     if error is not None:
         raise error
     if message is not None:

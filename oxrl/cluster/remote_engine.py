@@ -95,7 +95,7 @@ def _from_rank0(strategy, work):
         except Exception as caught:  # shared below, then raised on rank 0 as it is
             error = caught
     if strategy.world_size > 1:
-        value, message = strategy.gather_objects((value, None if error is None else f"{type(error).__name__}: {error}"))[0]
+        value, message = strategy.world_objects((value, None if error is None else f"{type(error).__name__}: {error}"))[0]
         if error is None and message is not None:
             raise WorkerError(f"trainer rank 0 stopped: {message}")
     if error is not None:

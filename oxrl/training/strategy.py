@@ -185,7 +185,7 @@ class Strategy:
         local = [name for name, tensor in self.trainable_tensors() if not bool(torch.isfinite(tensor).all())]
         # A count first (one small all-reduce at every save); the names travel only when something is wrong.
         if self.world_sum(float(len(local))) > 0:  # each rank of a split model holds other slices
-            bad = sorted({name for names in distributed.all_gather_objects(local) for name in names})
+            bad = sorted({name for names in self.world_objects(local) for name in names})
             raise NonFiniteError(
                 f"refusing to write {what}: {len(bad)} trainable parameter(s) hold inf/NaN values "
                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); earlier checkpoints are kept as they are. "
@@ -203,6 +203,10 @@ class Strategy:
     def gather_objects(self, value: object) -> list[object]:
         """Every data-parallel rank's `value`, in their order."""
         return distributed.all_gather_objects(value, self.data_group)
+
+    def world_objects(self, value: object) -> list[object]:
+        """Every rank's `value`, in rank order (what rank 0 decided, for all: `[0]`)."""
+        return distributed.all_gather_objects(value)
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
                         lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
@@ -328,6 +332,9 @@ class SingleDevice(Strategy):
         return value
 
     def gather_objects(self, value: object) -> list[object]:
+        return [value]
+
+    def world_objects(self, value: object) -> list[object]:
         return [value]
 
     def write_state(self, folder: Path, tokenizer, lora_save: str = "merged") -> None:
