@@ -96,11 +96,9 @@ def _context_parallel(model, head: OutputHead, batch: PackedBatch, positions: to
                       temperature: float, with_entropy: bool):
     """`token_logprobs` of a row split over context-parallel ranks (oxrl/models/context_parallel.py): each rank
     scores the targets whose predicting position it holds, and the values are gathered into the whole row."""
-    from oxrl.models.context_parallel import context_parallel_refusal, share_row  # (loaded only for a split model)
+    # (loaded only for a split model; the strategy refused a model it cannot split when it took it)
+    from oxrl.models.context_parallel import share_row
 
-    refusal = context_parallel_refusal(model)
-    if refusal:
-        raise ValueError(f"strategy.mesh.cp cannot split this model's rows: {refusal}")
     share, inputs = share_row(batch, layout_of(model))
     count = positions.numel()
     mine, local_keep = share.local_positions(keep[:count])
