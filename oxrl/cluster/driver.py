@@ -52,7 +52,8 @@ def run_on_ray(cfg: Config, entry):
     _check_inputs(cfg)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=cfg.ray.address, include_dashboard=False, log_to_driver=True,
+        # `local`, not None, for no address: None would attach to whatever cluster `ray start` left on this machine.
+        ray.init(address=cfg.ray.address or "local", include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
     actors, groups = [], []
     try:

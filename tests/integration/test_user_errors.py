@@ -138,7 +138,7 @@ def test_a_ray_layout_the_cluster_cannot_hold_is_one_line(tmp_path, tiny_model_d
     ray = pytest.importorskip("ray")
     config = _grpo_config(tmp_path, tiny_model_dir)
     try:
-        code = main(["train", str(config), "run.launcher=ray", "ray.trainers.gpus=1", "ray.address=local"])
+        code = main(["train", str(config), "run.launcher=ray", "ray.trainers.gpus=1"])
     finally:
         ray.shutdown()
     assert code == 2

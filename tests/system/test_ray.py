@@ -180,7 +180,9 @@ def test_a_missing_member_ends_the_group_with_an_error_not_a_hang():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
+    # `local`: a private instance even where `ray start` left a cluster on this machine (tests/system/test_ray_runs.py).
+    ray.init(address="local", num_cpus=4, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     yield
     ray.shutdown()
 

@@ -37,7 +37,7 @@ def test_two_vllm_rollout_workers_get_every_update_and_the_reward_rises(tokenize
         "logging": {"progress_bar": False, "plot": False},
     })
     repo = str(Path(__file__).resolve().parents[2])
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}})
+    ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}})
     try:
         actors = [ray.remote(RolloutWorker).options(num_cpus=1).remote(cfg, i) for i in range(2)]
         model = make_model(5)
@@ -83,7 +83,7 @@ def test_weights_go_straight_into_vllm_and_a_tied_output_embedding_follows(token
         "ray": {"rollout": {"count": 1}},
     })
     repo = str(Path(__file__).resolve().parents[2])
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}})
     try:
         actor = ray.remote(RolloutWorker).options(num_cpus=1).remote(cfg, 0)
         assert ray.get(actor.members.remote()) == 1  # one vLLM process (tensor_parallel_size 1) joins the group
