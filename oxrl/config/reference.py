@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from oxrl.config.load import _model_in
-from oxrl.config.schema import Config
+from oxrl.config.schema import Config, ReadOnly, rule_of
 
 
 def _type_name(annotation: Any) -> str:
@@ -25,25 +25,35 @@ def _default(field) -> str:
     return f"`{field.default!r}`"
 
 
-def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+def _read_only(rule: ReadOnly | None) -> str:
+    if rule is None:
+        return ""
+    kept = f" (except {', '.join(f'`{name}`' for name in rule.keep)})" if rule.keep else ""
+    return f"Read only {rule.reader}{kept}."
+
+
+def _section(model: type[BaseModel], prefix: str, out: list[str], rule: ReadOnly | None = None) -> None:
     rows = []
     nested = []
     for name, field in model.model_fields.items():
         inner = _model_in(field.annotation)
         key = f"{prefix}{name}"
         if inner is not None and not str(field.annotation).startswith("list"):
-            nested.append((key, inner, field))
+            nested.append((key, inner, rule_of(model, name)))
             continue
         if inner is not None:  # a list of sections
-            nested.append((f"{key}[]", inner, field))
+            nested.append((f"{key}[]", inner, None))
         type_text = _type_name(field.annotation).replace("|", "\\|")
-        rows.append(f"| `{key}` | {type_text} | {_default(field)} | {field.description or ''} |")
+        described = " ".join(text for text in (field.description, _read_only(rule_of(model, name))) if text)
+        rows.append(f"| `{key}` | {type_text} | {_default(field)} | {described} |")
     if rows:
         out.append(f"\n### `{prefix.rstrip('.') or 'top level'}`\n")
+        if rule is not None:
+            out.append(_read_only(rule) + "\n")
         out.append("| key | type | default | description |\n|---|---|---|---|")
         out.extend(rows)
-    for key, inner, field in nested:
-        _section(inner, f"{key}.", out)
+    for key, inner, section_rule in nested:
+        _section(inner, f"{key}.", out, section_rule)
 
 
 def config_reference() -> str:

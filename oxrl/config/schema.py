@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -21,7 +22,7 @@ from oxrl.config.names import (
     RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
-from oxrl.config.rl_presets import resolve, resolve_online
+from oxrl.config.rl_presets import resolve
 from oxrl.user_code import load_extensions
 
 
@@ -36,6 +37,92 @@ def registered_name(kind: str, value: str | None) -> str | None:
         raise ValueError(f"{value!r} is not a registered {kind.replace('_', ' ')}: choose one of "
                          f"{', '.join(choices(kind))}, or register yours in an extension (docs/extending.md)")
     return value
+
+
+@dataclass(frozen=True)
+class ReadOnly:
+    """Declared beside a setting or a section, `Annotated[type, ReadOnly(...)]`: a run reads it only where `reads`
+    holds of its whole, resolved config. Set to anything but its default in a run that does not read it, the config
+    is refused, naming `reader`, before anything loads (`unread_settings`); the config reference prints `reader`
+    with the setting. A setting with no rule is read by every run that reads its section."""
+
+    reader: str  # who reads it, completing "read only ...": "with lora.enabled: true", "by dpo, ipo"
+    reads: Callable[[Any], bool]  # of the Config
+    keep: tuple[str, ...] = ()  # a section's own fields read whatever `reads` says (`lora.enabled`)
+    by: tuple[str, ...] = ()  # a rule by algorithm: the names that read it
+    shows: tuple[str, ...] = ()  # the settings that decide, shown with their values (a preset may have set them)
+
+
+def read_by(*names: str) -> ReadOnly:
+    """Read only by these algorithms, or by the online algorithms whose trained objective (`online.loss`, rft's sft)
+    is one of them."""
+    return ReadOnly(f"by {', '.join(names)}", lambda cfg: {cfg.algorithm.name, cfg.trained_objective} & set(names),
+                    by=names)
+
+
+# Who reads what: the rules the fields below name, each declared beside its setting (`Annotated[type, _RULE]`).
+_EVERY_UPDATE = "(the RL algorithms; an online one trains an offline loss on its samples)"
+
+
+def read_in_update(reader: str = _EVERY_UPDATE, reads: Callable[[Any], bool] = lambda rl: True,
+                   shows: tuple[str, ...] = ()) -> ReadOnly:
+    """An `rl` setting of the policy-gradient update, read there where `reads` holds of the resolved `rl` (`reader`
+    says when; `shows`: the `rl` settings that decide). The online algorithms run no such update: they train an
+    offline loss on their samples."""
+    return ReadOnly(f"by a policy-gradient update {reader}",
+                    lambda cfg: cfg.algorithm.name in RL_ALGORITHMS and reads(cfg.rl),
+                    shows=tuple(f"rl.{name}" for name in shows))
+
+
+_IN_UPDATE = read_in_update()
+_GAE = read_in_update("with rl.advantage `gae` (ppo)", lambda rl: rl.advantage == "gae", shows=("advantage",))
+_SEPARATE_CRITIC = read_in_update("with rl.advantage `gae` and rl.critic_backbone `separate` (a model of its own)",
+                                  lambda rl: rl.advantage == "gae" and rl.critic_backbone == "separate",
+                                  shows=("advantage", "critic_backbone"))
+_SHARED_CRITIC = read_in_update("with rl.advantage `gae` and rl.critic_backbone `shared`",
+                                lambda rl: rl.advantage == "gae" and rl.critic_backbone == "shared",
+                                shows=("advantage", "critic_backbone"))
+_GROUP_STD = read_in_update("with rl.advantage `grpo`: the other estimators normalise their own way",
+                            lambda rl: rl.advantage == "grpo", shows=("advantage",))
+_PPO_LOSS = read_in_update("with rl.policy_loss `ppo`: dual clip caps PPO's clipped surrogate; cispo, gspo have none",
+                           lambda rl: rl.policy_loss == "ppo", shows=("policy_loss",))
+_KL_LOSS_TERM = read_in_update("with rl.kl_coef > 0 and rl.kl_in_reward false",
+                               lambda rl: rl.kl_coef > 0 and not rl.kl_in_reward, shows=("kl_coef", "kl_in_reward"))
+_KL_ON = read_in_update("with rl.kl_coef > 0", lambda rl: rl.kl_coef > 0, shows=("kl_coef",))
+_STRICT = read_in_update("with rl.strict_on_policy: true", lambda rl: rl.strict_on_policy)
+_CORRECTED = read_in_update("with rl.off_policy_correction tis, decoupled or mask",
+                            lambda rl: rl.off_policy_correction != "none", shows=("off_policy_correction",))
+_STALE_UNCORRECTED = read_in_update("with rl.max_staleness >= 1 and rl.off_policy_correction `none`",
+                                    lambda rl: rl.max_staleness > 0 and rl.off_policy_correction == "none",
+                                    shows=("max_staleness", "off_policy_correction"))
+_HELD_OUT = ReadOnly("with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)",
+                     lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
+                     or bool(cfg.data.validation_fraction))
+_NO_VALIDATION_FILES = ReadOnly("without data.validation, which is then the held-out set",
+                                lambda cfg: not cfg.data.validation)
+_TASK = ReadOnly("with rl.task", lambda cfg: cfg.rl.task is not None)
+_GENERATED = ReadOnly("with rl.task (or a `vla` simulator's initial states); prompt files are read whole",
+                      lambda cfg: cfg.rl.task is not None or cfg.vla is not None)
+_VLLM = ReadOnly("with rl.rollout.engine: vllm", lambda cfg: cfg.rl.rollout.engine == "vllm",
+                 keep=("sync_check_tolerance",))
+_SAMPLING = ReadOnly("by RL and online algorithms (" + ", ".join(SAMPLING_ALGORITHMS) + ")",
+                     lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS)
+_LORA = ReadOnly("with lora.enabled: true", lambda cfg: cfg.lora.enabled, keep=("enabled",))
+_RAY = ReadOnly("with run.launcher: ray", lambda cfg: cfg.run.launcher == "ray")
+_SHARDED = ReadOnly("with strategy.name fsdp2 or deepspeed (or auto, which is fsdp2 under torchrun): `single` shards "
+                    "nothing to offload", lambda cfg: cfg.strategy.name != "single")
+_REWARD_FUNCTIONS = ReadOnly("with reward functions: rl.env and `vla` episodes reward themselves",
+                             lambda cfg: cfg.rl.env is None and cfg.vla is None)
+_SAMPLED = ReadOnly("with rl.rollout.temperature > 0 (0 decodes greedily)", lambda cfg: cfg.rl.rollout.temperature > 0)
+_DEEPSPEED = ReadOnly("with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed")
+_FSDP2 = ReadOnly("with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)",
+                  lambda cfg: cfg.strategy.name in ("fsdp2", "auto"))
+_OFFLINE_BATCH = ReadOnly("by offline objectives; an RL step trains on rl.prompts_per_step x rl.rollout.n completions: "
+                          "set those", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_OFFLINE_EVAL = ReadOnly("by offline objectives; RL validates on its held-out prompts every rl.validation_every steps: "
+                         "use rl.validation_every", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_OFFLINE_ONLY = ReadOnly("by offline objectives and by RL on prompt files; rl.task generates its own prompts",
+                         lambda cfg: cfg.rl.task is None)
 
 
 class RunConfig(Section):
@@ -194,18 +281,20 @@ class DatasetSpec(Section):
 
 
 class DataConfig(Section):
-    train: list[DatasetSpec] = Field(
+    train: Annotated[list[DatasetSpec], _OFFLINE_ONLY] = Field(
         default_factory=list,
         description="Training datasets, mixed by `weight`: offline rows, or RL prompt files. Required except for RL on "
         "a generated task (`rl.task`).",
     )
-    validation: list[DatasetSpec] = Field(default_factory=list, description="Validation datasets (RL: held-out prompts).")
-    validation_fraction: float = Field(
+    validation: Annotated[list[DatasetSpec], _OFFLINE_ONLY] = Field(
+        default_factory=list, description="Validation datasets (RL: held-out prompts)."
+    )
+    validation_fraction: Annotated[float, _OFFLINE_ONLY] = Field(
         0.0, ge=0, lt=1,
         description="Hold out this fraction of each training dataset for validation (when `validation` is empty), "
         "seeded by `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error).",
     )
-    num_examples: int | None = Field(
+    num_examples: Annotated[int | None, _OFFLINE_ONLY] = Field(
         None, gt=0, description="Size of the training mixture (RL: of prompts); default: the sum of the dataset sizes."
     )
     max_length: int = Field(
@@ -253,13 +342,16 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
-    global_batch_size: int = Field(8, gt=0, description="Examples per optimizer step, summed over devices and accumulation.")
+    global_batch_size: Annotated[int, _OFFLINE_BATCH] = Field(
+        8, gt=0, description="Examples per optimizer step, summed over devices and accumulation."
+    )
     micro_batch_size_per_device: int = Field(
         1, gt=0, description="Examples packed into one forward pass on one device."
     )
     epochs: float = Field(1.0, gt=0, description="Passes over the training mixture (fractions allowed).")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
+    eval_every: Annotated[int | None, _OFFLINE_EVAL] = Field(
+        None, gt=0, description="Validate every N optimizer steps (and at the end).")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
     mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
         "auto", description="`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: "
@@ -299,56 +391,51 @@ class AlgorithmConfig(Section):
 
 
 class PreferenceConfig(Section):
-    beta: float = Field(
+    beta: Annotated[float, read_by("dpo", "rdpo", "hinge", "ipo", "simpo", "kto")] = Field(
         0.1, gt=0, description="Inverse temperature of the implicit reward (DPO/rDPO/hinge/KTO; IPO's tau). "
-        "SimPO uses it on mean token log-probs (its paper: 2-2.5). Not read by ORPO, RM and KD. Each setting of "
-        "this section is read only by the objectives it names; set under another algorithm (RL included), it is "
-        "refused (`PREFERENCE_READ_BY` in oxrl/config/schema.py).",
+        "SimPO uses it on mean token log-probs (its paper: 2-2.5). Not read by ORPO, RM and KD.",
     )
-    label_smoothing: float = Field(0.0, ge=0, le=0.5, description="`dpo` only: cDPO's assumed label-flip probability.")
-    rdpo_epsilon: float = Field(0.1, ge=0, lt=0.5, description="`rdpo`: known label-flip rate eps (the loss divides by 1 - 2 eps).")
-    simpo_gamma: float = Field(0.5, description="`simpo`: target reward margin gamma (the margin itself, not gamma/beta).")
-    orpo_lambda: float = Field(0.1, ge=0, description="`orpo`: weight of the odds-ratio term beside the chosen NLL.")
-    ipo_length_normalise: bool = Field(
-        False, description="`ipo`: use mean token log-probs (TRL's choice) instead of sums (the paper's)."
+    label_smoothing: Annotated[float, read_by("dpo")] = Field(
+        0.0, ge=0, le=0.5, description="cDPO's assumed label-flip probability."
     )
-    kto_desirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_D, weight of desirable examples.")
-    kto_undesirable_weight: float = Field(1.0, ge=0, description="`kto`: lambda_U, weight of undesirable examples.")
-    reference: Literal[REFERENCE_MODES] = Field(
+    rdpo_epsilon: Annotated[float, read_by("rdpo")] = Field(
+        0.1, ge=0, lt=0.5, description="Known label-flip rate eps (the loss divides by 1 - 2 eps)."
+    )
+    simpo_gamma: Annotated[float, read_by("simpo")] = Field(
+        0.5, description="Target reward margin gamma (the margin itself, not gamma/beta)."
+    )
+    orpo_lambda: Annotated[float, read_by("orpo")] = Field(
+        0.1, ge=0, description="Weight of the odds-ratio term beside the chosen NLL."
+    )
+    ipo_length_normalise: Annotated[bool, read_by("ipo")] = Field(
+        False, description="Use mean token log-probs (TRL's choice) instead of sums (the paper's)."
+    )
+    kto_desirable_weight: Annotated[float, read_by("kto")] = Field(
+        1.0, ge=0, description="lambda_D, weight of desirable examples."
+    )
+    kto_undesirable_weight: Annotated[float, read_by("kto")] = Field(
+        1.0, ge=0, description="lambda_U, weight of undesirable examples."
+    )
+    reference: Annotated[Literal[REFERENCE_MODES], read_by("dpo", "rdpo", "hinge", "ipo", "kto")] = Field(
         "frozen_copy",
         description="Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` "
         "keeps a frozen copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs "
         "`lora.enabled`, no second copy); `precomputed` scores the whole dataset once before training and keeps only "
         "the sequence log-probs (not `kto`, whose mismatched pairs change every batch).",
     )
-    teacher: str | None = Field(
-        None, description="`kd_*`: the teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."
+    teacher: Annotated[str | None, read_by(*DISTILLATION)] = Field(
+        None, description="The teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."
     )
-    temperature: float = Field(1.0, gt=0, description="`kd_*`: softmax temperature of student and teacher (no T^2 factor).")
-    jsd_beta: float = Field(0.5, gt=0, lt=1, description="`kd_jsd`: GKD's beta, the teacher's weight in the mixture.")
-    rm_margin_field: str | None = Field(
-        None, description="`rm`: per-example field holding the required score margin (Llama 2): `margin`, read from a "
+    temperature: Annotated[float, read_by(*DISTILLATION)] = Field(
+        1.0, gt=0, description="Softmax temperature of student and teacher (no T^2 factor)."
+    )
+    jsd_beta: Annotated[float, read_by("kd_jsd")] = Field(
+        0.5, gt=0, lt=1, description="GKD's beta, the teacher's weight in the mixture."
+    )
+    rm_margin_field: Annotated[str | None, read_by("rm")] = Field(
+        None, description="Per-example field holding the required score margin (Llama 2): `margin`, read from a "
         "numeric `margin` column of preference rows (rename another column with `columns`); null = plain Bradley-Terry."
     )
-
-
-# The objectives that read each `preference` setting; under any other algorithm a setting must keep its default
-# (tests/test_declared_once.py checks the losses read exactly these).
-PREFERENCE_READ_BY: dict[str, tuple[str, ...]] = {
-    "beta": ("dpo", "rdpo", "hinge", "ipo", "simpo", "kto"),
-    "label_smoothing": ("dpo",),
-    "rdpo_epsilon": ("rdpo",),
-    "simpo_gamma": ("simpo",),
-    "orpo_lambda": ("orpo",),
-    "ipo_length_normalise": ("ipo",),
-    "kto_desirable_weight": ("kto",),
-    "kto_undesirable_weight": ("kto",),
-    "reference": ("dpo", "rdpo", "hinge", "ipo", "kto"),
-    "teacher": DISTILLATION,
-    "temperature": DISTILLATION,
-    "jsd_beta": ("kd_jsd",),
-    "rm_margin_field": ("rm",),
-}
 
 
 class VLLMConfig(Section):
@@ -400,11 +487,11 @@ class RolloutConfig(Section):
         "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
         "rollout worker owns one, beside any trainer strategy), or one an extension registers (docs/extending.md).",
     )
-    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
+    vllm: Annotated[VLLMConfig, _VLLM] = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
     n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables.")
+    top_p: Annotated[float, _SAMPLED] = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: Annotated[int, _SAMPLED] = Field(0, ge=0, description="Top-k sampling; 0 disables.")
     max_new_tokens: int = Field(256, gt=0, description="Maximum completion length in tokens.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (kept in the completion).")
     max_batch_size: int = Field(
@@ -466,8 +553,8 @@ class RLConfig(Section):
         description="Generated task instead of `data.train` files: `arithmetic` or a reasoning-gym dataset "
         "name (`basic_arithmetic`, `countdown`, ...).",
     )
-    task_size: int = Field(2000, gt=0, description="Training prompts generated for `task`.")
-    validation_size: int | None = Field(
+    task_size: Annotated[int, _GENERATED] = Field(2000, gt=0, description="Training prompts generated for `task`.")
+    validation_size: Annotated[int | None, _NO_VALIDATION_FILES] = Field(
         None, ge=0,
         description="Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and "
         "neither `data.validation` nor `data.validation_fraction`: the first N rows of `data.train` (in file order) "
@@ -479,13 +566,13 @@ class RLConfig(Section):
     rewards: list[RewardConfig] = Field(
         default_factory=list, description="Rewards and weights; default: the task's own reward."
     )
-    env: EnvConfig | None = Field(
+    env: Annotated[EnvConfig | None, _IN_UPDATE] = Field(
         None, description="Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."
     )
-    on_reward_error: Literal[REWARD_ERROR_MODES] = Field(
+    on_reward_error: Annotated[Literal[REWARD_ERROR_MODES], _REWARD_FUNCTIONS] = Field(
         "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
     )
-    reward_timeout_s: float | None = Field(
+    reward_timeout_s: Annotated[float | None, _REWARD_FUNCTIONS] = Field(
         300.0, gt=0,
         description="Seconds one call of a reward, built-in or your own, may take; a call that takes longer stops the "
         "run with an error naming the reward, whatever `on_reward_error` says (a Python thread cannot be killed: the "
@@ -493,80 +580,84 @@ class RLConfig(Section):
         "`reward_model`) scores a whole batch: keep the limit above what one batch legitimately needs "
         "(docs/rewards.md). `math` called from the main thread runs under math-verify's own alarms instead. null: no limit.",
     )
-    advantage: str | None = Field(
+    advantage: Annotated[str | None, _IN_UPDATE] = Field(
         None,
         description="Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS) + " or one an extension registers; "
-        "default from the algorithm preset. `gae` trains a critic (PPO). A setting "
-        "marked `... only` below that the resolved algorithm does not read must stay at its default: the config "
-        "is refused otherwise (table `READ_ONLY_WITH` in oxrl/config/rl_presets.py).",
+        "default from the algorithm preset. `gae` trains a critic (PPO).",
     )
-    gamma: float = Field(1.0, ge=0, le=1, description="`gae` only: GAE's discount.")
-    lam: float = Field(0.95, ge=0, le=1, description="`gae` only: GAE's lambda.")
-    whiten_advantages: bool = Field(True, description="`gae` only: whiten advantages over the step's tokens.")
-    critic_model: str | None = Field(
-        None, description="`gae` only: critic initialisation (model path); default: the policy's weights with a new value head."
+    gamma: Annotated[float, _GAE] = Field(1.0, ge=0, le=1, description="GAE's discount.")
+    lam: Annotated[float, _GAE] = Field(0.95, ge=0, le=1, description="GAE's lambda.")
+    whiten_advantages: Annotated[bool, _GAE] = Field(True, description="Whiten advantages over the step's tokens.")
+    critic_model: Annotated[str | None, _SEPARATE_CRITIC] = Field(
+        None, description="Critic initialisation (model path); default: the policy's weights with a new value head."
     )
-    critic_backbone: Literal[CRITIC_BACKBONES] = Field(
+    critic_backbone: Annotated[Literal[CRITIC_BACKBONES], _GAE] = Field(
         "separate",
-        description="`gae` only. `separate`: the critic is its own model (a copy of the policy or `critic_model` with a "
+        description="`separate`: the critic is its own model (a copy of the policy or `critic_model` with a "
         "value head), prepared, sharded, clipped, scheduled and checkpointed like the policy. `shared`: a value head on "
         "the policy's own backbone; one forward pass gives log-probs and values, and the update minimises the policy "
         "loss + `value_coef` x the value loss (half the memory; the two losses share gradients).",
     )
-    critic_lr: float = Field(
-        1e-5, gt=0, description="`gae`, separate critic: its learning rate (the optimizer, warmup and schedule of "
+    critic_lr: Annotated[float, _SEPARATE_CRITIC] = Field(
+        1e-5, gt=0, description="Its learning rate (the optimizer, warmup and schedule of "
         "`train.optim`)."
     )
-    critic_max_grad_norm: float | None = Field(
-        1.0, gt=0, description="`gae`, separate critic: clip its gradient norm to this; null: no clipping."
+    critic_max_grad_norm: Annotated[float | None, _SEPARATE_CRITIC] = Field(
+        1.0, gt=0, description="Clip its gradient norm to this; null: no clipping."
     )
-    value_coef: float = Field(0.5, gt=0, description="`gae`, shared backbone: weight of the value loss in the one loss.")
-    value_clip: float | None = Field(0.2, gt=0, description="`gae` only: value clipping range; null disables.")
-    critic_warmup_steps: int = Field(0, ge=0, description="`gae` only: steps that train only the critic before the policy moves.")
-    std_normalise: bool = Field(True, description="`grpo` only: divide by the group's reward std.")
-    policy_loss: str | None = Field(
+    value_coef: Annotated[float, _SHARED_CRITIC] = Field(
+        0.5, gt=0, description="Weight of the value loss in the one loss."
+    )
+    value_clip: Annotated[float | None, _GAE] = Field(0.2, gt=0, description="Value clipping range; null disables.")
+    critic_warmup_steps: Annotated[int, _GAE] = Field(
+        0, ge=0, description="Steps that train only the critic before the policy moves."
+    )
+    std_normalise: Annotated[bool, _GROUP_STD] = Field(True, description="Divide by the group's reward std.")
+    policy_loss: Annotated[str | None, _IN_UPDATE] = Field(
         None, description="Policy loss: " + ", ".join(POLICY_LOSS_NAMES) + " or one an extension registers; default "
         "from the preset.")
     policy_loss_params: dict = Field(
         default_factory=dict,
         description="The parameters of a policy loss an extension registers with its own parameter class, checked "
         "against that class (the built-in losses read the `rl` settings above instead).")
-    eps_low: float | None = Field(
+    eps_low: Annotated[float | None, _IN_UPDATE] = Field(
         None, ge=0,
         description="Lower clip bound of the chosen policy loss: `ppo` clips the ratio at 1 - eps_low, `cispo` its "
         "importance-sampling weight, `gspo` its sequence ratio. Default from the preset: 0.2; `cispo` 1.0 (no lower "
         "bound), `gspo` 3e-4 (its paper's).",
     )
-    eps_high: float | None = Field(
+    eps_high: Annotated[float | None, _IN_UPDATE] = Field(
         None, ge=0,
         description="Upper clip bound of the chosen policy loss (1 + eps_high), like `eps_low`. Default from the "
         "preset: 0.2; `dapo` 0.28 (clip-higher), `cispo` 4.0 (a loose cap; tune it), `gspo` 4e-4 (its paper's).",
     )
-    dual_clip: float | None = Field(
-        None, gt=1, description="`ppo` loss only: dual-clip constant c for negative advantages; null = off."
+    dual_clip: Annotated[float | None, _PPO_LOSS] = Field(
+        None, gt=1, description="Dual-clip constant c for negative advantages; null = off."
     )
-    aggregation: Literal[AGGREGATION_MODES] | None = Field(None, description="Loss aggregation; default from the preset.")
-    kl_coef: float | None = Field(
+    aggregation: Annotated[Literal[AGGREGATION_MODES] | None, _IN_UPDATE] = Field(
+        None, description="Loss aggregation; default from the preset."
+    )
+    kl_coef: Annotated[float | None, _IN_UPDATE] = Field(
         None, ge=0,
         description="Weight of KL(policy || reference); 0 builds no reference model. Default from the preset: 0, "
         "except `sgrpo` 0.04 (DeepSeekMath, arXiv:2402.03300).",
     )
-    kl_estimator: Literal[KL_ESTIMATOR_NAMES] = Field(
-        "k3", description="`kl_coef` > 0 and not `kl_in_reward` only: KL estimator of the loss term."
+    kl_estimator: Annotated[Literal[KL_ESTIMATOR_NAMES], _KL_LOSS_TERM] = Field(
+        "k3", description="KL estimator of the loss term."
     )
-    kl_in_reward: bool = Field(
-        False, description="`kl_coef` > 0 only: apply the KL as a k1 reward penalty instead of a loss term."
+    kl_in_reward: Annotated[bool, _KL_ON] = Field(
+        False, description="Apply the KL as a k1 reward penalty instead of a loss term."
     )
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    entropy_coef: Annotated[float, _IN_UPDATE] = Field(0.0, ge=0, description="Entropy bonus weight.")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass (the rollout batch is split).")
-    strict_on_policy: bool = Field(
+    strict_on_policy: Annotated[bool, _IN_UPDATE] = Field(
         False,
         description="Fail unless the first update is exactly on-policy: the engine's log-probs match the trainer's "
         "(within `on_policy_tolerance`) and the first ratio is 1.",
     )
-    on_policy_tolerance: float = Field(
-        1e-3, gt=0, description="`strict_on_policy` only: its tolerance (mean absolute log-prob difference)."
+    on_policy_tolerance: Annotated[float, _STRICT] = Field(
+        1e-3, gt=0, description="Its tolerance (mean absolute log-prob difference)."
     )
     max_staleness: int = Field(
         0, ge=0,
@@ -577,7 +668,7 @@ class RLConfig(Section):
         "in turn. A policy-gradient algorithm then needs `off_policy_correction` (or `accept_uncorrected`). "
         "docs/async.md.",
     )
-    off_policy_correction: Literal[OFF_POLICY_CORRECTIONS] = Field(
+    off_policy_correction: Annotated[Literal[OFF_POLICY_CORRECTIONS], _IN_UPDATE] = Field(
         "none",
         description="Correct for samples drawn by a behaviour policy other than the one the update's ratio starts "
         "from (a stale version under `max_staleness`, or the engine's own precision or kernels), with w = pi_old / "
@@ -585,18 +676,20 @@ class RLConfig(Section):
         "weight by w, drop tokens with w > C (decoupled PPO, as AReaL). `mask`: weight by w, drop tokens with w "
         "outside [1/C, C] (IcePop). The clip stays anchored to pi_old, the trainer's policy before the update.",
     )
-    off_policy_cap: float = Field(
-        2.0, gt=1, description="`off_policy_correction` other than `none` only: the bound C on the weight w.")
-    off_policy_max_kl: float | None = Field(
+    off_policy_cap: Annotated[float, _CORRECTED] = Field(
+        2.0, gt=1, description="The bound C on the weight w.")
+    off_policy_max_kl: Annotated[float | None, _CORRECTED] = Field(
         None, gt=0,
-        description="`off_policy_correction` other than `none` only: drop whole the sequences whose mean k3 "
+        description="Drop whole the sequences whose mean k3 "
         "estimate of KL(behaviour || pi_old) per token exceeds this; null: none dropped.")
-    accept_uncorrected: bool = Field(
+    accept_uncorrected: Annotated[bool, _STALE_UNCORRECTED] = Field(
         False,
-        description="`max_staleness` >= 1 with `off_policy_correction: none` only: train on stale samples as if "
+        description="Train on stale samples as if "
         "they were on-policy (the ratio starts from pi_old, the behaviour policy is ignored). Refused unless set.",
     )
-    validation_every: int | None = Field(None, gt=0, description="Greedy accuracy on the validation prompts every N steps.")
+    validation_every: Annotated[int | None, _HELD_OUT] = Field(
+        None, gt=0, description="Greedy accuracy on the validation prompts every N steps."
+    )
     system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
     answer_format: Literal[ANSWER_FORMATS] = Field(
         "boxed", description="Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."
@@ -606,7 +699,9 @@ class RLConfig(Section):
         description="User message template with `{question}` and `{instruction}` (the answer-format instruction); "
         "default: the question, a blank line, the instruction.",
     )
-    task_config: dict = Field(default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`).")
+    task_config: Annotated[dict, _TASK] = Field(
+        default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -668,49 +763,37 @@ class RLConfig(Section):
 
 
 class OnlineConfig(Section):
-    loss: Literal[ONLINE_PAIR_LOSSES] = Field(
+    loss: Annotated[Literal[ONLINE_PAIR_LOSSES], read_by("online_dpo", "spin")] = Field(
         "dpo",
-        description="`online_dpo`, `spin`: the pairwise loss trained on each step's pairs, with its hyper-parameters "
-        "from the `preference` section (`beta`, ...); `simpo` and `orpo` build no reference model. Each setting of "
-        "this section is read only by the algorithms it names, and refused under the others.",
+        description="The pairwise loss trained on each step's pairs, with its hyper-parameters "
+        "from the `preference` section (`beta`, ...); `simpo` and `orpo` build no reference model.",
     )
-    keep: Literal[RFT_KEEP_RULES] = Field(
+    keep: Annotated[Literal[RFT_KEEP_RULES], read_by("rft")] = Field(
         "threshold",
-        description="`rft`: keep every completion whose reward reaches `threshold` (`threshold`), or only the best "
+        description="Keep every completion whose reward reaches `threshold` (`threshold`), or only the best "
         "of each prompt's `rl.rollout.n` (`best`: best-of-n), if it reaches `threshold`.",
     )
-    threshold: float | None = Field(
+    threshold: Annotated[float | None, read_by("rft")] = Field(
         1.0,
-        description="`rft`: the lowest reward kept (1.0: a verifiable reward's full marks). null, with keep `best` "
+        description="The lowest reward kept (1.0: a verifiable reward's full marks). null, with keep `best` "
         "only: the best completion is kept whatever its reward.",
     )
-    dedupe: bool = Field(
+    dedupe: Annotated[bool, read_by("rft")] = Field(
         True,
-        description="`rft`: a kept completion identical to one kept before for the same prompt is dropped (RFT trains "
+        description="A kept completion identical to one kept before for the same prompt is dropped (RFT trains "
         "on distinct reasoning paths); counted as `rft/duplicates`.",
     )
-    gold_field: str = Field(
+    gold_field: Annotated[str, read_by("spin")] = Field(
         "response",
-        description="`spin`: the prompt rows' field holding the gold (SFT) answer, e.g. the `response` column of "
+        description="The prompt rows' field holding the gold (SFT) answer, e.g. the `response` column of "
         "prompt/response rows, or `solution` of GSM8K rows.",
     )
-    iteration_steps: int | None = Field(
+    iteration_steps: Annotated[int | None, read_by("spin")] = Field(
         None, gt=0,
-        description="`spin`: steps per SPIN iteration. The opponent (the frozen model that answers the prompts and is "
+        description="Steps per SPIN iteration. The opponent (the frozen model that answers the prompts and is "
         "the DPO reference) is the policy as it was when the iteration began; at the iteration's end it becomes the "
         "current policy. null: one pass over the training prompts. Checkpoints and validation fall on iteration ends.",
     )
-
-
-# The online algorithms that read each `online` setting; under any other algorithm a setting must keep its default.
-ONLINE_READ_BY: dict[str, tuple[str, ...]] = {
-    "loss": ("online_dpo", "spin"),
-    "keep": ("rft",),
-    "threshold": ("rft",),
-    "dedupe": ("rft",),
-    "gold_field": ("spin",),
-    "iteration_steps": ("spin",),
-}
 
 
 class MeshConfig(Section):
@@ -742,27 +825,27 @@ class StrategyConfig(Section):
         "`auto` is `fsdp2` under torchrun with more than one process, else `single`. Mixed precision is "
         "`train.mixed_precision` and activation checkpointing `model.gradient_checkpointing`, for every strategy.",
     )
-    zero_stage: Literal[ZERO_STAGES] = Field(
-        3, description="`deepspeed` only: ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."
+    zero_stage: Annotated[Literal[ZERO_STAGES], _DEEPSPEED] = Field(
+        3, description="ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."
     )
-    cpu_offload: bool = Field(
+    cpu_offload: Annotated[bool, _SHARDED] = Field(
         False,
         description="Keep sharded parameters, gradients and optimizer state in CPU memory (`fsdp2`: CPUOffloadPolicy; "
         "`deepspeed`: optimizer offload, plus parameter offload at stage 3). Saves GPU memory, costs speed.",
     )
-    reshard_after_forward: bool = Field(
+    reshard_after_forward: Annotated[bool, _FSDP2] = Field(
         True,
-        description="`fsdp2` only: free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); "
+        description="Free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); "
         "false keeps them until backward (ZeRO-2-like, one all-gather fewer per layer).",
     )
-    deepspeed_config: str | None = Field(
+    deepspeed_config: Annotated[str | None, _DEEPSPEED] = Field(
         None,
-        description="`deepspeed` only: a JSON file merged over the DeepSpeed config oxRL generates (nested keys "
+        description="A JSON file merged over the DeepSpeed config oxRL generates (nested keys "
         "replace ours), for settings oxRL does not expose, e.g. bucket sizes.",
     )
-    mesh: MeshConfig = Field(
+    mesh: Annotated[MeshConfig, _FSDP2] = Field(
         default_factory=MeshConfig,
-        description="`fsdp2` only: tensor and context parallel beside the sharding (SFT, preference and RL "
+        description="Tensor and context parallel beside the sharding (SFT, preference and RL "
         "objectives; not distillation, reward models, PPO's critic, online algorithms or vision models).",
     )
     collective_timeout_s: float = Field(
@@ -894,51 +977,11 @@ def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tu
 # Sections and settings read only when a choice elsewhere names them: (a section or one setting, the fields of a
 # section read regardless, who reads it, whether this run does). A setting that differs from its default in a run
 # that does not read it is an error naming its reader.
-_HELD_OUT = "with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)"
-
-
 def as_written(value: Any) -> Any:
     """A setting as a config writes it: a section (or a list of them, e.g. `data.train`) by its keys that are set."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_defaults=True)
     return [as_written(item) for item in value] if isinstance(value, list) else value
-
-
-def _rl_reads(reads: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """Whether a sampling run reads an `rl` setting; an offline run is told once, by the whole `rl` section's entry."""
-    return lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS or reads(cfg)
-
-
-CONDITIONAL_SETTINGS: tuple[tuple[str, tuple[str, ...], str, Callable[[Any], bool]], ...] = (
-    ("rl", (), "by RL and online algorithms (" + ", ".join(SAMPLING_ALGORITHMS) + ")",
-     lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS),
-    ("lora", ("enabled",), "with lora.enabled: true", lambda cfg: cfg.lora.enabled),
-    ("rl.rollout.vllm", ("sync_check_tolerance",), "with rl.rollout.engine: vllm",
-     lambda cfg: cfg.rl.rollout.engine == "vllm"),
-    ("strategy", ("name", "cpu_offload", "reshard_after_forward", "mesh", "collective_timeout_s"),
-     "with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed"),
-    ("strategy", ("name", "cpu_offload", "zero_stage", "deepspeed_config", "collective_timeout_s"),
-     "with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)", lambda cfg: cfg.strategy.name in ("fsdp2", "auto")),
-    ("strategy.cpu_offload", (), "with strategy.name fsdp2 or deepspeed (or auto, which is fsdp2 under torchrun): "
-     "`single` shards nothing to offload", lambda cfg: cfg.strategy.name != "single"),
-    ("train.eval_every", (), "by offline objectives; RL validates on its held-out prompts every rl.validation_every "
-     "steps: use rl.validation_every", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS),
-    ("train.global_batch_size", (), "by offline objectives; an RL step trains on rl.prompts_per_step x rl.rollout.n "
-     "completions: set those", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS),
-    *((f"data.{key}", (), "by offline objectives and by RL on prompt files; rl.task generates its own prompts",
-       lambda cfg: cfg.rl.task is None) for key in ("train", "validation", "validation_fraction", "num_examples")),
-    ("rl.task_size", (), "with rl.task (or a `vla` simulator's initial states); prompt files are read whole",
-     _rl_reads(lambda cfg: cfg.rl.task is not None or cfg.vla is not None)),
-    ("rl.task_config", (), "with rl.task", _rl_reads(lambda cfg: cfg.rl.task is not None)),
-    ("rl.validation_size", (), "without data.validation, which is then the held-out set",
-     _rl_reads(lambda cfg: not cfg.data.validation)),
-    ("rl.validation_every", (), _HELD_OUT, _rl_reads(lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
-                                                     or bool(cfg.data.validation_fraction))),
-    *((f"rl.rollout.{key}", (), "with rl.rollout.temperature > 0 (0 decodes greedily)",
-       _rl_reads(lambda cfg: cfg.rl.rollout.temperature > 0)) for key in ("top_k", "top_p")),
-    *((f"rl.{key}", (), "with reward functions: rl.env and `vla` episodes reward themselves",
-       _rl_reads(lambda cfg: cfg.rl.env is None and cfg.vla is None)) for key in ("reward_timeout_s", "on_reward_error")),
-)
 
 
 class VLAConfig(Section):
@@ -1007,13 +1050,13 @@ class Config(Section):
     )
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
     model: ModelConfig = Field(..., description="The model to train.")
-    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+    lora: Annotated[LoraConfig, _LORA] = Field(default_factory=LoraConfig, description="LoRA adapters.")
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
     algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
     preference: PreferenceConfig = Field(
         default_factory=PreferenceConfig, description="Preference, KTO, reward-model and distillation objectives."
     )
-    rl: RLConfig = Field(
+    rl: Annotated[RLConfig, _SAMPLING] = Field(
         default_factory=RLConfig, validate_default=True,
         description="RL with verifiable rewards (RL algorithms only); filled in from the algorithm's preset.",
     )
@@ -1025,7 +1068,7 @@ class Config(Section):
     strategy: StrategyConfig = Field(
         default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
     )
-    ray: RayConfig = Field(
+    ray: Annotated[RayConfig, _RAY] = Field(
         default_factory=RayConfig, description="Worker groups of a `run.launcher: ray` run (RL and online algorithms)."
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
@@ -1050,16 +1093,22 @@ class Config(Section):
     @field_validator("rl")
     @classmethod
     def _rl_resolved(cls, rl: RLConfig, info: ValidationInfo) -> RLConfig:
-        """An RL algorithm's preset fills the `rl` fields left unset, so `cfg.rl` is always resolved; a setting
-        the algorithm does not read is refused here, before anything loads (oxrl/config/rl_presets.py). A field
-        validator, not a model validator: it sees `algorithm` (validated before `rl`) and also runs when `rl`
-        is assigned, without re-validating the whole config."""
+        """An RL algorithm's preset fills the `rl` fields left unset, so `cfg.rl` is always resolved
+        (oxrl/config/rl_presets.py). A field validator, not a model validator: it sees `algorithm` (validated
+        before `rl`) and also runs when `rl` is assigned, before the model validators read the resolved values."""
         algorithm = info.data.get("algorithm")  # absent when it failed its own validation
-        if algorithm is not None and algorithm.name in ONLINE:
-            return resolve_online(algorithm.name, rl)
         if algorithm is None or algorithm.name not in RL_ALGORITHMS:
             return rl
         return resolve(algorithm.name, rl)
+
+    @model_validator(mode="after")
+    def _every_setting_set_is_read(self) -> "Config":
+        """A setting changed from its default that this run does not read names who reads it (`ReadOnly`). The
+        first model validator: the others may assume every setting they see is read."""
+        unread = unread_settings(self)
+        if unread:
+            raise ValueError("; ".join(unread))
+        return self
 
     @model_validator(mode="after")
     def _policy_loss_params_fit(self) -> "Config":
@@ -1103,11 +1152,9 @@ class Config(Section):
         """`online` settings only under the algorithms that read them; each online algorithm's own needs; the
         reward an `rlhf` / `rlaif` run is named after."""
         name, online = self.algorithm.name, self.online
-        unread = [f"online.{field} = {getattr(online, field)!r} is not read by `{name}`: read only by "
-                  f"{', '.join(readers)}" for field, readers in ONLINE_READ_BY.items()
-                  if name not in readers and getattr(online, field) != OnlineConfig.model_fields[field].default]
-        if unread:
-            raise ValueError("; ".join(unread))
+        if name == "spin" and self.rl.max_staleness:
+            raise ValueError(f"rl.max_staleness = {self.rl.max_staleness} is not read by `spin`: its opponent answers "
+                             "every prompt of an iteration, and becomes the policy only at the iteration's end")
         if name == "online_dpo" and self.rl.rollout.n < 2:
             raise ValueError(f"`online_dpo` pairs the best and worst of each prompt's samples: set rl.rollout.n >= 2 "
                              f"(it is {self.rl.rollout.n})")
@@ -1136,8 +1183,6 @@ class Config(Section):
         """The `ray` section is read by `run.launcher: ray` only, which runs the sampling loop only."""
         ray, name = self.ray, self.algorithm.name
         if self.run.launcher == "local":
-            if ray != RayConfig():
-                raise ValueError("the `ray` section is read only with run.launcher: ray (it is `local`)")
             return self
         if name not in SAMPLING_ALGORITHMS:
             raise ValueError(f"run.launcher `ray` runs the RL loop (RL and online algorithms); `{name}` trains offline: "
@@ -1162,12 +1207,6 @@ class Config(Section):
     @model_validator(mode="after")
     def _preference_settings_fit(self) -> "Config":
         name, pref = self.trained_objective, self.preference
-        called = f"`{name}`" if name == self.algorithm.name else f"{self.algorithm.name}'s loss `{name}`"
-        unread = [f"preference.{field} = {getattr(pref, field)!r} is not read by {called}: read only by "
-                  f"{', '.join(readers)}" for field, readers in PREFERENCE_READ_BY.items()
-                  if name not in readers and getattr(pref, field) != PreferenceConfig.model_fields[field].default]
-        if unread:
-            raise ValueError("; ".join(unread))
         if name.startswith("kd_") and pref.teacher is None:
             raise ValueError(f"algorithm `{name}` distils a teacher: set preference.teacher")
         if pref.reference == "lora_disabled" and not self.lora.enabled:
@@ -1243,27 +1282,6 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _every_setting_set_is_read(self) -> "Config":
-        """A changed setting this run does not read (CONDITIONAL_SETTINGS) names who reads it."""
-        unread = []
-        for path, always, reader, reads in CONDITIONAL_SETTINGS:
-            if reads(self):
-                continue
-            *parents, name = path.split(".")
-            owner = functools.reduce(getattr, parents, self)
-            value = getattr(owner, name)
-            if isinstance(value, BaseModel):  # a whole section
-                changed = changed_settings(value, type(value)(), path, skip=always)
-            else:
-                default = type(owner).model_fields[name].get_default(call_default_factory=True)
-                changed = {path: value} if value != default else {}
-            unread += [f"{key} = {as_written(value)!r} is not read: it is read only {reader}"
-                       for key, value in changed.items()]
-        if unread:
-            raise ValueError(f"`{self.algorithm.name}` run: " + "; ".join(unread))
-        return self
-
-    @model_validator(mode="after")
     def _data_fits_the_algorithm(self) -> "Config":
         """Dataset formats of the algorithm's kind (offline rows or RL prompts); RL: room for the completion, and one
         held-out split."""
@@ -1286,3 +1304,38 @@ class Config(Section):
             raise ValueError(f"data.validation_fraction ({self.data.validation_fraction}) and rl.validation_size "
                              f"({self.rl.validation_size}) both hold out prompts for validation: set only one")
         return self
+
+
+def rule_of(section: type[BaseModel], field: str) -> ReadOnly | None:
+    """The `ReadOnly` declared beside `section.field`, if any."""
+    return next((rule for rule in section.model_fields[field].metadata if isinstance(rule, ReadOnly)), None)
+
+
+def unread_settings(cfg: Config) -> list[str]:
+    """One line per setting changed from its default that `cfg`'s run does not read: the `ReadOnly` declared beside
+    the setting, or beside a section holding it, does not hold. A saved config.yaml lists every key, at its default
+    where unused, so it loads again."""
+    name, trained = cfg.algorithm.name, cfg.trained_objective
+    called = f"`{name}`" if trained == name else f"`{name}` (its loss `{trained}`)"
+    lines = []
+
+    def visit(section: BaseModel, prefix: str) -> None:
+        for field, info in type(section).model_fields.items():
+            value, rule, key = getattr(section, field), rule_of(type(section), field), f"{prefix}{field}"
+            if rule is not None and not rule.reads(cfg):
+                default = info.get_default(call_default_factory=True)
+                if isinstance(value, BaseModel) and type(value) is type(default):
+                    changed = changed_settings(value, default, key, skip=rule.keep)
+                else:
+                    changed = {key: value} if value != default else {}
+                shown = {path: functools.reduce(getattr, path.split("."), cfg) for path in rule.shows}
+                deciding = "; ".join(f"{path} is {as_written(value)!r}" for path, value in shown.items()
+                                     if None not in shown.values())  # None: no preset filled it (an online run)
+                lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
+                             f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}"
+                             for setting, setting_value in changed.items())
+            elif isinstance(value, BaseModel):
+                visit(value, f"{key}.")
+
+    visit(cfg, "")
+    return lines

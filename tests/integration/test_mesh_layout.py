@@ -142,9 +142,9 @@ def test_the_config_refuses_a_mesh_for_what_it_cannot_serve(algorithm, changes, 
 
 
 def test_a_mesh_is_read_by_fsdp2_only(tmp_path):
-    with pytest.raises(ValueError, match=r"strategy.mesh.tp = 2 is not read: it is read only with strategy.name: fsdp2"):
+    with pytest.raises(ValueError, match=r"strategy.mesh.tp = 2 is not read by `sft`: it is read only with strategy.name: fsdp2"):
         config(tmp_path, strategy={"name": "deepspeed", "mesh": {"tp": 2}})
-    with pytest.raises(ValueError, match=r"strategy.mesh.cp = 2 is not read: it is read only with strategy.name: fsdp2"):
+    with pytest.raises(ValueError, match=r"strategy.mesh.cp = 2 is not read by `sft`: it is read only with strategy.name: fsdp2"):
         config(tmp_path, strategy={"name": "single", "mesh": {"cp": 2}})
 
 

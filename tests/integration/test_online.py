@@ -73,13 +73,13 @@ def config(algorithm: str, tmp_path=None, **sections) -> Config:
 
 
 @pytest.mark.parametrize("algorithm, sections, message", [
-    ("grpo", {"online": {"loss": "ipo"}}, "online.loss = 'ipo' is not read by `grpo`: read only by online_dpo, spin"),
+    ("grpo", {"online": {"loss": "ipo"}}, "online.loss = 'ipo' is not read by `grpo`: it is read only by online_dpo, spin"),
     ("online_dpo", {"online": {"threshold": 0.5}}, "online.threshold = 0.5 is not read by `online_dpo`"),
     ("online_dpo", {"rl": {"rollout": {"n": 1}}}, "set rl.rollout.n >= 2"),
     ("online_dpo", {"rl": {"kl_coef": 0.1}}, "rl.kl_coef = 0.1 is not read by `online_dpo`"),
-    ("rft", {"rl": {"advantage": "rloo"}}, "rl.advantage = 'rloo' is not read by `rft`, which trains SFT"),
+    ("rft", {"rl": {"advantage": "rloo"}}, "rl.advantage = 'rloo' is not read by `rft` (its loss `sft`): it is read only by a policy-gradient update"),
     ("rft", {"online": {"threshold": None}}, "needs online.threshold"),
-    ("online_dpo", {"preference": {"simpo_gamma": 1.0}}, "simpo_gamma = 1.0 is not read by online_dpo's loss `dpo`"),
+    ("online_dpo", {"preference": {"simpo_gamma": 1.0}}, "simpo_gamma = 1.0 is not read by `online_dpo` (its loss `dpo`)"),
     ("online_dpo", {"preference": {"reference": "precomputed"}}, "`precomputed` cannot serve `online_dpo`"),
     ("spin", {"strategy": {"name": "fsdp2"}}, "`spin` runs in one process"),
     ("online_dpo", {"rl": {"off_policy_correction": "tis"}},

@@ -161,8 +161,9 @@ def test_online_dpo_trains_on_samples_one_version_old(tmp_path):
                            "rl.off_policy_correction"),
     ({"accept_uncorrected": True}, "rl.accept_uncorrected = True is not read by `dr_grpo`"),
     ({"max_staleness": 1, "off_policy_correction": "tis", "accept_uncorrected": True},
-     "rl.accept_uncorrected = True is not read by `dr_grpo` \\(off_policy_correction `tis`\\)"),
-    ({"off_policy_cap": 3.0}, "rl.off_policy_cap = 3.0 is not read by `dr_grpo` \\(off_policy_correction `none`\\)"),
+     "rl.accept_uncorrected = True is not read by `dr_grpo` \\(rl.max_staleness is 1; rl.off_policy_correction "
+         "is 'tis'\\)"),
+    ({"off_policy_cap": 3.0}, "rl.off_policy_cap = 3.0 is not read by `dr_grpo` \\(rl.off_policy_correction is 'none'\\)"),
     ({"max_staleness": 1, **DECOUPLED, "strict_on_policy": True}, "choose one"),
     ({"tis_cap": 2.0}, "`rl.tis_cap` moved: set `rl.off_policy_correction: tis` and `rl.off_policy_cap: 2.0`"),
     ({"max_staleness": -1}, "greater than or equal to 0"),

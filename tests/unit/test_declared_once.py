@@ -1,6 +1,7 @@
 """Every name and hyper-parameter is declared once: the config's choices are the registries' keys, each
 `*Params` field is a config setting of the same name (or listed as derived), and a setting the chosen
-algorithm does not read is refused, with the tables checked against what the losses really read."""
+algorithm does not read is refused, with the `ReadOnly` rules declared beside the settings checked against what
+the losses really read."""
 
 import dataclasses
 import inspect
@@ -17,8 +18,9 @@ from oxrl.config import names
 from oxrl.config.load import ConfigError, load_config, save_config
 from oxrl.config.params import FIXED, NOT_BY_NAME, params_from
 from oxrl.loops.rl_update import loss_params
-from oxrl.config.rl_presets import PRESETS, READ_ONLY_WITH, resolve, unread_settings
-from oxrl.config.schema import PREFERENCE_READ_BY, Config, PreferenceConfig, RLConfig, Section
+from oxrl.config.rl_presets import PRESETS, resolve
+from oxrl.config.schema import (AlgorithmConfig, Config, ModelConfig, OnlineConfig, PreferenceConfig, RLConfig,
+                                Section, rule_of, unread_settings)
 
 # ----------------------------------------------------------------------------- choices
 
@@ -62,7 +64,7 @@ def test_every_literal_of_the_schema_is_a_tuple_of_names():
 def test_the_registries_implement_exactly_the_declared_choices():
     from oxrl.algorithms.advantages import ADVANTAGES
     from oxrl.algorithms.kl import KL_ESTIMATORS
-    from oxrl.config.schema import ONLINE_READ_BY, RL_PROMPT_FORMATS, OnlineConfig
+    from oxrl.config.schema import RL_PROMPT_FORMATS
     from oxrl.data.rl_prompts import ROW_CONVERTERS
     from oxrl.algorithms.policy_loss import AGGREGATIONS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
     from oxrl.data.rl_tasks import ANSWER_INSTRUCTIONS
@@ -82,8 +84,8 @@ def test_the_registries_implement_exactly_the_declared_choices():
     assert all(isinstance(getattr(torch, dtype), torch.dtype) for dtype in names.DTYPES[1:])  # models.load.resolve_dtype
     assert tuple(PRESETS) == names.RL_ALGORITHMS
     assert tuple(ROW_CONVERTERS) == RL_PROMPT_FORMATS
-    assert set(ONLINE_READ_BY) == set(OnlineConfig.model_fields)
-    assert {reader for readers in ONLINE_READ_BY.values() for reader in readers} == set(names.ONLINE)
+    online_readers = {field: rule_of(OnlineConfig, field).by for field in OnlineConfig.model_fields}
+    assert {reader for readers in online_readers.values() for reader in readers} == set(names.ONLINE)
 
 
 def test_the_dispatches_handle_exactly_the_declared_choices():
@@ -179,17 +181,21 @@ def test_eps_are_the_clip_bounds_of_whichever_loss_with_the_presets_defaults(nam
 def test_a_setting_the_algorithm_does_not_read_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         config("grpo", "rl.gamma=0.9")
-    assert ("rl.gamma = 0.9 is not read by `grpo` (advantage `grpo`): gamma is GAE's discount, used only with "
-            "advantage `gae` (ppo)") in str(caught.value)
-    with pytest.raises(ConfigError, match=r"rl.value_coef = 0.3 is not read by `ppo` \(critic_backbone `separate`\)"):
+    assert ("rl.gamma = 0.9 is not read by `grpo` (rl.advantage is 'grpo'): it is read only by a policy-gradient "
+            "update with rl.advantage `gae` (ppo)") in str(caught.value)
+    with pytest.raises(ConfigError, match=r"rl.value_coef = 0.3 is not read by `ppo` \(.*rl.critic_backbone is 'separate'\): .* "
+                       r"rl.critic_backbone `shared`"):
         config("ppo", "rl.value_coef=0.3")
-    with pytest.raises(ConfigError, match=r"rl.critic_lr = 0.001 is not read by `ppo` \(critic_backbone `shared`\)"):
+    with pytest.raises(ConfigError, match=r"rl.critic_lr = 0.001 is not read by `ppo` \(.*rl.critic_backbone is 'shared'\): .* "
+                       r"rl.critic_backbone `separate`"):
         config("ppo", "rl.critic_backbone=shared", "rl.critic_lr=1e-3")
-    with pytest.raises(ConfigError, match=r"rl.kl_estimator = 'k1' is not read by `sgrpo` \(kl_in_reward `True`\)"):
+    with pytest.raises(ConfigError, match=r"rl.kl_estimator = 'k1' is not read by `sgrpo` \(.*rl.kl_in_reward is True\): .* "
+                       r"rl.kl_in_reward false"):
         config("sgrpo", "rl.kl_in_reward=true", "rl.kl_estimator=k1")
-    with pytest.raises(ConfigError, match=r"rl.dual_clip = 3.0 is not read by `cispo` \(policy_loss `cispo`\)"):
+    with pytest.raises(ConfigError, match=r"rl.dual_clip = 3.0 is not read by `cispo` \(rl.policy_loss is 'cispo'\): .* "
+                       r"rl.policy_loss `ppo`"):
         config("cispo", "rl.dual_clip=3")
-    with pytest.raises(ConfigError, match="preference.beta = 0.5 is not read by `sft`: read only by dpo"):
+    with pytest.raises(ConfigError, match="preference.beta = 0.5 is not read by `sft`: it is read only by dpo"):
         config("sft", "preference.beta=0.5")
     with pytest.raises(ConfigError, match="preference.jsd_beta = 0.3 is not read by `grpo`"):
         config("grpo", "preference.jsd_beta=0.3")
@@ -199,11 +205,29 @@ def test_a_setting_the_algorithm_does_not_read_is_a_config_error():
     assert config("dpo", "preference.beta=0.5").preference.beta == 0.5
 
 
-def test_the_tables_name_real_settings():
-    for field, (choices, _) in READ_ONLY_WITH.items():
-        assert field in RLConfig.model_fields and set(choices) <= set(RLConfig.model_fields), field
-    assert set(PREFERENCE_READ_BY) == set(PreferenceConfig.model_fields)  # every preference setting is objective-specific
-    assert all(set(readers) <= set(names.OFFLINE_ALGORITHMS) for readers in PREFERENCE_READ_BY.values())
+def test_the_rules_by_algorithm_name_real_algorithms():
+    rules = {field: rule_of(PreferenceConfig, field) for field in PreferenceConfig.model_fields}
+    assert all(rule is not None and rule.by for rule in rules.values())  # every preference setting is objective-specific
+    assert all(set(rule.by) <= set(names.OFFLINE_ALGORITHMS) for rule in rules.values())
+    assert all(set(rule_of(OnlineConfig, field).by) <= set(names.ONLINE) for field in OnlineConfig.model_fields)
+
+
+def _rules():
+    """Every `ReadOnly` of the schema, with its section and field."""
+    for section in _sections():
+        for field in section.model_fields:
+            rule = rule_of(section, field)
+            if rule is not None:
+                yield section, field, rule
+
+
+def test_a_rule_names_each_changed_setting_and_a_section_keeps_its_own_switch():
+    assert all(rule.reader for _, _, rule in _rules()) and len(list(_rules())) >= 60
+    sft = config("sft")
+    assert unread_settings(sft) == []
+    lines = unread_settings(sft.model_copy(update={"lora": sft.lora.model_copy(update={"rank": 8})}))
+    assert lines == ["lora.rank = 8 is not read by `sft`: it is read only with lora.enabled: true"]
+    assert unread_settings(sft.model_copy(update={"lora": sft.lora.model_copy(update={"enabled": True})})) == []
 
 
 @pytest.mark.parametrize("name", names.ALL_ALGORITHMS)
@@ -238,10 +262,13 @@ def test_every_way_of_building_a_config_resolves_rl():
 # loss or advantages, and one listed as read must.
 
 
-def _rl(**settings) -> RLConfig:
+def _rl(**settings) -> Config:
+    """A grpo config (built unvalidated, so that a setting it does not read stays to be found) with these `rl`
+    settings over a resolved base."""
     base = {"advantage": "grpo", "policy_loss": "ppo", "aggregation": "token_mean", "eps_low": 0.2, "eps_high": 0.2,
             "kl_coef": 0.1}
-    return RLConfig(**{**base, **settings})
+    return Config.model_construct(model=ModelConfig(name_or_path="m"), algorithm=AlgorithmConfig(name="grpo"),
+                                  rl=RLConfig(**{**base, **settings}))
 
 
 @pytest.mark.parametrize("field, other", [("std_normalise", False), ("gamma", 0.5), ("lam", 0.3),
@@ -255,7 +282,7 @@ def test_advantage_settings_are_read_exactly_where_the_table_says(field, other):
     for name, estimator in ADVANTAGES.items():
         default, changed = estimator(rewards, AdvantageParams()), estimator(rewards, AdvantageParams(**{field: other}))
         moved = not torch.equal(default.advantages, changed.advantages)
-        assert moved == (not unread_settings("x", _rl(advantage=name, **{field: other}))), (name, field)
+        assert moved == (not unread_settings(_rl(advantage=name, **{field: other}))), (name, field)
 
 
 @pytest.mark.parametrize("field, other", [("dual_clip", 1.3), ("kl_estimator", "k1"), ("eps_low", 0.5),
@@ -272,7 +299,7 @@ def test_loss_settings_are_read_exactly_where_the_table_says(field, other):
     for name, loss in POLICY_LOSSES.items():
         default, changed = loss(inp, PolicyLossParams(kl_coef=0.1)), loss(inp, PolicyLossParams(kl_coef=0.1, **{field: other}))
         moved = not torch.equal(default[0], changed[0])
-        assert moved == (not unread_settings("x", _rl(policy_loss=name, **{field: other}))), (name, field)
+        assert moved == (not unread_settings(_rl(policy_loss=name, **{field: other}))), (name, field)
 
 
 def test_preference_settings_are_read_exactly_where_the_table_says():
@@ -289,17 +316,17 @@ def test_preference_settings_are_read_exactly_where_the_table_says():
     for field, other in others.items():
         for name, loss in PREFERENCE_LOSSES.items():
             moved = loss(pairs, PreferenceParams()).loss != loss(pairs, PreferenceParams(**{field: other})).loss
-            assert bool(moved) == (name in PREFERENCE_READ_BY[field]), (name, field)
+            assert bool(moved) == (name in rule_of(PreferenceConfig, field).by), (name, field)
     logits = DistillInput(torch.randn(5, 7), torch.randn(5, 7), torch.ones(5, dtype=torch.bool))
     for field, other in {"temperature": 2.0, "jsd_beta": 0.2}.items():
         for name, loss_name in DISTILL_OBJECTIVES.items():
             loss = DISTILL_LOSSES[loss_name]
             moved = loss(logits, DistillParams()).loss != loss(logits, DistillParams(**{field: other})).loss
-            assert bool(moved) == (name in PREFERENCE_READ_BY[field]), (name, field)
+            assert bool(moved) == (name in rule_of(PreferenceConfig, field).by), (name, field)
     # The reference is built for exactly the objectives that compare against one (a KD teacher is not a reference).
     uses_reference = {name for name, objective in all_objectives().items() if objective.needs_reference}
-    assert set(PREFERENCE_READ_BY["reference"]) == uses_reference - set(names.DISTILLATION)
-    assert set(PREFERENCE_READ_BY["reference"]) >= {name for name, needs in NEEDS_REFERENCE.items() if needs}
+    assert set(rule_of(PreferenceConfig, "reference").by) == uses_reference - set(names.DISTILLATION)
+    assert set(rule_of(PreferenceConfig, "reference").by) >= {name for name, needs in NEEDS_REFERENCE.items() if needs}
 
 
 def test_the_reference_free_objectives_are_exactly_those_built_without_one():

@@ -183,7 +183,7 @@ def test_the_budget_comes_from_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.eval_every=5"], "train.eval_every = 5 is not read: it is read only by offline objectives; .*use rl.validation_every"),
+    (["train.eval_every=5"], "train.eval_every = 5 is not read by `grpo`: it is read only by offline objectives; .*use rl.validation_every"),
     (["data.max_length=256"], r"data.max_length \(256\) must exceed rl.rollout.max_new_tokens \(256\)"),
     (["data.train=[{path: a.jsonl}]", "data.validation_fraction=0.1", "rl.validation_size=5"],
      r"data.validation_fraction \(0.1\) and rl.validation_size \(5\) both hold out prompts"),
