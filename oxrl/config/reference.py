@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from oxrl.config.load import _model_in
-from oxrl.config.schema import Config, ReadOnly, rule_of
+from oxrl.config.schema import Config, ReadOnly, rules_of
 
 
 def _type_name(annotation: Any) -> str:
@@ -25,35 +25,34 @@ def _default(field) -> str:
     return f"`{field.default!r}`"
 
 
-def _read_only(rule: ReadOnly | None) -> str:
-    if rule is None:
-        return ""
-    kept = f" (except {', '.join(f'`{name}`' for name in rule.keep)})" if rule.keep else ""
-    return f"Read only {rule.reader}{kept}."
+def _read_only(rules: list[ReadOnly]) -> str:
+    """Who reads a setting (or a section, its `keep` fields aside), as its `ReadOnly` rules say."""
+    said = [rule.reader + (f" (except {', '.join(rule.keep)})" if rule.keep else "") for rule in rules]
+    return f"Read only {'; and '.join(said)}." if said else ""
 
 
-def _section(model: type[BaseModel], prefix: str, out: list[str], rule: ReadOnly | None = None) -> None:
+def _section(model: type[BaseModel], prefix: str, out: list[str], rules: list[ReadOnly] = ()) -> None:
     rows = []
     nested = []
     for name, field in model.model_fields.items():
         inner = _model_in(field.annotation)
         key = f"{prefix}{name}"
         if inner is not None and not str(field.annotation).startswith("list"):
-            nested.append((key, inner, rule_of(model, name)))
+            nested.append((key, inner, rules_of(model, name)))
             continue
         if inner is not None:  # a list of sections
-            nested.append((f"{key}[]", inner, None))
+            nested.append((f"{key}[]", inner, []))
         type_text = _type_name(field.annotation).replace("|", "\\|")
-        described = " ".join(text for text in (field.description, _read_only(rule_of(model, name))) if text)
+        described = " ".join(text for text in (field.description, _read_only(rules_of(model, name))) if text)
         rows.append(f"| `{key}` | {type_text} | {_default(field)} | {described} |")
     if rows:
         out.append(f"\n### `{prefix.rstrip('.') or 'top level'}`\n")
-        if rule is not None:
-            out.append(_read_only(rule) + "\n")
+        if rules:
+            out.append(_read_only(rules) + "\n")
         out.append("| key | type | default | description |\n|---|---|---|---|")
         out.extend(rows)
-    for key, inner, section_rule in nested:
-        _section(inner, f"{key}.", out, section_rule)
+    for key, inner, section_rules in nested:
+        _section(inner, f"{key}.", out, section_rules)
 
 
 def config_reference() -> str:

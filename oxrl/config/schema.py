@@ -41,10 +41,11 @@ def registered_name(kind: str, value: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ReadOnly:
-    """Declared beside a setting or a section, `Annotated[type, ReadOnly(...)]`: a run reads it only where `reads`
-    holds of its whole, resolved config. Set to anything but its default in a run that does not read it, the config
-    is refused, naming `reader`, before anything loads (`unread_settings`); the config reference prints `reader`
-    with the setting. A setting with no rule is read by every run that reads its section."""
+    """Declared beside a setting or a section, `Annotated[type, ReadOnly(...), ...]`: a run reads it only where
+    `reads` holds of its whole, resolved config (every rule, where a setting has several). Set to anything but its
+    default in a run that does not read it, the config is refused, naming `reader`, before anything loads
+    (`unread_settings`); the config reference prints `reader` with the setting. A setting with no rule is read by
+    every run that reads its section."""
 
     reader: str  # who reads it, completing "read only ...": "with lora.enabled: true", "by dpo, ipo"
     reads: Callable[[Any], bool]  # of the Config
@@ -121,6 +122,13 @@ _OFFLINE_BATCH = ReadOnly("by offline objectives; an RL step trains on rl.prompt
                           "set those", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
 _OFFLINE_EVAL = ReadOnly("by offline objectives; RL validates on its held-out prompts every rl.validation_every steps: "
                          "use rl.validation_every", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_NOT_SPIN = ReadOnly("by the algorithms other than `spin`, whose opponent answers every prompt of an iteration and "
+                     "becomes the policy only at the iteration's end", lambda cfg: cfg.algorithm.name != "spin")
+_NO_EPISODES = ReadOnly("without a `vla` section: its episodes start from the simulator's initial states "
+                        "(rl.task_size, rl.validation_size) and reward themselves (vla.reward)",
+                        lambda cfg: cfg.vla is None or cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_NO_ACTION_CHUNKS = ReadOnly("without a `vla` section: each of its turns samples exactly one action chunk (vla.chunk x "
+                             "the action's dimensions) from the action tokens", lambda cfg: cfg.vla is None)
 _OFFLINE_ONLY = ReadOnly("by offline objectives and by RL on prompt files; rl.task generates its own prompts",
                          lambda cfg: cfg.rl.task is None)
 
@@ -281,15 +289,15 @@ class DatasetSpec(Section):
 
 
 class DataConfig(Section):
-    train: Annotated[list[DatasetSpec], _OFFLINE_ONLY] = Field(
+    train: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(
         default_factory=list,
         description="Training datasets, mixed by `weight`: offline rows, or RL prompt files. Required except for RL on "
         "a generated task (`rl.task`).",
     )
-    validation: Annotated[list[DatasetSpec], _OFFLINE_ONLY] = Field(
+    validation: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(
         default_factory=list, description="Validation datasets (RL: held-out prompts)."
     )
-    validation_fraction: Annotated[float, _OFFLINE_ONLY] = Field(
+    validation_fraction: Annotated[float, _OFFLINE_ONLY, _NO_VALIDATION_FILES] = Field(
         0.0, ge=0, lt=1,
         description="Hold out this fraction of each training dataset for validation (when `validation` is empty), "
         "seeded by `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error).",
@@ -320,13 +328,6 @@ class DataConfig(Section):
         description="Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most "
         "this many when it is decoded, before the model's processor sees it.",
     )
-
-    @model_validator(mode="after")
-    def _one_held_out_set(self) -> "DataConfig":
-        if self.validation and self.validation_fraction:
-            raise ValueError(f"data.validation_fraction = {self.validation_fraction} is not read with data.validation, "
-                             "which is then the held-out set: set only one")
-        return self
 
 
 class OptimConfig(Section):
@@ -492,8 +493,10 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
     top_p: Annotated[float, _SAMPLED] = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: Annotated[int, _SAMPLED] = Field(0, ge=0, description="Top-k sampling; 0 disables.")
-    max_new_tokens: int = Field(256, gt=0, description="Maximum completion length in tokens.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (kept in the completion).")
+    max_new_tokens: Annotated[int, _NO_ACTION_CHUNKS] = Field(
+        256, gt=0, description="Maximum completion length in tokens.")
+    stop: Annotated[list[str], _NO_ACTION_CHUNKS] = Field(
+        default_factory=list, description="Stop strings (kept in the completion).")
     max_batch_size: int = Field(
         64, gt=0,
         description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
@@ -548,7 +551,7 @@ class EnvConfig(Section):
 
 
 class RLConfig(Section):
-    task: str | None = Field(
+    task: Annotated[str | None, _NO_EPISODES] = Field(
         None,
         description="Generated task instead of `data.train` files: `arithmetic` or a reasoning-gym dataset "
         "name (`basic_arithmetic`, `countdown`, ...).",
@@ -563,10 +566,10 @@ class RLConfig(Section):
     )
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
-    rewards: list[RewardConfig] = Field(
+    rewards: Annotated[list[RewardConfig], _NO_EPISODES] = Field(
         default_factory=list, description="Rewards and weights; default: the task's own reward."
     )
-    env: Annotated[EnvConfig | None, _IN_UPDATE] = Field(
+    env: Annotated[EnvConfig | None, _IN_UPDATE, _NO_EPISODES] = Field(
         None, description="Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."
     )
     on_reward_error: Annotated[Literal[REWARD_ERROR_MODES], _REWARD_FUNCTIONS] = Field(
@@ -659,7 +662,7 @@ class RLConfig(Section):
     on_policy_tolerance: Annotated[float, _STRICT] = Field(
         1e-3, gt=0, description="Its tolerance (mean absolute log-prob difference)."
     )
-    max_staleness: int = Field(
+    max_staleness: Annotated[int, _NOT_SPIN] = Field(
         0, ge=0,
         description="Pipelined RL: the samples of step t come from the policy of step max(0, t - max_staleness), a "
         "schedule fixed by the step number, so every sample's version lag is known in advance and a run reproduces "
@@ -1152,9 +1155,6 @@ class Config(Section):
         """`online` settings only under the algorithms that read them; each online algorithm's own needs; the
         reward an `rlhf` / `rlaif` run is named after."""
         name, online = self.algorithm.name, self.online
-        if name == "spin" and self.rl.max_staleness:
-            raise ValueError(f"rl.max_staleness = {self.rl.max_staleness} is not read by `spin`: its opponent answers "
-                             "every prompt of an iteration, and becomes the policy only at the iteration's end")
         if name == "online_dpo" and self.rl.rollout.n < 2:
             raise ValueError(f"`online_dpo` pairs the best and worst of each prompt's samples: set rl.rollout.n >= 2 "
                              f"(it is {self.rl.rollout.n})")
@@ -1253,18 +1253,6 @@ class Config(Section):
         if vla.env is None:
             raise ValueError(f"`{name}` with a `vla` section runs episodes in a simulator: set vla.env (`reach`, `pusht` "
                              "or `module:factory`)")
-        clashes = [key for key, value in (("rl.env", self.rl.env), ("rl.task", self.rl.task),
-                                          ("rl.rewards", self.rl.rewards), ("data.train", self.data.train),
-                                          ("data.validation", self.data.validation)) if value]
-        if clashes:
-            raise ValueError(f"{', '.join(clashes)} is not read with a `vla` section: its episodes start from the "
-                             "simulator's initial states (rl.task_size, rl.validation_size) and reward themselves "
-                             "(vla.reward)")
-        fixed = [f"rl.rollout.{key}" for key in ("max_new_tokens", "stop")
-                 if getattr(self.rl.rollout, key) != getattr(RolloutConfig(), key)]
-        if fixed:
-            raise ValueError(f"{', '.join(fixed)} is not read with a `vla` section: each turn samples exactly one "
-                             "action chunk (vla.chunk x the action's dimensions) from the action tokens")
         if self.rl.max_staleness or self.run.launcher != "local":
             raise ValueError("a `vla` run samples its episodes in one local process, synchronously, for now: leave "
                              "rl.max_staleness 0 and run.launcher local")
@@ -1306,9 +1294,9 @@ class Config(Section):
         return self
 
 
-def rule_of(section: type[BaseModel], field: str) -> ReadOnly | None:
-    """The `ReadOnly` declared beside `section.field`, if any."""
-    return next((rule for rule in section.model_fields[field].metadata if isinstance(rule, ReadOnly)), None)
+def rules_of(section: type[BaseModel], field: str) -> list[ReadOnly]:
+    """The `ReadOnly` rules declared beside `section.field`."""
+    return [rule for rule in section.model_fields[field].metadata if isinstance(rule, ReadOnly)]
 
 
 def unread_settings(cfg: Config) -> list[str]:
@@ -1321,8 +1309,9 @@ def unread_settings(cfg: Config) -> list[str]:
 
     def visit(section: BaseModel, prefix: str) -> None:
         for field, info in type(section).model_fields.items():
-            value, rule, key = getattr(section, field), rule_of(type(section), field), f"{prefix}{field}"
-            if rule is not None and not rule.reads(cfg):
+            value, key = getattr(section, field), f"{prefix}{field}"
+            rule = next((rule for rule in rules_of(type(section), field) if not rule.reads(cfg)), None)
+            if rule is not None:
                 default = info.get_default(call_default_factory=True)
                 if isinstance(value, BaseModel) and type(value) is type(default):
                     changed = changed_settings(value, default, key, skip=rule.keep)

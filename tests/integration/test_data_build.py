@@ -79,8 +79,6 @@ def test_validation_datasets(tmp_path):
     cfg = DataConfig(train=[{"path": str(train)}], validation=[{"path": str(valid)}])
     data = load_examples(cfg, char_tokenizer(), seed=0)
     assert (len(data.train), len(data.validation)) == (6, 2)  # every training row trains: none is held out
-    with pytest.raises(ValueError, match="data.validation_fraction = 0.5 is not read with data.validation"):
-        DataConfig(train=[{"path": str(train)}], validation=[{"path": str(valid)}], validation_fraction=0.5)
 
 
 def test_incompatible_formats_cannot_be_mixed(tmp_path):

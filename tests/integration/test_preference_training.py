@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oxrl.algorithms.preference import PreferenceInput, PreferenceParams, dpo_loss
-from oxrl.config.schema import Config, PreferenceConfig, rule_of
+from oxrl.config.schema import Config, PreferenceConfig, rules_of
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.training.strategy import SingleDevice
 from oxrl.loops.objectives import get_objective
@@ -42,7 +42,7 @@ def preference_config(tmp_path, name: str = "dpo", preference: dict | None = Non
         "data": {"train": [{"path": "unused"}]},
         "algorithm": {"name": name},
         # beta 0.5 where the objective reads it (a setting it does not read is a config error)
-        "preference": {**({"beta": 0.5} if name in rule_of(PreferenceConfig, "beta").by else {}), **(preference or {})},
+        "preference": {**({"beta": 0.5} if name in rules_of(PreferenceConfig, "beta")[0].by else {}), **(preference or {})},
         "train": {"global_batch_size": 4, "micro_batch_size_per_device": 2, "max_steps": 8,
                   "optim": {"lr": 1e-2, "schedule": "constant"}, **train},
         "logging": {"progress_bar": False, "plot": False},

@@ -257,7 +257,8 @@ def test_the_same_settings_are_accepted_where_they_are_read(overrides):
 
 
 def test_validation_datasets_and_a_validation_fraction_are_one_too_many():
-    with pytest.raises(ConfigError, match="data.validation_fraction = 0.1 is not read with data.validation"):
+    with pytest.raises(ConfigError, match="data.validation_fraction = 0.1 is not read by `sft`: it is read only without "
+                       "data.validation"):
         load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "data.train=[{path: d.jsonl}]",
                            "data.validation=[{path: v.jsonl}]", "data.validation_fraction=0.1"])
 

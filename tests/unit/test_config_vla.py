@@ -26,12 +26,13 @@ def test_a_behaviour_cloning_and_an_rl_config_load():
      r"every dataset needs format `lerobot` \(data.train\[0\]\)"),
     (MODEL + ["algorithm.name=grpo", "vla.bins=8"], r"runs episodes in a simulator: set vla.env"),
     (MODEL + ["algorithm.name=grpo", "vla.env=nowhere"], r"vla.env 'nowhere' is not a built-in environment \(reach, pusht\)"),
-    (RL + ["rl.task=arithmetic"], r"rl.task is not read with a `vla` section"),
-    (RL + ["rl.rollout.max_new_tokens=64"], r"rl.rollout.max_new_tokens is not read with a `vla` section"),
+    (RL + ["rl.task=arithmetic"], r"rl.task = 'arithmetic' is not read by `grpo`: it is read only without a `vla` section: its episodes start"),
+    (RL + ["rl.rollout.max_new_tokens=64"], r"rl.rollout.max_new_tokens = 64 is not read by `grpo`: it is read only without a `vla` section: each of its turns"),
     (RL + ["rl.max_staleness=1", "rl.off_policy_correction=tis"], r"leave rl.max_staleness 0 and run.launcher local"),
     (RL + ["vla.binning=quantile"], r"vla.binning `quantile` takes its bins from demonstrations: set vla.stats"),
     (MODEL + ["algorithm.name=grpo", "data.train=[{path: demos, format: lerobot}]", "vla.env=reach"],
-     r"data.train is not read with a `vla` section: its episodes start from the simulator's initial states"),
+     r"data.train = .* is not read by `grpo`: it is read only without a `vla` section: its episodes start from the "
+     r"simulator's initial states"),
     (MODEL + DEMOS + ["algorithm.name=sft", "vla.binz=8"], r"unknown key `vla.binz`.*Did you mean `vla.bins`"),
 ])
 def test_what_a_vla_run_would_not_read_is_refused(overrides, message):

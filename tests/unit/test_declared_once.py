@@ -20,7 +20,7 @@ from oxrl.config.params import FIXED, NOT_BY_NAME, params_from
 from oxrl.loops.rl_update import loss_params
 from oxrl.config.rl_presets import PRESETS, resolve
 from oxrl.config.schema import (AlgorithmConfig, Config, ModelConfig, OnlineConfig, PreferenceConfig, RLConfig,
-                                Section, rule_of, unread_settings)
+                                Section, rules_of, unread_settings)
 
 # ----------------------------------------------------------------------------- choices
 
@@ -84,7 +84,7 @@ def test_the_registries_implement_exactly_the_declared_choices():
     assert all(isinstance(getattr(torch, dtype), torch.dtype) for dtype in names.DTYPES[1:])  # models.load.resolve_dtype
     assert tuple(PRESETS) == names.RL_ALGORITHMS
     assert tuple(ROW_CONVERTERS) == RL_PROMPT_FORMATS
-    online_readers = {field: rule_of(OnlineConfig, field).by for field in OnlineConfig.model_fields}
+    online_readers = {field: rules_of(OnlineConfig, field)[0].by for field in OnlineConfig.model_fields}
     assert {reader for readers in online_readers.values() for reader in readers} == set(names.ONLINE)
 
 
@@ -206,18 +206,18 @@ def test_a_setting_the_algorithm_does_not_read_is_a_config_error():
 
 
 def test_the_rules_by_algorithm_name_real_algorithms():
-    rules = {field: rule_of(PreferenceConfig, field) for field in PreferenceConfig.model_fields}
-    assert all(rule is not None and rule.by for rule in rules.values())  # every preference setting is objective-specific
+    rules = {field: rules_of(PreferenceConfig, field) for field in PreferenceConfig.model_fields}
+    assert all(len(found) == 1 and found[0].by for found in rules.values())  # every preference setting is objective-specific
+    rules = {field: found[0] for field, found in rules.items()}
     assert all(set(rule.by) <= set(names.OFFLINE_ALGORITHMS) for rule in rules.values())
-    assert all(set(rule_of(OnlineConfig, field).by) <= set(names.ONLINE) for field in OnlineConfig.model_fields)
+    assert all(set(rules_of(OnlineConfig, field)[0].by) <= set(names.ONLINE) for field in OnlineConfig.model_fields)
 
 
 def _rules():
     """Every `ReadOnly` of the schema, with its section and field."""
     for section in _sections():
         for field in section.model_fields:
-            rule = rule_of(section, field)
-            if rule is not None:
+            for rule in rules_of(section, field):
                 yield section, field, rule
 
 
@@ -316,17 +316,17 @@ def test_preference_settings_are_read_exactly_where_the_table_says():
     for field, other in others.items():
         for name, loss in PREFERENCE_LOSSES.items():
             moved = loss(pairs, PreferenceParams()).loss != loss(pairs, PreferenceParams(**{field: other})).loss
-            assert bool(moved) == (name in rule_of(PreferenceConfig, field).by), (name, field)
+            assert bool(moved) == (name in rules_of(PreferenceConfig, field)[0].by), (name, field)
     logits = DistillInput(torch.randn(5, 7), torch.randn(5, 7), torch.ones(5, dtype=torch.bool))
     for field, other in {"temperature": 2.0, "jsd_beta": 0.2}.items():
         for name, loss_name in DISTILL_OBJECTIVES.items():
             loss = DISTILL_LOSSES[loss_name]
             moved = loss(logits, DistillParams()).loss != loss(logits, DistillParams(**{field: other})).loss
-            assert bool(moved) == (name in rule_of(PreferenceConfig, field).by), (name, field)
+            assert bool(moved) == (name in rules_of(PreferenceConfig, field)[0].by), (name, field)
     # The reference is built for exactly the objectives that compare against one (a KD teacher is not a reference).
     uses_reference = {name for name, objective in all_objectives().items() if objective.needs_reference}
-    assert set(rule_of(PreferenceConfig, "reference").by) == uses_reference - set(names.DISTILLATION)
-    assert set(rule_of(PreferenceConfig, "reference").by) >= {name for name, needs in NEEDS_REFERENCE.items() if needs}
+    assert set(rules_of(PreferenceConfig, "reference")[0].by) == uses_reference - set(names.DISTILLATION)
+    assert set(rules_of(PreferenceConfig, "reference")[0].by) >= {name for name, needs in NEEDS_REFERENCE.items() if needs}
 
 
 def test_the_reference_free_objectives_are_exactly_those_built_without_one():
