@@ -119,8 +119,10 @@ def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens:
             "task": "arithmetic", "task_size": prompts_per_step * steps, "validation_size": 0,
             "prompts_per_step": prompts_per_step,
             # equal precision: fp32 samples from the fp32 weights (TRL's sampler), bf16 from the engine's bf16 copy
+            # (the `hf` engine's setting; vLLM samples in its own dtype)
             "rollout": {"engine": engine, "n": n, "temperature": 1.0, "max_new_tokens": max_new_tokens,
-                        "max_batch_size": completions, "precision": "trainer" if precision == "fp32" else "bf16"},
+                        "max_batch_size": completions,
+                        **({"precision": "trainer" if precision == "fp32" else "bf16"} if engine == "hf" else {})},
             "kl_coef": 0.0, "epochs": 1, "mini_batches": 1,
         },
         "train": {

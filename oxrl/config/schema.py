@@ -129,6 +129,21 @@ _NO_EPISODES = ReadOnly("without a `vla` section: its episodes start from the si
                         lambda cfg: cfg.vla is None or cfg.algorithm.name not in SAMPLING_ALGORITHMS)
 _NO_ACTION_CHUNKS = ReadOnly("without a `vla` section: each of its turns samples exactly one action chunk (vla.chunk x "
                              "the action's dimensions) from the action tokens", lambda cfg: cfg.vla is None)
+_WARMUP_BY_RATIO = ReadOnly("with train.optim.warmup_steps 0, which it then sets",
+                            lambda cfg: cfg.train.optim.warmup_steps == 0)
+_DECAYING = ReadOnly("with train.optim.schedule linear or cosine (`constant` stays at lr)",
+                     lambda cfg: cfg.train.optim.schedule != "constant")
+_NO_MAX_STEPS = ReadOnly("without train.max_steps, which sets the length of the run instead",
+                         lambda cfg: cfg.train.max_steps is None)
+_HF_DECODING = ReadOnly("by an `hf`-based engine (rl.rollout.engine `hf` or an extension's): vLLM decodes its own way",
+                        lambda cfg: cfg.rl.rollout.engine != "vllm")
+_NO_KV_CACHE_SIZE = ReadOnly("without rl.rollout.vllm.kv_cache_gib, which sizes the KV cache instead",
+                             lambda cfg: cfg.rl.rollout.vllm.kv_cache_gib is None)
+_RESUMING = ReadOnly("with run.resume", lambda cfg: cfg.run.resume is not False)
+_MLFLOW = ReadOnly("with `mlflow` in logging.report_to", lambda cfg: "mlflow" in cfg.logging.report_to)
+_NAMED_PROJECT = ReadOnly("with `mlflow` or `wandb` in logging.report_to",
+                          lambda cfg: bool({"mlflow", "wandb"} & set(cfg.logging.report_to)))
+_SAMPLES = ReadOnly("with logging.samples", lambda cfg: bool(cfg.logging.samples))
 _OFFLINE_ONLY = ReadOnly("by offline objectives and by RL on prompt files; rl.task generates its own prompts",
                          lambda cfg: cfg.rl.task is None)
 
@@ -170,7 +185,7 @@ class RunConfig(Section):
         "`oxrl train` becomes a Ray driver that starts the `ray` section's worker groups (trainer ranks, rollout "
         "engines, reward workers) on a Ray cluster; see docs/ray.md.",
     )
-    accept_config_changes: bool = Field(
+    accept_config_changes: Annotated[bool, _RESUMING] = Field(
         False,
         description="Resume although config keys differ from the checkpoint's saved `config.yaml` (the differences "
         "are logged). The new values apply from the resumed step, the learning rate and schedule included.",
@@ -337,8 +352,12 @@ class OptimConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (not applied to biases and norms).")
     schedule: Literal[LR_SCHEDULES] = Field("cosine", description="Learning-rate schedule after warmup.")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 over this many optimizer steps.")
-    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warmup as a fraction of total steps (when warmup_steps is 0).")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr` (linear/cosine).")
+    warmup_ratio: Annotated[float, _WARMUP_BY_RATIO] = Field(
+        0.0, ge=0, lt=1, description="Warmup as a fraction of total steps (when warmup_steps is 0)."
+    )
+    min_lr_ratio: Annotated[float, _DECAYING] = Field(
+        0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr` (linear/cosine)."
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
 
 
@@ -349,7 +368,8 @@ class TrainConfig(Section):
     micro_batch_size_per_device: int = Field(
         1, gt=0, description="Examples packed into one forward pass on one device."
     )
-    epochs: float = Field(1.0, gt=0, description="Passes over the training mixture (fractions allowed).")
+    epochs: Annotated[float, _NO_MAX_STEPS] = Field(
+        1.0, gt=0, description="Passes over the training mixture (fractions allowed).")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     eval_every: Annotated[int | None, _OFFLINE_EVAL] = Field(
         None, gt=0, description="Validate every N optimizer steps (and at the end).")
@@ -441,10 +461,10 @@ class PreferenceConfig(Section):
 
 class VLLMConfig(Section):
     tensor_parallel_size: int = Field(1, gt=0, description="GPUs (or CPU processes) one vLLM engine is split over.")
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: Annotated[float, _NO_KV_CACHE_SIZE] = Field(
         0.5, gt=0, le=1,
         description="Fraction of GPU memory vLLM may claim (weights + KV cache); the trainer shares the GPU, so keep "
-        "room for it. Ignored when `kv_cache_gib` is set.",
+        "room for it.",
     )
     kv_cache_gib: float | None = Field(
         None, gt=0,
@@ -502,7 +522,7 @@ class RolloutConfig(Section):
         description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
         "(all `n` samples of a prompt share one prefill), and at least one prompt's `n`.",
     )
-    decode: Literal[ROLLOUT_DECODES] = Field(
+    decode: Annotated[Literal[ROLLOUT_DECODES], _HF_DECODING] = Field(
         "auto",
         description="`hf` engine: how it decodes. `generate`: transformers' generate with a dynamic KV cache, "
         "finished rows leaving the batch every 8 tokens. `compiled`: a static KV cache, each decoding step under "
@@ -510,7 +530,7 @@ class RolloutConfig(Section):
         "compiles). `static`: the same static cache without compiling. `auto`: `compiled` on CUDA for a text model "
         "on one process (not sharded), else `generate`.",
     )
-    precision: Literal[ROLLOUT_PRECISIONS] = Field(
+    precision: Annotated[Literal[ROLLOUT_PRECISIONS], _HF_DECODING] = Field(
         "auto",
         description="`hf` engine: the weights it decodes from. `trainer`: the training model itself, in the trainer's "
         "precision (its log-probs equal the trainer's to ~1e-6). `bf16`: a bf16 copy refreshed at every weight sync "
@@ -931,9 +951,9 @@ class LoggingConfig(Section):
         "`<run dir>/tensorboard`), `wandb` (files in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the "
         "network). Each needs its package, e.g. `pip install 'wandb>=0.19.10'` (`oxrl` on PyPI is another project).",
     )
-    project: str = Field("oxrl", min_length=1, description="MLflow experiment and Weights & Biases project the run "
+    project: Annotated[str, _NAMED_PROJECT] = Field("oxrl", min_length=1, description="MLflow experiment and Weights & Biases project the run "
                          "is logged under (named `run.name` there).")
-    mlflow_tracking_uri: str | None = Field(
+    mlflow_tracking_uri: Annotated[str | None, _MLFLOW] = Field(
         None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
     )
     plot: bool = Field(False, description="At the end of the run (rank 0), write `curves.png` (the logged metrics "
@@ -943,7 +963,9 @@ class LoggingConfig(Section):
     samples: list[str] = Field(
         default_factory=list, description="Prompts to answer before and after training (shown and saved)."
     )
-    sample_max_new_tokens: int = Field(48, gt=0, description="Tokens generated for each sample prompt.")
+    sample_max_new_tokens: Annotated[int, _SAMPLES] = Field(
+        48, gt=0, description="Tokens generated for each sample prompt."
+    )
 
     @model_validator(mode="before")
     @classmethod

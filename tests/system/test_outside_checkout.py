@@ -86,7 +86,8 @@ def test_a_wheel_runs_outside_the_checkout(tmp_path, smollm2_tokenizer):
     model = save_tiny_model(tmp_path / "tiny", smollm2_tokenizer)
     small = [f"model.name_or_path={model}", f"run.output_dir={work / 'runs'}", "train.max_steps=1",
              "train.global_batch_size=4", "train.micro_batch_size_per_device=4",
-             "logging.samples=[]", "logging.progress_bar=false", "logging.plot=false"]
+             "logging.samples=[]", "logging.sample_max_new_tokens=48",  # the default: without samples it is not read
+             "logging.progress_bar=false", "logging.plot=false"]
     dpo = _run([oxrl, "train", ROOT / "examples" / "dpo_smollm2_arithmetic.yaml", *small], work)
     assert dpo.returncode == 0, dpo.stderr[-3000:]
     rows = [json.loads(line) for line in (work / "runs" / "dpo-smollm2-arithmetic" / "metrics.jsonl").read_text().splitlines()]

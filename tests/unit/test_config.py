@@ -235,6 +235,21 @@ def test_every_yaml_file_oxrl_reads_is_read_as_a_config_is(tmp_path):
     ("grpo", ["rl.task=arithmetic", "rl.env={path: tests.integration.test_multiturn:make_env}",
               "rl.on_reward_error=zero"], "rl.on_reward_error = 'zero'", "rl.env and `vla` episodes reward themselves"),
     ("sft", ["strategy.name=single", "strategy.cpu_offload=true"], "strategy.cpu_offload = True", "fsdp2 or deepspeed"),
+    ("sft", ["train.optim.warmup_steps=5", "train.optim.warmup_ratio=0.1"], "train.optim.warmup_ratio = 0.1",
+     "with train.optim.warmup_steps 0"),
+    ("sft", ["train.optim.schedule=constant", "train.optim.min_lr_ratio=0.1"], "train.optim.min_lr_ratio = 0.1",
+     "with train.optim.schedule linear or cosine"),
+    ("sft", ["train.max_steps=5", "train.epochs=3"], "train.epochs = 3.0", "without train.max_steps"),
+    ("grpo", ["rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.decode=static"], "rl.rollout.decode = 'static'",
+     "by an `hf`-based engine"),
+    ("grpo", ["rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.vllm.kv_cache_gib=2",
+              "rl.rollout.vllm.gpu_memory_utilization=0.3"], "rl.rollout.vllm.gpu_memory_utilization = 0.3",
+     "without rl.rollout.vllm.kv_cache_gib"),
+    ("sft", ["run.accept_config_changes=true"], "run.accept_config_changes = True", "with run.resume"),
+    ("sft", ["logging.mlflow_tracking_uri=sqlite:///m.db"], "logging.mlflow_tracking_uri = 'sqlite:///m.db'",
+     "with `mlflow` in logging.report_to"),
+    ("sft", ["logging.project=mine"], "logging.project = 'mine'", "with `mlflow` or `wandb` in logging.report_to"),
+    ("sft", ["logging.sample_max_new_tokens=8"], "logging.sample_max_new_tokens = 8", "with logging.samples"),
 ])
 def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm, overrides, refused, reader):
     with pytest.raises(ConfigError) as raised:
@@ -251,6 +266,11 @@ def test_a_setting_the_run_does_not_read_is_refused_naming_its_reader(algorithm,
     ["algorithm.name=grpo", "rl.task=arithmetic", "rl.task_size=10", "rl.task_config={max_operand: 5}",
      "rl.validation_size=4", "rl.validation_every=2", "rl.rollout.top_p=0.9", "rl.on_reward_error=zero"],
     ["algorithm.name=sft", "strategy.name=fsdp2", "strategy.cpu_offload=true"],
+    ["algorithm.name=sft", "train.optim.warmup_ratio=0.1", "train.optim.min_lr_ratio=0.1", "train.epochs=3",
+     "run.name=r", "run.resume=true", "run.accept_config_changes=true", "logging.samples=[hi]",
+     "logging.sample_max_new_tokens=8"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.rollout.decode=static", "rl.rollout.precision=trainer"],
+    ["algorithm.name=grpo", "rl.task=arithmetic", "rl.rollout.engine=vllm", "rl.rollout.vllm.kv_cache_gib=2"],
 ])
 def test_the_same_settings_are_accepted_where_they_are_read(overrides):
     load_config(None, ["model.name_or_path=m", *overrides])
