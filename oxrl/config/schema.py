@@ -334,7 +334,7 @@ class DataConfig(Section):
         "headers, generation header); `drop` and `error` as above; `right`, the default, stops like `error`, as "
         "cutting a prompt's end would cut the question and the generation header.",
     )
-    skip_invalid_rows: bool = Field(
+    skip_invalid_rows: Annotated[bool, _OFFLINE_ONLY, _NO_EPISODES] = Field(
         False, description="Skip malformed rows (and report how many) instead of stopping before training."
     )
     shuffle: bool = Field(True, description="Shuffle the training examples each epoch (deterministic by seed).")
