@@ -369,10 +369,12 @@ class TrainConfig(Section):
         1, gt=0, description="Examples packed into one forward pass on one device."
     )
     epochs: Annotated[float, _NO_MAX_STEPS] = Field(
-        1.0, gt=0, description="Passes over the training mixture (fractions allowed).")
+        1.0, gt=0, description="Passes over the training mixture (fractions allowed)."
+    )
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     eval_every: Annotated[int | None, _OFFLINE_EVAL] = Field(
-        None, gt=0, description="Validate every N optimizer steps (and at the end).")
+        None, gt=0, description="Validate every N optimizer steps (and at the end)."
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
     mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
         "auto", description="`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: "
@@ -514,9 +516,11 @@ class RolloutConfig(Section):
     top_p: Annotated[float, _SAMPLED] = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: Annotated[int, _SAMPLED] = Field(0, ge=0, description="Top-k sampling; 0 disables.")
     max_new_tokens: Annotated[int, _NO_ACTION_CHUNKS] = Field(
-        256, gt=0, description="Maximum completion length in tokens.")
+        256, gt=0, description="Maximum completion length in tokens."
+    )
     stop: Annotated[list[str], _NO_ACTION_CHUNKS] = Field(
-        default_factory=list, description="Stop strings (kept in the completion).")
+        default_factory=list, description="Stop strings (kept in the completion)."
+    )
     max_batch_size: int = Field(
         64, gt=0,
         description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
@@ -622,11 +626,11 @@ class RLConfig(Section):
         "loss + `value_coef` x the value loss (half the memory; the two losses share gradients).",
     )
     critic_lr: Annotated[float, _SEPARATE_CRITIC] = Field(
-        1e-5, gt=0, description="Its learning rate (the optimizer, warmup and schedule of "
+        1e-5, gt=0, description="The separate critic's learning rate (the optimizer, warmup and schedule of "
         "`train.optim`)."
     )
     critic_max_grad_norm: Annotated[float | None, _SEPARATE_CRITIC] = Field(
-        1.0, gt=0, description="Clip its gradient norm to this; null: no clipping."
+        1.0, gt=0, description="Clip the separate critic's gradient norm to this; null: no clipping."
     )
     value_coef: Annotated[float, _SHARED_CRITIC] = Field(
         0.5, gt=0, description="Weight of the value loss in the one loss."
@@ -680,7 +684,7 @@ class RLConfig(Section):
         "(within `on_policy_tolerance`) and the first ratio is 1.",
     )
     on_policy_tolerance: Annotated[float, _STRICT] = Field(
-        1e-3, gt=0, description="Its tolerance (mean absolute log-prob difference)."
+        1e-3, gt=0, description="The tolerance of `strict_on_policy` (mean absolute log-prob difference)."
     )
     max_staleness: Annotated[int, _NOT_SPIN] = Field(
         0, ge=0,
@@ -703,12 +707,12 @@ class RLConfig(Section):
         2.0, gt=1, description="The bound C on the weight w.")
     off_policy_max_kl: Annotated[float | None, _CORRECTED] = Field(
         None, gt=0,
-        description="Drop whole the sequences whose mean k3 "
-        "estimate of KL(behaviour || pi_old) per token exceeds this; null: none dropped.")
+        description="Drop whole the sequences whose mean k3 estimate of KL(behaviour || pi_old) per token exceeds "
+        "this; null: none dropped.")
     accept_uncorrected: Annotated[bool, _STALE_UNCORRECTED] = Field(
         False,
-        description="Train on stale samples as if "
-        "they were on-policy (the ratio starts from pi_old, the behaviour policy is ignored). Refused unless set.",
+        description="Train on stale samples as if they were on-policy (the ratio starts from pi_old, the behaviour "
+        "policy is ignored). Refused unless set.",
     )
     validation_every: Annotated[int | None, _HELD_OUT] = Field(
         None, gt=0, description="Greedy accuracy on the validation prompts every N steps."
@@ -951,8 +955,10 @@ class LoggingConfig(Section):
         "`<run dir>/tensorboard`), `wandb` (files in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the "
         "network). Each needs its package, e.g. `pip install 'wandb>=0.19.10'` (`oxrl` on PyPI is another project).",
     )
-    project: Annotated[str, _NAMED_PROJECT] = Field("oxrl", min_length=1, description="MLflow experiment and Weights & Biases project the run "
-                         "is logged under (named `run.name` there).")
+    project: Annotated[str, _NAMED_PROJECT] = Field(
+        "oxrl", min_length=1,
+        description="MLflow experiment and Weights & Biases project the run is logged under (named `run.name` there).",
+    )
     mlflow_tracking_uri: Annotated[str | None, _MLFLOW] = Field(
         None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
     )
