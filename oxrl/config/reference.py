@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,13 +26,13 @@ def _default(field) -> str:
     return f"`{field.default!r}`"
 
 
-def _read_only(rules: list[ReadOnly]) -> str:
+def _read_only(rules: Sequence[ReadOnly]) -> str:
     """Who reads a setting (or a section, its `keep` fields aside), as its `ReadOnly` rules say."""
     said = [rule.reader + (f" (except {', '.join(rule.keep)})" if rule.keep else "") for rule in rules]
     return f"Read only {'; and '.join(said)}." if said else ""
 
 
-def _section(model: type[BaseModel], prefix: str, out: list[str], rules: list[ReadOnly] = ()) -> None:
+def _section(model: type[BaseModel], prefix: str, out: list[str], rules: Sequence[ReadOnly] = ()) -> None:
     rows = []
     nested = []
     for name, field in model.model_fields.items():

@@ -1346,8 +1346,9 @@ def unread_settings(cfg: Config) -> list[str]:
                 else:
                     changed = {key: value} if value != default else {}
                 shown = {path: functools.reduce(getattr, path.split("."), cfg) for path in rule.shows}
-                deciding = "; ".join(f"{path} is {as_written(value)!r}" for path, value in shown.items()
-                                     if None not in shown.values())  # None: no preset filled it (an online run)
+                if None in shown.values():  # no preset filled them: an online run, which has no such update
+                    shown = {}
+                deciding = "; ".join(f"{path} is {as_written(decider)!r}" for path, decider in shown.items())
                 lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
                              f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}"
                              for setting, setting_value in changed.items())
