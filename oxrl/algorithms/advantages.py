@@ -26,7 +26,7 @@ estimators on a typo; `outcome_advantages(name, rewards [B], group_ids [B])` for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -48,6 +48,7 @@ class AdvantageParams:
     gamma: float = 1.0  # gae only: discount
     lam: float = 0.95  # gae only: lambda of the lambda-return
     whiten_advantages: bool = True  # gae only: whiten the advantages over the batch's trained tokens
+    advantage_params: dict = field(default_factory=dict)  # an extension's own parameters (rl.advantage_params)
 
 
 @dataclass(frozen=True)
@@ -278,9 +279,10 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
 def outcome_on_tokens(estimator: OutcomeEstimator) -> Callable[[RolloutRewards, AdvantageParams], Advantages]:
     """`estimator`, which scores each completion by its reward ([B] -> [B]), as an estimator over token rewards."""
 
-    def on_tokens(inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:
+    def on_tokens(inp: RolloutRewards, params: AdvantageParams = AdvantageParams(), *own) -> Advantages:
+        # `own`: the parameters of an estimator an extension registers with a class of its own
         returns = (_as_float(inp.token_rewards) * inp.mask).sum(dim=1)  # [B] each completion's return
-        scalar = estimator(AdvantageInput(rewards=returns, group_ids=inp.group_ids), params)
+        scalar = estimator(AdvantageInput(rewards=returns, group_ids=inp.group_ids), params, *own)
         return Advantages(broadcast_to_tokens(scalar, inp.mask))
 
     on_tokens.__doc__ = f"`{estimator.__name__}` on each completion's summed token rewards, given to all its tokens."

@@ -96,6 +96,16 @@ _CORRECTED = read_in_update("with rl.off_policy_correction tis, decoupled or mas
 _STALE_UNCORRECTED = read_in_update("with rl.max_staleness >= 1 and rl.off_policy_correction `none`",
                                     lambda rl: rl.max_staleness > 0 and rl.off_policy_correction == "none",
                                     shows=("max_staleness", "off_policy_correction"))
+
+
+def read_with_own_params(kind: str, choice: str) -> ReadOnly:
+    """The parameters of an extension's own (`oxrl.extensions`): read only where `choice`, a dotted setting, names
+    one of `kind` registered with a parameter class of its own."""
+    return ReadOnly(f"with an {choice} that an extension registers with a parameter class of its own",
+                    lambda cfg: REGISTERED[kind].get(functools.reduce(getattr, choice.split("."), cfg)) is not None,
+                    shows=(choice,))
+
+
 _HELD_OUT = ReadOnly("with held-out prompts (rl.validation_size > 0, data.validation or data.validation_fraction)",
                      lambda cfg: cfg.rl.validation_size != 0 or bool(cfg.data.validation)
                      or bool(cfg.data.validation_fraction))
@@ -510,6 +520,11 @@ class RolloutConfig(Section):
         "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
         "rollout worker owns one, beside any trainer strategy), or one an extension registers (docs/extending.md).",
     )
+    engine_params: Annotated[dict, read_with_own_params("engine", "rl.rollout.engine")] = Field(
+        default_factory=dict,
+        description="The parameters of a rollout engine an extension registers with its own parameter class, checked "
+        "against that class when the config loads (the built-in engines read `max_batch_size`, `vllm`, ... instead).",
+    )
     vllm: Annotated[VLLMConfig, _VLLM] = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
     n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
@@ -607,6 +622,11 @@ class RLConfig(Section):
         "`reward_model`) scores a whole batch: keep the limit above what one batch legitimately needs "
         "(docs/rewards.md). `math` called from the main thread runs under math-verify's own alarms instead. null: no limit.",
     )
+    advantage_params: Annotated[dict, _IN_UPDATE, read_with_own_params("advantage", "rl.advantage")] = Field(
+        default_factory=dict,
+        description="The parameters of an advantage estimator an extension registers with its own parameter class, "
+        "checked against that class (the built-in estimators read the `rl` settings below instead).",
+    )
     advantage: Annotated[str | None, _IN_UPDATE] = Field(
         None,
         description="Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS) + " or one an extension registers; "
@@ -643,7 +663,7 @@ class RLConfig(Section):
     policy_loss: Annotated[str | None, _IN_UPDATE] = Field(
         None, description="Policy loss: " + ", ".join(POLICY_LOSS_NAMES) + " or one an extension registers; default "
         "from the preset.")
-    policy_loss_params: dict = Field(
+    policy_loss_params: Annotated[dict, _IN_UPDATE, read_with_own_params("policy_loss", "rl.policy_loss")] = Field(
         default_factory=dict,
         description="The parameters of a policy loss an extension registers with its own parameter class, checked "
         "against that class (the built-in losses read the `rl` settings above instead).")
@@ -1142,20 +1162,22 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _policy_loss_params_fit(self) -> "Config":
-        """rl.policy_loss_params: exactly what the resolved policy loss's own parameter class takes."""
-        given, name = self.rl.policy_loss_params, self.rl.policy_loss
-        params_class = REGISTERED["policy_loss"].get(name)
-        if params_class is None:
-            if given:
-                raise ValueError(f"rl.policy_loss_params {given} is not read by the policy loss `{name}`, which has no "
-                                 "parameter class of its own: only a loss an extension registers with one reads it")
-            return self
-        try:
-            params_class(**given)
-        except TypeError as error:
-            fields = ", ".join(getattr(params_class, "__dataclass_fields__", {})) or "none"
-            raise ValueError(f"rl.policy_loss_params for `{name}`: {error} (it takes: {fields})") from None
+    def _own_params_fit(self) -> "Config":
+        """The parameters of an extension's own (`rl.policy_loss_params`, ...): exactly what its parameter class
+        takes. Where the chosen one has no such class, `ReadOnly` has refused any given."""
+        for kind, key, choice, given in (
+            ("policy_loss", "rl.policy_loss_params", self.rl.policy_loss, self.rl.policy_loss_params),
+            ("advantage", "rl.advantage_params", self.rl.advantage, self.rl.advantage_params),
+            ("engine", "rl.rollout.engine_params", self.rl.rollout.engine, self.rl.rollout.engine_params),
+        ):
+            params_class = REGISTERED[kind].get(choice)
+            if params_class is None:
+                continue
+            try:
+                params_class(**given)
+            except (TypeError, ValueError) as error:  # a key it does not take; a value its checks refuse
+                fields = ", ".join(getattr(params_class, "__dataclass_fields__", {})) or "none"
+                raise ValueError(f"{key} for `{choice}`: {error} (it takes: {fields})") from None
         return self
 
     @model_validator(mode="after")

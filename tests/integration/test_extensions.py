@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from oxrl.algorithms.advantages import ADVANTAGES, RolloutRewards
+from oxrl.algorithms.advantages import ADVANTAGES, AdvantageParams, RolloutRewards
 from oxrl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInput, PolicyLossParams
 from oxrl.config.load import ConfigError, load_config
 from oxrl.config.names import REGISTERED
@@ -59,16 +59,38 @@ def test_a_registered_advantage_is_a_valid_choice_and_computes_the_group_median_
     mask = torch.tensor([[1, 1, 0]] * 6)
     token_rewards = torch.zeros(6, 3)
     token_rewards[:, 1] = rewards  # an outcome reward sits on the last sampled token
-    out = ADVANTAGES["median_baseline"](RolloutRewards(token_rewards, mask, torch.tensor([0, 0, 0, 0, 1, 1])), None)
+    inp = RolloutRewards(token_rewards, mask, torch.tensor([0, 0, 0, 0, 1, 1]))
+    out = ADVANTAGES["median_baseline"](inp, AdvantageParams())
     expected = torch.tensor([1.0, 0.0, 0.0, 5.0, 0.0, 0.0])[:, None] * mask
     torch.testing.assert_close(out.advantages, expected)
+
+
+def test_an_advantage_estimator_with_its_own_parameter_reads_it_from_the_config(registries):
+    from oxrl.loops.rl_update import advantage_params
+
+    cfg = _config("median_baseline.py", advantage="median_baseline", advantage_params={"clip": 2.0})
+    params = advantage_params(cfg.rl)
+    assert params.advantage_params == {"clip": 2.0}
+    rewards = torch.zeros(6, 3)
+    rewards[:, 1] = torch.tensor([1.0, 0.0, 0.0, 5.0, 2.0, 2.0])
+    out = ADVANTAGES["median_baseline"](RolloutRewards(rewards, torch.ones(6, 3), torch.tensor([0, 0, 0, 0, 1, 1])),
+                                        params)
+    # 5 - 0 clipped to 2; the others within the bound
+    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([1.0, 0.0, 0.0, 2.0, 0.0, 0.0]))
+    with pytest.raises(ConfigError, match=r"rl.advantage_params for `median_baseline`: .*clp.*\(it takes: clip\)"):
+        _config("median_baseline.py", advantage="median_baseline", advantage_params={"clp": 2.0})
+    with pytest.raises(ConfigError, match="rl.advantage_params for `median_baseline`: clip must be > 0"):
+        _config("median_baseline.py", advantage="median_baseline", advantage_params={"clip": -1.0})
+    with pytest.raises(ConfigError, match=r"rl.advantage_params = \{'clip': 2.0\} is not read by `grpo` "
+                                          r"\(rl.advantage is 'grpo'\)"):
+        _config("median_baseline.py", advantage_params={"clip": 2.0})
 
 
 def test_a_policy_loss_with_its_own_parameter_reads_it_from_the_config(registries):
     cfg = _config("capped_reinforce.py", policy_loss="capped_reinforce", policy_loss_params={"max_weight": 2.0})
     with pytest.raises(ConfigError, match="max_wieght"):
         _config("capped_reinforce.py", policy_loss="capped_reinforce", policy_loss_params={"max_wieght": 2.0})
-    with pytest.raises(ConfigError, match="policy_loss_params.*`ppo`"):
+    with pytest.raises(ConfigError, match="policy_loss_params.*rl.policy_loss is 'ppo'"):
         _config(policy_loss="ppo", policy_loss_params={"max_weight": 2.0})
     # Two tokens, both trained: ratios 0.5 / 0.1 = 5 (capped to 2) and 0.5 / 0.5 = 1; advantages 1 and -1.
     logprobs = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
@@ -84,6 +106,16 @@ def test_a_policy_loss_with_its_own_parameter_reads_it_from_the_config(registrie
     assert float(metrics["capped_frac"]) == 0.5
     loss.backward()  # d/dlogp: -w A / 2 -> [-1, 0.5]
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.0, 0.5]]))
+
+
+def test_an_engine_with_its_own_parameter_is_checked_when_the_config_loads(registries):
+    cfg = _config("counting_engine.py", rollout={"engine": "counting_hf", "engine_params": {"prefix": "counted"}})
+    assert cfg.rl.rollout.engine_params == {"prefix": "counted"}
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine_params for `counting_hf`: .*prefx.*\(it takes: prefix\)"):
+        _config("counting_engine.py", rollout={"engine": "counting_hf", "engine_params": {"prefx": "counted"}})
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine_params = \{'prefix': 'x'\} is not read by `grpo` "
+                                          r"\(rl.rollout.engine is 'hf'\)"):
+        _config("counting_engine.py", rollout={"engine_params": {"prefix": "x"}})
 
 
 def test_a_registered_reward_is_named_like_a_built_in(registries):
@@ -114,10 +146,11 @@ def test_a_run_trains_with_all_four_extensions_from_outside_the_package(tmp_path
         "model": {"name_or_path": str(model)},
         "algorithm": {"name": "grpo"},
         "rl": {"task": "arithmetic", "task_size": 8, "validation_size": 0, "prompts_per_step": 2,
-               "advantage": "median_baseline", "policy_loss": "capped_reinforce",
+               "advantage": "median_baseline", "advantage_params": {"clip": 1.0}, "policy_loss": "capped_reinforce",
                "policy_loss_params": {"max_weight": 1.5},
                "rewards": [{"name": "brevity", "kwargs": {"max_chars": 40}}],
-               "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "engine": "counting_hf"}},
+               "rollout": {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "engine": "counting_hf",
+                           "engine_params": {"prefix": "counted"}}},
         "train": {"max_steps": 2, "micro_batch_size_per_device": 4, "optim": {"lr": 1e-3}},
         "checkpoint": {"save_final": False},
         "logging": {"progress_bar": False, "plot": False},
@@ -135,6 +168,7 @@ def test_a_run_trains_with_all_four_extensions_from_outside_the_package(tmp_path
     rows = [json.loads(line) for line in (tmp_path / "runs" / "ext" / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "reward/brevity" in row]
     assert [row["step"] for row in steps] == [1, 2]
-    assert [row["engine/calls"] for row in steps] == [1.0, 2.0]  # the wrapped engine sampled each step
-    assert steps[1]["engine/sampled_tokens"] > steps[0]["engine/sampled_tokens"] > 0
+    assert [row["counted/calls"] for row in steps] == [1.0, 2.0]  # the wrapped engine sampled each step
+    assert steps[1]["counted/sampled_tokens"] > steps[0]["counted/sampled_tokens"] > 0
+    assert all(abs(row["advantage/abs_max"]) <= 1.0 for row in steps)  # median_baseline's own clip
     assert all("capped_frac" in row and math.isfinite(row["loss"]) for row in steps)
