@@ -88,7 +88,8 @@ def _config(tmp_path: Path, **overrides) -> Config:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"algorithm": {"name": "sft"}, "data": {"train": [{"path": "x.jsonl"}]}}, "runs the RL loop"),
+    ({"algorithm": {"name": "sft"}, "data": {"train": [{"path": "x.jsonl"}]}, "rl": {"prompts_per_step": 8}},
+     "runs the RL loop"),  # (rl at its defaults: an offline run reads no `rl` setting)
     ({"ray": {"layout": "colocated", "trainers": {"count": 1}, "rollout": {"count": 2}}}, "must be <= ray.trainers.count"),
     ({"ray": {"trainers": {"count": 3}}}, "must be a multiple of ray.trainers.count"),
     ({"run": {"launcher": "local"}, "ray": {"rollout": {"count": 2}}}, "read only with run.launcher: ray"),
