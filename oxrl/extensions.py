@@ -7,7 +7,7 @@ choices in that same config:
 
     @register_advantage("name", params=MyParams)     rl.advantage: name, rl.advantage_params: {...}
     @register_policy_loss("name", params=MyParams)   rl.policy_loss: name, rl.policy_loss_params: {...}
-    @register_reward("name")                         rl.rewards: [{name: name}, kwargs: {...}]
+    @register_reward("name")                         rl.rewards: [{name: name, kwargs: {...}}]
     @register_engine("name", params=MyParams)        rl.rollout.engine: name, rl.rollout.engine_params: {...}
 
 Each decorator adds to the registry the built-ins live in, with the built-ins' own signature, so the
