@@ -258,8 +258,8 @@ def test_every_way_of_building_a_config_resolves_rl():
     assert renamed.rl == cfg.rl
 
 
-# The tables against the code: a setting listed as not read under a choice must not change that choice's
-# loss or advantages, and one listed as read must.
+# The rules against the code: a setting a rule says is not read under a choice must not change that choice's
+# loss or advantages, and one it says is read must.
 
 
 def _rl(**settings) -> Config:
@@ -273,7 +273,7 @@ def _rl(**settings) -> Config:
 
 @pytest.mark.parametrize("field, other", [("std_normalise", False), ("gamma", 0.5), ("lam", 0.3),
                                           ("whiten_advantages", False)])
-def test_advantage_settings_are_read_exactly_where_the_table_says(field, other):
+def test_advantage_settings_are_read_exactly_where_their_rules_say(field, other):
     from oxrl.algorithms.advantages import ADVANTAGES, AdvantageParams, RolloutRewards
 
     torch.manual_seed(0)
@@ -287,7 +287,7 @@ def test_advantage_settings_are_read_exactly_where_the_table_says(field, other):
 
 @pytest.mark.parametrize("field, other", [("dual_clip", 1.3), ("kl_estimator", "k1"), ("eps_low", 0.5),
                                           ("eps_high", 0.5)])
-def test_loss_settings_are_read_exactly_where_the_table_says(field, other):
+def test_loss_settings_are_read_exactly_where_their_rules_say(field, other):
     from oxrl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInput, PolicyLossParams
 
     # Rows whose token and sequence ratios are 0.6 or 1.4 (so each bound binds somewhere), one advantage per row.
@@ -302,7 +302,7 @@ def test_loss_settings_are_read_exactly_where_the_table_says(field, other):
         assert moved == (not unread_settings(_rl(policy_loss=name, **{field: other}))), (name, field)
 
 
-def test_preference_settings_are_read_exactly_where_the_table_says():
+def test_preference_settings_are_read_exactly_where_their_rules_say():
     from oxrl.algorithms.distill import DISTILL_LOSSES, DistillInput, DistillParams
     from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, PreferenceInput, PreferenceParams
     from oxrl.loops.objectives import all_objectives
