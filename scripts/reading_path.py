@@ -28,15 +28,23 @@ if __package__ in (None, ""):  # run as `python scripts/reading_path.py`: make `
     sys.path.insert(0, str(ROOT))
 
 
+def _is_string(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) \
+        and isinstance(statement.value.value, str)
+
+
 def code_lines(source: str) -> int:
-    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    """Lines holding code: not blank, not only a comment, not part of a docstring. A docstring is a module's,
+    class's or function's, or an attribute's (PEP 257: the string right after an assignment, which is how a config
+    field documents itself, oxrl/config/schema.py)."""
     docstrings: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
-                docstrings.update(range(first.lineno, first.end_lineno + 1))
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+            continue
+        for index, statement in enumerate(node.body):
+            after_assignment = index > 0 and isinstance(node.body[index - 1], (ast.Assign, ast.AnnAssign))
+            if _is_string(statement) and (index == 0 or after_assignment):
+                docstrings.update(range(statement.lineno, statement.end_lineno + 1))
     lines: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,

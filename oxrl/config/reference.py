@@ -44,7 +44,9 @@ def _section(model: type[BaseModel], prefix: str, out: list[str], rules: Sequenc
         if inner is not None:  # a list of sections
             nested.append((f"{key}[]", inner, []))
         type_text = _type_name(field.annotation).replace("|", "\\|")
-        described = " ".join(text for text in (field.description, _read_only(rules_of(model, name))) if text)
+        # (a description written as the field's docstring keeps its line breaks: one line in a table row)
+        described = " ".join(" ".join(text.split()) for text in (field.description, _read_only(rules_of(model, name)))
+                             if text)
         rows.append(f"| `{key}` | {type_text} | {_default(field)} | {described} |")
     if rows:
         out.append(f"\n### `{prefix.rstrip('.') or 'top level'}`\n")

@@ -23,11 +23,10 @@ from oxrl.config.names import (
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
 from oxrl.config.rl_presets import resolve
-from oxrl.user_code import load_extensions
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 def registered_name(kind: str, value: str | None) -> str | None:
@@ -159,53 +158,41 @@ _OFFLINE_ONLY = ReadOnly("by offline objectives and by RL on prompt files; rl.ta
 
 
 class RunConfig(Section):
-    name: str | None = Field(
-        None, min_length=1,
-        description="Run name, one folder name (no `/`); the run directory is `<output_dir>/<name>`. Unset: a new "
-        "`<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>` for every run (the same on every rank under torchrun). "
-        "A directory that already holds a run is refused unless `resume` or `overwrite` says what to do with it.",
-    )
-    output_dir: str = Field(
-        "runs",
-        description="Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default.",
-    )
-    seed: int = Field(0, description="Seed for python, numpy and torch RNGs, data order and mixing.")
-    device: Literal[DEVICES] = Field("auto", description="`auto` picks CUDA when available.")
-    resume: bool | str = Field(
-        False,
-        description="`true` continues the run named `name` from the latest checkpoint in its directory. A checkpoint "
-        "path continues from that checkpoint: one of this run's own rewinds the run (its later checkpoints and "
-        "metrics rows are dropped), another run's starts this run from its state. Config keys that differ from "
-        "the checkpoint's saved `config.yaml` stop the run unless `accept_config_changes`. The checkpoint is checked "
-        "before anything is deleted: its recorded step must be its folder's, and a damaged or hostile state file "
-        "stops the run in one line naming it (state files load as tensors and plain values only).",
-    )
-    overwrite: bool = Field(
-        False,
-        description="Replace the run in an existing run directory: what a run writes there (config.yaml, "
-        "metrics.jsonl, checkpoints/, final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and "
-        "wandb/ tracker folders, offline wandb runs not yet synced included) is deleted first; other files stay, and "
-        "symlinks are unlinked, never followed. Only a directory an oxRL run claimed (its `.oxrl-run` marker) is "
-        "cleared: another tool's files under the same names are refused. The outputs are moved aside before they "
-        "are deleted: if one cannot be moved, nothing is deleted.",
-    )
-    launcher: Literal[LAUNCHERS] = Field(
-        "local",
-        description="`local`: this process, or the processes torchrun started. `ray` (RL and online algorithms): "
-        "`oxrl train` becomes a Ray driver that starts the `ray` section's worker groups (trainer ranks, rollout "
-        "engines, reward workers) on a Ray cluster; see docs/ray.md.",
-    )
-    accept_config_changes: Annotated[bool, _RESUMING] = Field(
-        False,
-        description="Resume although config keys differ from the checkpoint's saved `config.yaml` (the differences "
-        "are logged). The new values apply from the resumed step, the learning rate and schedule included.",
-    )
-    keep_freed_memory: bool = Field(
-        True,
-        description="CPU runs on Linux (glibc): malloc keeps freed memory for reuse instead of returning it to the "
-        "kernel, so every step's large tensors are not faulted in afresh (a GRPO update ~1.4x faster on 2 cores; "
-        "resident memory stays at its peak until the run ends). See oxrl/training/allocator.py.",
-    )
+    name: str | None = Field(None, min_length=1)
+    """Run name, one folder name (no `/`); the run directory is `<output_dir>/<name>`. Unset: a new
+    `<algorithm>-<YYYYmmdd-HHMMSS>-<4 hex digits>` for every run (the same on every rank under torchrun). A directory
+    that already holds a run is refused unless `resume` or `overwrite` says what to do with it."""
+    output_dir: str = "runs"
+    """Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default."""
+    seed: int = 0
+    """Seed for python, numpy and torch RNGs, data order and mixing."""
+    device: Literal[DEVICES] = "auto"
+    """`auto` picks CUDA when available."""
+    resume: bool | str = False
+    """`true` continues the run named `name` from the latest checkpoint in its directory. A checkpoint path continues
+    from that checkpoint: one of this run's own rewinds the run (its later checkpoints and metrics rows are dropped),
+    another run's starts this run from its state. Config keys that differ from the checkpoint's saved `config.yaml`
+    stop the run unless `accept_config_changes`. The checkpoint is checked before anything is deleted: its recorded
+    step must be its folder's, and a damaged or hostile state file stops the run in one line naming it (state files
+    load as tensors and plain values only)."""
+    overwrite: bool = False
+    """Replace the run in an existing run directory: what a run writes there (config.yaml, metrics.jsonl, checkpoints/,
+    final/, summary.json, samples.json, curves.png, report.md, and the tensorboard/ and wandb/ tracker folders,
+    offline wandb runs not yet synced included) is deleted first; other files stay, and symlinks are unlinked, never
+    followed. Only a directory an oxRL run claimed (its `.oxrl-run` marker) is cleared: another tool's files under
+    the same names are refused. The outputs are moved aside before they are deleted: if one cannot be moved, nothing
+    is deleted."""
+    launcher: Literal[LAUNCHERS] = "local"
+    """`local`: this process, or the processes torchrun started. `ray` (RL and online algorithms): `oxrl train` becomes
+    a Ray driver that starts the `ray` section's worker groups (trainer ranks, rollout engines, reward workers) on a
+    Ray cluster; see docs/ray.md."""
+    accept_config_changes: Annotated[bool, _RESUMING] = False
+    """Resume although config keys differ from the checkpoint's saved `config.yaml` (the differences are logged). The
+    new values apply from the resumed step, the learning rate and schedule included."""
+    keep_freed_memory: bool = True
+    """CPU runs on Linux (glibc): malloc keeps freed memory for reuse instead of returning it to the kernel, so every
+    step's large tensors are not faulted in afresh (a GRPO update ~1.4x faster on 2 cores; resident memory stays at
+    its peak until the run ends). See oxrl/training/allocator.py."""
 
     @field_validator("name")
     @classmethod
@@ -229,52 +216,52 @@ class RunConfig(Section):
 
 
 class ModelConfig(Section):
-    name_or_path: str = Field(
-        ...,
-        description="Hub id, local HF folder, path to a `.gguf` file, or a bundled alias (`smollm2-135m-instruct`).",
-    )
-    dtype: Literal[DTYPES] = Field(
-        "auto", description="Parameter dtype: `auto` is float32 on CPU and bfloat16 on GPU."
-    )
-    attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = Field(
-        "auto",
-        description="Attention kernel. `auto`/`packed_sdpa`: variable-length attention over packed rows "
-        "(oxrl/models/packed_attention.py) where it applies: SDPA once per sequence on a CPU, torch's varlen "
-        "FlashAttention on CUDA in bf16/fp16, FlexAttention on CUDA otherwise; else transformers' default, `sdpa` or "
-        "`eager` where a model has no sdpa path (Gemma 2's soft-capping; the reason is logged). `flash_attention_2` "
-        "(the flash-attn package) reads the same packed boundaries.",
-    )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
-    compile_blocks: bool = Field(
-        False,
-        description="Compile each decoder layer's MLP and RMSNorms with torch.compile (oxrl/models/load.py: "
-        "`compile_blocks`): their elementwise work (casts, SiLU, norms) fuses into a few kernels; the first steps "
-        "compile. Attention and the output layer stay eager.",
-    )
-    trust_remote_code: bool = Field(False, description="Allow model code from the hub to run. Off unless you trust it.")
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
-    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
-    chat_template: str | None = Field(None, description="Jinja chat template that overrides the tokenizer's.")
-    freeze_vision: bool = Field(
-        False, description="Vision-language models: freeze the vision tower and the projector, so that only the "
-        "language model trains (with LoRA, adapters go on the language model either way).")
-    allow_oversized: bool = Field(
-        False, description="Load the model even when its size, counted from its config before anything is allocated, "
-        "is more than the device's memory (its weights alone; for training, its weights, optimizer state and frozen "
-        "copies under the configured strategy). Off: such a model is refused with the estimate (oxrl/models/memory.py).")
+    name_or_path: str
+    """Hub id, local HF folder, path to a `.gguf` file, or a bundled alias (`smollm2-135m-instruct`)."""
+    dtype: Literal[DTYPES] = "auto"
+    """Parameter dtype: `auto` is float32 on CPU and bfloat16 on GPU."""
+    attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = "auto"
+    """Attention kernel. `auto`/`packed_sdpa`: variable-length attention over packed rows
+    (oxrl/models/packed_attention.py) where it applies: SDPA once per sequence on a CPU, torch's varlen
+    FlashAttention on CUDA in bf16/fp16, FlexAttention on CUDA otherwise; else transformers' default, `sdpa` or
+    `eager` where a model has no sdpa path (Gemma 2's soft-capping; the reason is logged). `flash_attention_2` (the
+    flash-attn package) reads the same packed boundaries."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    compile_blocks: bool = False
+    """Compile each decoder layer's MLP and RMSNorms with torch.compile (oxrl/models/load.py: `compile_blocks`): their
+    elementwise work (casts, SiLU, norms) fuses into a few kernels; the first steps compile. Attention and the output
+    layer stay eager."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub to run. Off unless you trust it."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)."""
+    tokenizer: str | None = None
+    """Tokenizer location when it differs from the model's."""
+    chat_template: str | None = None
+    """Jinja chat template that overrides the tokenizer's."""
+    freeze_vision: bool = False
+    """Vision-language models: freeze the vision tower and the projector, so that only the language model trains (with
+    LoRA, adapters go on the language model either way)."""
+    allow_oversized: bool = False
+    """Load the model even when its size, counted from its config before anything is allocated, is more than the
+    device's memory (its weights alone; for training, its weights, optimizer state and frozen copies under the
+    configured strategy). Off: such a model is refused with the estimate (oxrl/models/memory.py)."""
 
 
 class LoraConfig(Section):
-    enabled: bool = Field(False, description="Train LoRA adapters (peft) instead of all weights.")
-    rank: int = Field(16, gt=0, description="LoRA rank r.")
-    alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha (the update is scaled by alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="Module names to adapt, or `all-linear`."
-    )
-    save: Literal[LORA_SAVE_MODES] = Field(
-        "merged", description="`merged` saves a plain HF model; `adapter` saves only the peft adapter."
-    )
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of all weights."""
+    rank: int = Field(16, gt=0)
+    """LoRA rank r."""
+    alpha: float = Field(32.0, gt=0)
+    """LoRA scaling alpha (the update is scaled by alpha / r)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA input."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names to adapt, or `all-linear`."""
+    save: Literal[LORA_SAVE_MODES] = "merged"
+    """`merged` saves a plain HF model; `adapter` saves only the peft adapter."""
 
 
 # Row formats: offline objectives read the first (oxrl/data/formats.py), RL the prompt formats (oxrl/data/rl_prompts.py).
@@ -284,120 +271,101 @@ ROBOT_FORMATS = ("lerobot",)  # robot demonstrations (oxrl/vla/lerobot.py), read
 
 
 class DatasetSpec(Section):
-    path: str = Field(
-        ...,
-        description="Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. "
-        "Relative paths are looked up in `OXRL_DATA_DIR` first when it is set.",
-    )
-    format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS, *ROBOT_FORMATS)] = Field(
-        "auto",
-        description="Row format; `auto` picks it from the columns. Offline objectives: `messages`, `prompt_response`, "
-        "`text`, `preference`, `kto`. RL prompts: `gsm8k` (question, answer ending in `#### 42`), `openr1` (problem, "
-        "solution with a final `\\boxed{}`), `rl2` (`prompt` or `messages`, + `extra_info`). A format of the other "
-        "kind is refused. `lerobot`: a LeRobot dataset folder of robot demonstrations (`sft` with a `vla` section).",
-    )
-    split: str = Field("train", description="Split to read from a HF dataset folder or hub dataset.")
-    weight: float | None = Field(
-        None, gt=0, description="Mixing ratio; when any dataset sets one, all ratios are normalised to sum to 1."
-    )
-    max_rows: int | None = Field(None, gt=0, description="Read at most this many rows.")
-    columns: dict[str, str] = Field(
-        default_factory=dict, description="Rename columns to oxRL's names, e.g. `{question: prompt, answer: response}`."
-    )
-    chat_template: bool = Field(
-        True,
-        description="Render with the tokenizer's chat template, else as plain text: offline `prompt`/`response` rows; "
-        "RL `gsm8k`/`openr1` questions and `rl2` `messages` (plain: their contents joined by newlines). An `rl2` "
-        "`prompt` string is always sent as it is.",
-    )
-    name: str | None = Field(None, description="Name used in logs; defaults to the file name.")
+    path: str
+    """Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. Relative paths
+    are looked up in `OXRL_DATA_DIR` first when it is set."""
+    format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS, *ROBOT_FORMATS)] = "auto"
+    """Row format; `auto` picks it from the columns. Offline objectives: `messages`, `prompt_response`, `text`,
+    `preference`, `kto`. RL prompts: `gsm8k` (question, answer ending in `#### 42`), `openr1` (problem, solution with
+    a final `\\boxed{}`), `rl2` (`prompt` or `messages`, + `extra_info`). A format of the other kind is refused.
+    `lerobot`: a LeRobot dataset folder of robot demonstrations (`sft` with a `vla` section)."""
+    split: str = "train"
+    """Split to read from a HF dataset folder or hub dataset."""
+    weight: float | None = Field(None, gt=0)
+    """Mixing ratio; when any dataset sets one, all ratios are normalised to sum to 1."""
+    max_rows: int | None = Field(None, gt=0)
+    """Read at most this many rows."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Rename columns to oxRL's names, e.g. `{question: prompt, answer: response}`."""
+    chat_template: bool = True
+    """Render with the tokenizer's chat template, else as plain text: offline `prompt`/`response` rows; RL
+    `gsm8k`/`openr1` questions and `rl2` `messages` (plain: their contents joined by newlines). An `rl2` `prompt`
+    string is always sent as it is."""
+    name: str | None = None
+    """Name used in logs; defaults to the file name."""
 
 
 class DataConfig(Section):
-    train: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(
-        default_factory=list,
-        description="Training datasets, mixed by `weight`: offline rows, or RL prompt files. Required except for RL on "
-        "a generated task (`rl.task`).",
-    )
-    validation: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(
-        default_factory=list, description="Validation datasets (RL: held-out prompts)."
-    )
-    validation_fraction: Annotated[float, _OFFLINE_ONLY, _NO_VALIDATION_FILES] = Field(
-        0.0, ge=0, lt=1,
-        description="Hold out this fraction of each training dataset for validation (when `validation` is empty), "
-        "seeded by `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error).",
-    )
-    num_examples: Annotated[int | None, _OFFLINE_ONLY] = Field(
-        None, gt=0, description="Size of the training mixture (RL: of prompts); default: the sum of the dataset sizes."
-    )
-    max_length: int = Field(
-        2048, gt=1,
-        description="Maximum tokens per sequence. RL: prompt + completion, so a prompt may have "
-        "`max_length - rl.rollout.max_new_tokens` tokens (more than 0, or the config is refused).",
-    )
-    truncation: Literal["right", "left", "drop", "error"] = Field(
-        "right",
-        description="Longer sequences: `right` cuts the end, `left` cuts the start (keeps the answer), "
-        "`drop` skips the row (counted), `error` stops with the row's location. RL prompts (longer than "
-        "`max_length - rl.rollout.max_new_tokens`): `left` cuts the start of the last user message's text, keeping "
-        "its end (the question's end and the answer instruction) and the whole chat template (system prompt, "
-        "headers, generation header); `drop` and `error` as above; `right`, the default, stops like `error`, as "
-        "cutting a prompt's end would cut the question and the generation header.",
-    )
-    skip_invalid_rows: Annotated[bool, _OFFLINE_ONLY, _NO_EPISODES] = Field(
-        False, description="Skip malformed rows (and report how many) instead of stopping before training."
-    )
-    shuffle: bool = Field(True, description="Shuffle the training examples each epoch (deterministic by seed).")
-    max_image_pixels: int = Field(
-        1024 * 1024, gt=0,
-        description="Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most "
-        "this many when it is decoded, before the model's processor sees it.",
-    )
+    train: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(default_factory=list)
+    """Training datasets, mixed by `weight`: offline rows, or RL prompt files. Required except for RL on a generated
+    task (`rl.task`)."""
+    validation: Annotated[list[DatasetSpec], _OFFLINE_ONLY, _NO_EPISODES] = Field(default_factory=list)
+    """Validation datasets (RL: held-out prompts)."""
+    validation_fraction: Annotated[float, _OFFLINE_ONLY, _NO_VALIDATION_FILES] = Field(0.0, ge=0, lt=1)
+    """Hold out this fraction of each training dataset for validation (when `validation` is empty), seeded by
+    `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error)."""
+    num_examples: Annotated[int | None, _OFFLINE_ONLY] = Field(None, gt=0)
+    """Size of the training mixture (RL: of prompts); default: the sum of the dataset sizes."""
+    max_length: int = Field(2048, gt=1)
+    """Maximum tokens per sequence. RL: prompt + completion, so a prompt may have `max_length -
+    rl.rollout.max_new_tokens` tokens (more than 0, or the config is refused)."""
+    truncation: Literal["right", "left", "drop", "error"] = "right"
+    """Longer sequences: `right` cuts the end, `left` cuts the start (keeps the answer), `drop` skips the row (counted),
+    `error` stops with the row's location. RL prompts (longer than `max_length - rl.rollout.max_new_tokens`): `left`
+    cuts the start of the last user message's text, keeping its end (the question's end and the answer instruction)
+    and the whole chat template (system prompt, headers, generation header); `drop` and `error` as above; `right`,
+    the default, stops like `error`, as cutting a prompt's end would cut the question and the generation header."""
+    skip_invalid_rows: Annotated[bool, _OFFLINE_ONLY, _NO_EPISODES] = False
+    """Skip malformed rows (and report how many) instead of stopping before training."""
+    shuffle: bool = True
+    """Shuffle the training examples each epoch (deterministic by seed)."""
+    max_image_pixels: int = Field(1024 * 1024, gt=0)
+    """Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most this many when it
+    is decoded, before the model's processor sees it."""
 
 
 class OptimConfig(Section):
-    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (not applied to biases and norms).")
-    schedule: Literal[LR_SCHEDULES] = Field("cosine", description="Learning-rate schedule after warmup.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 over this many optimizer steps.")
-    warmup_ratio: Annotated[float, _WARMUP_BY_RATIO] = Field(
-        0.0, ge=0, lt=1, description="Warmup as a fraction of total steps (when warmup_steps is 0)."
-    )
-    min_lr_ratio: Annotated[float, _DECAYING] = Field(
-        0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr` (linear/cosine)."
-    )
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
+    lr: float = Field(1e-5, gt=0)
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay (not applied to biases and norms)."""
+    schedule: Literal[LR_SCHEDULES] = "cosine"
+    """Learning-rate schedule after warmup."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup from 0 over this many optimizer steps."""
+    warmup_ratio: Annotated[float, _WARMUP_BY_RATIO] = Field(0.0, ge=0, lt=1)
+    """Warmup as a fraction of total steps (when warmup_steps is 0)."""
+    min_lr_ratio: Annotated[float, _DECAYING] = Field(0.0, ge=0, le=1)
+    """Final learning rate as a fraction of `lr` (linear/cosine)."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm; null disables."""
 
 
 class TrainConfig(Section):
-    global_batch_size: Annotated[int, _OFFLINE_BATCH] = Field(
-        8, gt=0, description="Examples per optimizer step, summed over devices and accumulation."
-    )
-    micro_batch_size_per_device: int = Field(
-        1, gt=0, description="Examples packed into one forward pass on one device."
-    )
-    epochs: Annotated[float, _NO_MAX_STEPS] = Field(
-        1.0, gt=0, description="Passes over the training mixture (fractions allowed)."
-    )
-    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    eval_every: Annotated[int | None, _OFFLINE_EVAL] = Field(
-        None, gt=0, description="Validate every N optimizer steps (and at the end)."
-    )
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
-    mixed_precision: Literal[MIXED_PRECISION_MODES] = Field(
-        "auto", description="`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: "
-        "bf16 on a GPU and on a CPU with native bf16 (AVX512-BF16, AMX or Arm BF16), fp32 on other CPUs; the run's log "
-        "and `oxrl doctor` say which it chose."
-    )
-    max_nonfinite_steps: int = Field(
-        3, gt=0,
-        description="An optimizer step whose loss or gradient norm is inf/NaN is skipped (gradients dropped, weights "
-        "untouched, the schedule still advances; counted as `train/nonfinite_steps`); this many such optimizer steps "
-        "IN A ROW stop the run with an error (1: stop at the first). RL counts each of a step's "
-        "`rl.epochs` x `rl.mini_batches` updates.",
-    )
+    global_batch_size: Annotated[int, _OFFLINE_BATCH] = Field(8, gt=0)
+    """Examples per optimizer step, summed over devices and accumulation."""
+    micro_batch_size_per_device: int = Field(1, gt=0)
+    """Examples packed into one forward pass on one device."""
+    epochs: Annotated[float, _NO_MAX_STEPS] = Field(1.0, gt=0)
+    """Passes over the training mixture (fractions allowed)."""
+    max_steps: int | None = Field(None, gt=0)
+    """Stop after this many optimizer steps (overrides epochs)."""
+    eval_every: Annotated[int | None, _OFFLINE_EVAL] = Field(None, gt=0)
+    """Validate every N optimizer steps (and at the end)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    mixed_precision: Literal[MIXED_PRECISION_MODES] = "auto"
+    """`bf16`: bf16 autocast over fp32 master weights and optimizer state; `no`: fp32. `auto`: bf16 on a GPU and on a
+    CPU with native bf16 (AVX512-BF16, AMX or Arm BF16), fp32 on other CPUs; the run's log and `oxrl doctor` say
+    which it chose."""
+    max_nonfinite_steps: int = Field(3, gt=0)
+    """An optimizer step whose loss or gradient norm is inf/NaN is skipped (gradients dropped, weights untouched, the
+    schedule still advances; counted as `train/nonfinite_steps`); this many such optimizer steps IN A ROW stop the
+    run with an error (1: stop at the first). RL counts each of a step's `rl.epochs` x `rl.mini_batches` updates."""
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -407,15 +375,13 @@ class TrainConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    name: str = Field(
-        ...,
-        description="Training objective (case-insensitive): offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, "
-        "`hinge`, `ipo`, `simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, "
-        "`kd_jsd` (hyper-parameters in the `preference` section); RL `grpo`, `sgrpo` (GRPO with its paper's KL "
-        "term: `rl.kl_coef` 0.04, k3), `dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `cispo`, `gspo`, `ppo`, `rlhf` (GRPO on a "
-        "`reward_model` reward), `rlaif` (GRPO on a `judge` reward) (presets of the `rl` section); online, sampled by "
-        "the `rl` section and trained with an offline loss: `online_dpo`, `rft`, `spin` (the `online` section).",
-    )
+    name: str
+    """Training objective (case-insensitive): offline `sft`, `cpt`; pairwise preference `dpo`, `rdpo`, `hinge`, `ipo`,
+    `simpo`, `orpo`; unpaired `kto`; reward model `rm`; distillation `kd_forward`, `kd_reverse`, `kd_jsd`
+    (hyper-parameters in the `preference` section); RL `grpo`, `sgrpo` (GRPO with its paper's KL term: `rl.kl_coef`
+    0.04, k3), `dr_grpo`, `dapo`, `rloo`, `reinforce_pp`, `cispo`, `gspo`, `ppo`, `rlhf` (GRPO on a `reward_model`
+    reward), `rlaif` (GRPO on a `judge` reward) (presets of the `rl` section); online, sampled by the `rl` section
+    and trained with an offline loss: `online_dpo`, `rft`, `spin` (the `online` section)."""
 
     @field_validator("name", mode="before")
     @classmethod
@@ -424,141 +390,103 @@ class AlgorithmConfig(Section):
 
 
 class PreferenceConfig(Section):
-    beta: Annotated[float, read_by("dpo", "rdpo", "hinge", "ipo", "simpo", "kto")] = Field(
-        0.1, gt=0, description="Inverse temperature of the implicit reward (DPO/rDPO/hinge/KTO; IPO's tau). "
-        "SimPO uses it on mean token log-probs (its paper: 2-2.5). Not read by ORPO, RM and KD.",
-    )
-    label_smoothing: Annotated[float, read_by("dpo")] = Field(
-        0.0, ge=0, le=0.5, description="cDPO's assumed label-flip probability."
-    )
-    rdpo_epsilon: Annotated[float, read_by("rdpo")] = Field(
-        0.1, ge=0, lt=0.5, description="Known label-flip rate eps (the loss divides by 1 - 2 eps)."
-    )
-    simpo_gamma: Annotated[float, read_by("simpo")] = Field(
-        0.5, description="Target reward margin gamma (the margin itself, not gamma/beta)."
-    )
-    orpo_lambda: Annotated[float, read_by("orpo")] = Field(
-        0.1, ge=0, description="Weight of the odds-ratio term beside the chosen NLL."
-    )
-    ipo_length_normalise: Annotated[bool, read_by("ipo")] = Field(
-        False, description="Use mean token log-probs (TRL's choice) instead of sums (the paper's)."
-    )
-    kto_desirable_weight: Annotated[float, read_by("kto")] = Field(
-        1.0, ge=0, description="lambda_D, weight of desirable examples."
-    )
-    kto_undesirable_weight: Annotated[float, read_by("kto")] = Field(
-        1.0, ge=0, description="lambda_U, weight of undesirable examples."
-    )
-    reference: Annotated[Literal[REFERENCE_MODES], read_by("dpo", "rdpo", "hinge", "ipo", "kto")] = Field(
-        "frozen_copy",
-        description="Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` "
-        "keeps a frozen copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs "
-        "`lora.enabled`, no second copy); `precomputed` scores the whole dataset once before training and keeps only "
-        "the sequence log-probs (not `kto`, whose mismatched pairs change every batch).",
-    )
-    teacher: Annotated[str | None, read_by(*DISTILLATION)] = Field(
-        None, description="The teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."
-    )
-    temperature: Annotated[float, read_by(*DISTILLATION)] = Field(
-        1.0, gt=0, description="Softmax temperature of student and teacher (no T^2 factor)."
-    )
-    jsd_beta: Annotated[float, read_by("kd_jsd")] = Field(
-        0.5, gt=0, lt=1, description="GKD's beta, the teacher's weight in the mixture."
-    )
-    rm_margin_field: Annotated[str | None, read_by("rm")] = Field(
-        None, description="Per-example field holding the required score margin (Llama 2): `margin`, read from a "
-        "numeric `margin` column of preference rows (rename another column with `columns`); null = plain Bradley-Terry."
-    )
+    beta: Annotated[float, read_by("dpo", "rdpo", "hinge", "ipo", "simpo", "kto")] = Field(0.1, gt=0)
+    """Inverse temperature of the implicit reward (DPO/rDPO/hinge/KTO; IPO's tau). SimPO uses it on mean token log-probs
+    (its paper: 2-2.5). Not read by ORPO, RM and KD."""
+    label_smoothing: Annotated[float, read_by("dpo")] = Field(0.0, ge=0, le=0.5)
+    """cDPO's assumed label-flip probability."""
+    rdpo_epsilon: Annotated[float, read_by("rdpo")] = Field(0.1, ge=0, lt=0.5)
+    """Known label-flip rate eps (the loss divides by 1 - 2 eps)."""
+    simpo_gamma: Annotated[float, read_by("simpo")] = 0.5
+    """Target reward margin gamma (the margin itself, not gamma/beta)."""
+    orpo_lambda: Annotated[float, read_by("orpo")] = Field(0.1, ge=0)
+    """Weight of the odds-ratio term beside the chosen NLL."""
+    ipo_length_normalise: Annotated[bool, read_by("ipo")] = False
+    """Use mean token log-probs (TRL's choice) instead of sums (the paper's)."""
+    kto_desirable_weight: Annotated[float, read_by("kto")] = Field(1.0, ge=0)
+    """lambda_D, weight of desirable examples."""
+    kto_undesirable_weight: Annotated[float, read_by("kto")] = Field(1.0, ge=0)
+    """lambda_U, weight of undesirable examples."""
+    reference: Annotated[Literal[REFERENCE_MODES], read_by("dpo", "rdpo", "hinge", "ipo", "kto")] = "frozen_copy"
+    """Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` keeps a frozen
+    copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs `lora.enabled`, no
+    second copy); `precomputed` scores the whole dataset once before training and keeps only the sequence log-probs
+    (not `kto`, whose mismatched pairs change every batch)."""
+    teacher: Annotated[str | None, read_by(*DISTILLATION)] = None
+    """The teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."""
+    temperature: Annotated[float, read_by(*DISTILLATION)] = Field(1.0, gt=0)
+    """Softmax temperature of student and teacher (no T^2 factor)."""
+    jsd_beta: Annotated[float, read_by("kd_jsd")] = Field(0.5, gt=0, lt=1)
+    """GKD's beta, the teacher's weight in the mixture."""
+    rm_margin_field: Annotated[str | None, read_by("rm")] = None
+    """Per-example field holding the required score margin (Llama 2): `margin`, read from a numeric `margin` column of
+    preference rows (rename another column with `columns`); null = plain Bradley-Terry."""
 
 
 class VLLMConfig(Section):
-    tensor_parallel_size: int = Field(1, gt=0, description="GPUs (or CPU processes) one vLLM engine is split over.")
-    gpu_memory_utilization: Annotated[float, _NO_KV_CACHE_SIZE] = Field(
-        0.5, gt=0, le=1,
-        description="Fraction of GPU memory vLLM may claim (weights + KV cache); the trainer shares the GPU, so keep "
-        "room for it.",
-    )
-    kv_cache_gib: float | None = Field(
-        None, gt=0,
-        description="KV-cache size in GiB; null: vLLM sizes it from `gpu_memory_utilization` on GPU, 1 GiB on CPU "
-        "(vLLM CPU would otherwise reserve a fraction of all RAM).",
-    )
-    dtype: Literal[DTYPES] = Field(
-        "auto", description="vLLM's compute dtype; `auto` is the training model's parameter dtype."
-    )
-    max_model_len: int | None = Field(
-        None, gt=0, description="Longest prompt + completion vLLM accepts; null: the model's context length."
-    )
-    enforce_eager: bool | None = Field(
-        None,
-        description="Run vLLM eagerly (no torch.compile / CUDA graphs); null: eager on CPU (short start-up, the "
-        "tested path), compiled on GPU.",
-    )
-    sleep_between_phases: bool = Field(
-        True,
-        description="On GPU, put vLLM to sleep (weights offloaded, KV cache freed) while the trainer runs and wake it "
-        "for the next rollout. Ignored where vLLM has no sleep mode (CPU).",
-    )
-    sync_check_tolerance: float | None = Field(
-        None, gt=0,
-        description="After every weight sync, the mean absolute gap allowed between vLLM's and the trainer's "
-        "log-probs of a fixed probe sequence; larger raises WeightSyncError. null: 1e-4 when vLLM runs in float32, "
-        "5e-2 in bfloat16/float16.",
-    )
-    sync_dir: str | None = Field(
-        None,
-        description="Folder the trainer's weights are written to for vLLM to reload; null: a fresh folder in "
-        "/dev/shm (memory-backed), else in the system temp folder.",
-    )
+    tensor_parallel_size: int = Field(1, gt=0)
+    """GPUs (or CPU processes) one vLLM engine is split over."""
+    gpu_memory_utilization: Annotated[float, _NO_KV_CACHE_SIZE] = Field(0.5, gt=0, le=1)
+    """Fraction of GPU memory vLLM may claim (weights + KV cache); the trainer shares the GPU, so keep room for it."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """KV-cache size in GiB; null: vLLM sizes it from `gpu_memory_utilization` on GPU, 1 GiB on CPU (vLLM CPU would
+    otherwise reserve a fraction of all RAM)."""
+    dtype: Literal[DTYPES] = "auto"
+    """vLLM's compute dtype; `auto` is the training model's parameter dtype."""
+    max_model_len: int | None = Field(None, gt=0)
+    """Longest prompt + completion vLLM accepts; null: the model's context length."""
+    enforce_eager: bool | None = None
+    """Run vLLM eagerly (no torch.compile / CUDA graphs); null: eager on CPU (short start-up, the tested path), compiled
+    on GPU."""
+    sleep_between_phases: bool = True
+    """On GPU, put vLLM to sleep (weights offloaded, KV cache freed) while the trainer runs and wake it for the next
+    rollout. Ignored where vLLM has no sleep mode (CPU)."""
+    sync_check_tolerance: float | None = Field(None, gt=0)
+    """After every weight sync, the mean absolute gap allowed between vLLM's and the trainer's log-probs of a fixed
+    probe sequence; larger raises WeightSyncError. null: 1e-4 when vLLM runs in float32, 5e-2 in bfloat16/float16."""
+    sync_dir: str | None = None
+    """Folder the trainer's weights are written to for vLLM to reload; null: a fresh folder in /dev/shm (memory-backed),
+    else in the system temp folder."""
 
 
 class RolloutConfig(Section):
-    engine: str = Field(
-        "hf",
-        description="Rollout engine: `hf` (transformers generate, built in), `vllm` (vLLM colocated in the trainer's "
-        "process, weights synced after every update; install with `pip install 'vllm>=0.32'` on GPU or "
-        "`scripts/setup_vllm_cpu.sh` on CPU; one process only, not under torchrun; under `run.launcher: ray` each "
-        "rollout worker owns one, beside any trainer strategy), or one an extension registers (docs/extending.md).",
-    )
-    engine_params: Annotated[dict, read_with_own_params("engine", "rl.rollout.engine")] = Field(
-        default_factory=dict,
-        description="The parameters of a rollout engine an extension registers with its own parameter class, checked "
-        "against that class when the config loads (the built-in engines read `max_batch_size`, `vllm`, ... instead).",
-    )
-    vllm: Annotated[VLLMConfig, _VLLM] = Field(default_factory=VLLMConfig, description="Options of the `vllm` engine.")
-    n: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer scales logits the same way.")
-    top_p: Annotated[float, _SAMPLED] = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
-    top_k: Annotated[int, _SAMPLED] = Field(0, ge=0, description="Top-k sampling; 0 disables.")
-    max_new_tokens: Annotated[int, _NO_ACTION_CHUNKS] = Field(
-        256, gt=0, description="Maximum completion length in tokens."
-    )
-    stop: Annotated[list[str], _NO_ACTION_CHUNKS] = Field(
-        default_factory=list, description="Stop strings (kept in the completion)."
-    )
-    max_batch_size: int = Field(
-        64, gt=0,
-        description="`hf` engine: completions generated together in one `generate` call, counted in whole prompts "
-        "(all `n` samples of a prompt share one prefill), and at least one prompt's `n`.",
-    )
-    decode: Annotated[Literal[ROLLOUT_DECODES], _HF_DECODING] = Field(
-        "auto",
-        description="`hf` engine: how it decodes. `generate`: transformers' generate with a dynamic KV cache, "
-        "finished rows leaving the batch every 8 tokens. `compiled`: a static KV cache, each decoding step under "
-        "torch.compile and replayed as a CUDA graph (oxrl/rollout/static_decode.py; the first call of a shape "
-        "compiles). `static`: the same static cache without compiling. `auto`: `compiled` on CUDA for a text model "
-        "on one process (not sharded), else `generate`.",
-    )
-    precision: Annotated[Literal[ROLLOUT_PRECISIONS], _HF_DECODING] = Field(
-        "auto",
-        description="`hf` engine: the weights it decodes from. `trainer`: the training model itself, in the trainer's "
-        "precision (its log-probs equal the trainer's to ~1e-6). `bf16`: a bf16 copy refreshed at every weight sync "
-        "(1.85x the fp32 sampling speed at batch 32 on a 2-core CPU with native bf16, eager attention there; the "
-        "engine/trainer gap is reported every step as "
-        "`logprob_mismatch/*`, and `rl.off_policy_correction` corrects for it). `auto`: `bf16` on a CPU with native bf16 when the "
-        "weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy decoding (held-out accuracy) "
-        "always runs on the trained weights.",
-    )
+    engine: str = "hf"
+    """Rollout engine: `hf` (transformers generate, built in), `vllm` (vLLM colocated in the trainer's process, weights
+    synced after every update; install with `pip install 'vllm>=0.32'` on GPU or `scripts/setup_vllm_cpu.sh` on CPU;
+    one process only, not under torchrun; under `run.launcher: ray` each rollout worker owns one, beside any trainer
+    strategy), or one an extension registers (docs/extending.md)."""
+    engine_params: Annotated[dict, read_with_own_params("engine", "rl.rollout.engine")] = Field(default_factory=dict)
+    """The parameters of a rollout engine an extension registers with its own parameter class, checked against that
+    class when the config loads (the built-in engines read `max_batch_size`, `vllm`, ... instead)."""
+    vllm: Annotated[VLLMConfig, _VLLM] = Field(default_factory=VLLMConfig)
+    """Options of the `vllm` engine."""
+    n: int = Field(8, gt=0)
+    """Completions sampled per prompt (the group size)."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; the trainer scales logits the same way."""
+    top_p: Annotated[float, _SAMPLED] = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+    top_k: Annotated[int, _SAMPLED] = Field(0, ge=0)
+    """Top-k sampling; 0 disables."""
+    max_new_tokens: Annotated[int, _NO_ACTION_CHUNKS] = Field(256, gt=0)
+    """Maximum completion length in tokens."""
+    stop: Annotated[list[str], _NO_ACTION_CHUNKS] = Field(default_factory=list)
+    """Stop strings (kept in the completion)."""
+    max_batch_size: int = Field(64, gt=0)
+    """`hf` engine: completions generated together in one `generate` call, counted in whole prompts (all `n` samples of
+    a prompt share one prefill), and at least one prompt's `n`."""
+    decode: Annotated[Literal[ROLLOUT_DECODES], _HF_DECODING] = "auto"
+    """`hf` engine: how it decodes. `generate`: transformers' generate with a dynamic KV cache, finished rows leaving
+    the batch every 8 tokens. `compiled`: a static KV cache, each decoding step under torch.compile and replayed as a
+    CUDA graph (oxrl/rollout/static_decode.py; the first call of a shape compiles). `static`: the same static cache
+    without compiling. `auto`: `compiled` on CUDA for a text model on one process (not sharded), else `generate`."""
+    precision: Annotated[Literal[ROLLOUT_PRECISIONS], _HF_DECODING] = "auto"
+    """`hf` engine: the weights it decodes from. `trainer`: the training model itself, in the trainer's precision (its
+    log-probs equal the trainer's to ~1e-6). `bf16`: a bf16 copy refreshed at every weight sync (1.85x the fp32
+    sampling speed at batch 32 on a 2-core CPU with native bf16, eager attention there; the engine/trainer gap is
+    reported every step as `logprob_mismatch/*`, and `rl.off_policy_correction` corrects for it). `auto`: `bf16` on a
+    CPU with native bf16 when the weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy
+    decoding (held-out accuracy) always runs on the trained weights."""
 
     @field_validator("engine")
     @classmethod
@@ -569,186 +497,153 @@ class RolloutConfig(Section):
 class RewardConfig(Section):
     """One entry of `rl.rewards`; the run builds an `oxrl.rewards.combine.RewardSpec` from it."""
 
-    name: str = Field(
-        ...,
-        description="Built-in reward (`math`, `format`, `code`, `reasoning_gym`, `reward_model`: a trained reward "
-        "model, `judge`: an LLM judge; their kwargs in docs/rewards.md), a dotted path "
-        "(`pkg.module:function`) or a file path (`rewards.py:function`).",
-    )
-    weight: float = Field(1.0, description="Weight in the total reward.")
-    kwargs: dict = Field(default_factory=dict, description="Keyword arguments for the reward.")
+    name: str
+    """Built-in reward (`math`, `format`, `code`, `reasoning_gym`, `reward_model`: a trained reward model, `judge`: an
+    LLM judge; their kwargs in docs/rewards.md), a dotted path (`pkg.module:function`) or a file path
+    (`rewards.py:function`)."""
+    weight: float = 1.0
+    """Weight in the total reward."""
+    kwargs: dict = Field(default_factory=dict)
+    """Keyword arguments for the reward."""
 
 
 class EnvConfig(Section):
-    path: str = Field(
-        ...,
-        description="Multi-turn environment in RL2's format: a Python file whose `async def step(state, action, "
-        "extra_info)` returns `next_state`, `reward`, `score`, `done`, `extra_info` (`envs/calc.py` uses its `step`; "
-        "`envs/calc.py:my_step` or `pkg.module:step` name another). Its rewards, summed over turns, are the reward.",
-    )
-    max_turns: int = Field(4, gt=0, description="Model turns per episode at most (each turn gets `rollout.max_new_tokens`).")
+    path: str
+    """Multi-turn environment in RL2's format: a Python file whose `async def step(state, action, extra_info)` returns
+    `next_state`, `reward`, `score`, `done`, `extra_info` (`envs/calc.py` uses its `step`; `envs/calc.py:my_step` or
+    `pkg.module:step` name another). Its rewards, summed over turns, are the reward."""
+    max_turns: int = Field(4, gt=0)
+    """Model turns per episode at most (each turn gets `rollout.max_new_tokens`)."""
 
 
 class RLConfig(Section):
-    task: Annotated[str | None, _NO_EPISODES] = Field(
-        None,
-        description="Generated task instead of `data.train` files: `arithmetic` or a reasoning-gym dataset "
-        "name (`basic_arithmetic`, `countdown`, ...).",
-    )
-    task_size: Annotated[int, _GENERATED] = Field(2000, gt=0, description="Training prompts generated for `task`.")
-    validation_size: Annotated[int | None, _NO_VALIDATION_FILES] = Field(
-        None, ge=0,
-        description="Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and "
-        "neither `data.validation` nor `data.validation_fraction`: the first N rows of `data.train` (in file order) "
-        "are split off (null: 10% of the rows, at most 100, so files of fewer than 10 rows keep all for training; a "
-        "count that leaves no training rows is an error). 0: none.",
-    )
-    prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (global); each gets `rollout.n` completions.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
-    rewards: Annotated[list[RewardConfig], _NO_EPISODES] = Field(
-        default_factory=list, description="Rewards and weights; default: the task's own reward."
-    )
-    env: Annotated[EnvConfig | None, _IN_UPDATE, _NO_EPISODES] = Field(
-        None, description="Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."
-    )
-    on_reward_error: Annotated[Literal[REWARD_ERROR_MODES], _REWARD_FUNCTIONS] = Field(
-        "raise", description="A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."
-    )
-    reward_timeout_s: Annotated[float | None, _REWARD_FUNCTIONS] = Field(
-        300.0, gt=0,
-        description="Seconds one call of a reward, built-in or your own, may take; a call that takes longer stops the "
-        "run with an error naming the reward, whatever `on_reward_error` says (a Python thread cannot be killed: the "
-        "hung call is left behind in a daemon thread, still using CPU). A call of a batched reward (`code`, `judge`, "
-        "`reward_model`) scores a whole batch: keep the limit above what one batch legitimately needs "
-        "(docs/rewards.md). `math` called from the main thread runs under math-verify's own alarms instead. null: no limit.",
-    )
+    task: Annotated[str | None, _NO_EPISODES] = None
+    """Generated task instead of `data.train` files: `arithmetic` or a reasoning-gym dataset name (`basic_arithmetic`,
+    `countdown`, ...)."""
+    task_size: Annotated[int, _GENERATED] = Field(2000, gt=0)
+    """Training prompts generated for `task`."""
+    validation_size: Annotated[int | None, _NO_VALIDATION_FILES] = Field(None, ge=0)
+    """Held-out prompts. With `task`: generated with another seed (null: 100). With prompt files and neither
+    `data.validation` nor `data.validation_fraction`: the first N rows of `data.train` (in file order) are split off
+    (null: 10% of the rows, at most 100, so files of fewer than 10 rows keep all for training; a count that leaves no
+    training rows is an error). 0: none."""
+    prompts_per_step: int = Field(8, gt=0)
+    """Prompts per optimizer step (global); each gets `rollout.n` completions."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Sampling."""
+    rewards: Annotated[list[RewardConfig], _NO_EPISODES] = Field(default_factory=list)
+    """Rewards and weights; default: the task's own reward."""
+    env: Annotated[EnvConfig | None, _IN_UPDATE, _NO_EPISODES] = None
+    """Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."""
+    on_reward_error: Annotated[Literal[REWARD_ERROR_MODES], _REWARD_FUNCTIONS] = "raise"
+    """A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."""
+    reward_timeout_s: Annotated[float | None, _REWARD_FUNCTIONS] = Field(300.0, gt=0)
+    """Seconds one call of a reward, built-in or your own, may take; a call that takes longer stops the run with an
+    error naming the reward, whatever `on_reward_error` says (a Python thread cannot be killed: the hung call is left
+    behind in a daemon thread, still using CPU). A call of a batched reward (`code`, `judge`, `reward_model`) scores
+    a whole batch: keep the limit above what one batch legitimately needs (docs/rewards.md). `math` called from the
+    main thread runs under math-verify's own alarms instead. null: no limit."""
     advantage_params: Annotated[dict, _IN_UPDATE, read_with_own_params("advantage", "rl.advantage")] = Field(
-        default_factory=dict,
-        description="The parameters of an advantage estimator an extension registers with its own parameter class, "
-        "checked against that class (the built-in estimators read the `rl` settings below instead).",
-    )
+        default_factory=dict)
+    """The parameters of an advantage estimator an extension registers with its own parameter class, checked against
+    that class (the built-in estimators read the `rl` settings below instead)."""
     advantage: Annotated[str | None, _IN_UPDATE] = Field(
         None,
         description="Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS) + " or one an extension registers; "
         "default from the algorithm preset. `gae` trains a critic (PPO).",
     )
-    gamma: Annotated[float, _GAE] = Field(1.0, ge=0, le=1, description="GAE's discount.")
-    lam: Annotated[float, _GAE] = Field(0.95, ge=0, le=1, description="GAE's lambda.")
-    whiten_advantages: Annotated[bool, _GAE] = Field(True, description="Whiten advantages over the step's tokens.")
-    critic_model: Annotated[str | None, _SEPARATE_CRITIC] = Field(
-        None, description="Critic initialisation (model path); default: the policy's weights with a new value head."
-    )
-    critic_backbone: Annotated[Literal[CRITIC_BACKBONES], _GAE] = Field(
-        "separate",
-        description="`separate`: the critic is its own model (a copy of the policy or `critic_model` with a "
-        "value head), prepared, sharded, clipped, scheduled and checkpointed like the policy. `shared`: a value head on "
-        "the policy's own backbone; one forward pass gives log-probs and values, and the update minimises the policy "
-        "loss + `value_coef` x the value loss (half the memory; the two losses share gradients).",
-    )
-    critic_lr: Annotated[float, _SEPARATE_CRITIC] = Field(
-        1e-5, gt=0, description="The separate critic's learning rate (the optimizer, warmup and schedule of "
-        "`train.optim`)."
-    )
-    critic_max_grad_norm: Annotated[float | None, _SEPARATE_CRITIC] = Field(
-        1.0, gt=0, description="Clip the separate critic's gradient norm to this; null: no clipping."
-    )
-    value_coef: Annotated[float, _SHARED_CRITIC] = Field(
-        0.5, gt=0, description="Weight of the value loss in the one loss."
-    )
-    value_clip: Annotated[float | None, _GAE] = Field(0.2, gt=0, description="Value clipping range; null disables.")
-    critic_warmup_steps: Annotated[int, _GAE] = Field(
-        0, ge=0, description="Steps that train only the critic before the policy moves."
-    )
-    std_normalise: Annotated[bool, _GROUP_STD] = Field(True, description="Divide by the group's reward std.")
+    gamma: Annotated[float, _GAE] = Field(1.0, ge=0, le=1)
+    """GAE's discount."""
+    lam: Annotated[float, _GAE] = Field(0.95, ge=0, le=1)
+    """GAE's lambda."""
+    whiten_advantages: Annotated[bool, _GAE] = True
+    """Whiten advantages over the step's tokens."""
+    critic_model: Annotated[str | None, _SEPARATE_CRITIC] = None
+    """Critic initialisation (model path); default: the policy's weights with a new value head."""
+    critic_backbone: Annotated[Literal[CRITIC_BACKBONES], _GAE] = "separate"
+    """`separate`: the critic is its own model (a copy of the policy or `critic_model` with a value head), prepared,
+    sharded, clipped, scheduled and checkpointed like the policy. `shared`: a value head on the policy's own
+    backbone; one forward pass gives log-probs and values, and the update minimises the policy loss + `value_coef` x
+    the value loss (half the memory; the two losses share gradients)."""
+    critic_lr: Annotated[float, _SEPARATE_CRITIC] = Field(1e-5, gt=0)
+    """The separate critic's learning rate (the optimizer, warmup and schedule of `train.optim`)."""
+    critic_max_grad_norm: Annotated[float | None, _SEPARATE_CRITIC] = Field(1.0, gt=0)
+    """Clip the separate critic's gradient norm to this; null: no clipping."""
+    value_coef: Annotated[float, _SHARED_CRITIC] = Field(0.5, gt=0)
+    """Weight of the value loss in the one loss."""
+    value_clip: Annotated[float | None, _GAE] = Field(0.2, gt=0)
+    """Value clipping range; null disables."""
+    critic_warmup_steps: Annotated[int, _GAE] = Field(0, ge=0)
+    """Steps that train only the critic before the policy moves."""
+    std_normalise: Annotated[bool, _GROUP_STD] = True
+    """Divide by the group's reward std."""
     policy_loss: Annotated[str | None, _IN_UPDATE] = Field(
         None, description="Policy loss: " + ", ".join(POLICY_LOSS_NAMES) + " or one an extension registers; default "
         "from the preset.")
     policy_loss_params: Annotated[dict, _IN_UPDATE, read_with_own_params("policy_loss", "rl.policy_loss")] = Field(
-        default_factory=dict,
-        description="The parameters of a policy loss an extension registers with its own parameter class, checked "
-        "against that class (the built-in losses read the `rl` settings above instead).")
-    eps_low: Annotated[float | None, _IN_UPDATE] = Field(
-        None, ge=0,
-        description="Lower clip bound of the chosen policy loss: `ppo` clips the ratio at 1 - eps_low, `cispo` its "
-        "importance-sampling weight, `gspo` its sequence ratio. Default from the preset: 0.2; `cispo` 1.0 (no lower "
-        "bound), `gspo` 3e-4 (its paper's).",
-    )
-    eps_high: Annotated[float | None, _IN_UPDATE] = Field(
-        None, ge=0,
-        description="Upper clip bound of the chosen policy loss (1 + eps_high), like `eps_low`. Default from the "
-        "preset: 0.2; `dapo` 0.28 (clip-higher), `cispo` 4.0 (a loose cap; tune it), `gspo` 4e-4 (its paper's).",
-    )
-    dual_clip: Annotated[float | None, _PPO_LOSS] = Field(
-        None, gt=1, description="Dual-clip constant c for negative advantages; null = off."
-    )
-    aggregation: Annotated[Literal[AGGREGATION_MODES] | None, _IN_UPDATE] = Field(
-        None, description="Loss aggregation; default from the preset."
-    )
-    kl_coef: Annotated[float | None, _IN_UPDATE] = Field(
-        None, ge=0,
-        description="Weight of KL(policy || reference); 0 builds no reference model. Default from the preset: 0, "
-        "except `sgrpo` 0.04 (DeepSeekMath, arXiv:2402.03300).",
-    )
-    kl_estimator: Annotated[Literal[KL_ESTIMATOR_NAMES], _KL_LOSS_TERM] = Field(
-        "k3", description="KL estimator of the loss term."
-    )
-    kl_in_reward: Annotated[bool, _KL_ON] = Field(
-        False, description="Apply the KL as a k1 reward penalty instead of a loss term."
-    )
-    entropy_coef: Annotated[float, _IN_UPDATE] = Field(0.0, ge=0, description="Entropy bonus weight.")
-    epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
-    mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass (the rollout batch is split).")
-    strict_on_policy: Annotated[bool, _IN_UPDATE] = Field(
-        False,
-        description="Fail unless the first update is exactly on-policy: the engine's log-probs match the trainer's "
-        "(within `on_policy_tolerance`) and the first ratio is 1.",
-    )
-    on_policy_tolerance: Annotated[float, _STRICT] = Field(
-        1e-3, gt=0, description="The tolerance of `strict_on_policy` (mean absolute log-prob difference)."
-    )
-    max_staleness: Annotated[int, _NOT_SPIN] = Field(
-        0, ge=0,
-        description="Pipelined RL: the samples of step t come from the policy of step max(0, t - max_staleness), a "
-        "schedule fixed by the step number, so every sample's version lag is known in advance and a run reproduces "
-        "and resumes exactly. 0: sample, then train (the synchronous loop). k >= 1: under `run.launcher: ray` the "
-        "rollout workers sample step t + k while the trainers update step t; in one process the same schedule runs "
-        "in turn. A policy-gradient algorithm then needs `off_policy_correction` (or `accept_uncorrected`). "
-        "docs/async.md.",
-    )
-    off_policy_correction: Annotated[Literal[OFF_POLICY_CORRECTIONS], _IN_UPDATE] = Field(
-        "none",
-        description="Correct for samples drawn by a behaviour policy other than the one the update's ratio starts "
-        "from (a stale version under `max_staleness`, or the engine's own precision or kernels), with w = pi_old / "
-        "pi_behaviour per token and C = `off_policy_cap`. `tis`: weight by min(w, C) (truncated IS). `decoupled`: "
-        "weight by w, drop tokens with w > C (decoupled PPO, as AReaL). `mask`: weight by w, drop tokens with w "
-        "outside [1/C, C] (IcePop). The clip stays anchored to pi_old, the trainer's policy before the update.",
-    )
-    off_policy_cap: Annotated[float, _CORRECTED] = Field(
-        2.0, gt=1, description="The bound C on the weight w.")
-    off_policy_max_kl: Annotated[float | None, _CORRECTED] = Field(
-        None, gt=0,
-        description="Drop whole the sequences whose mean k3 estimate of KL(behaviour || pi_old) per token exceeds "
-        "this; null: none dropped.")
-    accept_uncorrected: Annotated[bool, _STALE_UNCORRECTED] = Field(
-        False,
-        description="Train on stale samples as if they were on-policy (the ratio starts from pi_old, the behaviour "
-        "policy is ignored). Refused unless set.",
-    )
-    validation_every: Annotated[int | None, _HELD_OUT] = Field(
-        None, gt=0, description="Greedy accuracy on the validation prompts every N steps."
-    )
-    system_prompt: str | None = Field(None, description="System prompt prepended to every RL prompt.")
-    answer_format: Literal[ANSWER_FORMATS] = Field(
-        "boxed", description="Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."
-    )
-    prompt_template: str | None = Field(
-        None,
-        description="User message template with `{question}` and `{instruction}` (the answer-format instruction); "
-        "default: the question, a blank line, the instruction.",
-    )
-    task_config: Annotated[dict, _TASK] = Field(
-        default_factory=dict, description="Options of the generated task (e.g. `max_operand: 20`)."
-    )
+        default_factory=dict)
+    """The parameters of a policy loss an extension registers with its own parameter class, checked against that class
+    (the built-in losses read the `rl` settings above instead)."""
+    eps_low: Annotated[float | None, _IN_UPDATE] = Field(None, ge=0)
+    """Lower clip bound of the chosen policy loss: `ppo` clips the ratio at 1 - eps_low, `cispo` its importance-sampling
+    weight, `gspo` its sequence ratio. Default from the preset: 0.2; `cispo` 1.0 (no lower bound), `gspo` 3e-4 (its
+    paper's)."""
+    eps_high: Annotated[float | None, _IN_UPDATE] = Field(None, ge=0)
+    """Upper clip bound of the chosen policy loss (1 + eps_high), like `eps_low`. Default from the preset: 0.2; `dapo`
+    0.28 (clip-higher), `cispo` 4.0 (a loose cap; tune it), `gspo` 4e-4 (its paper's)."""
+    dual_clip: Annotated[float | None, _PPO_LOSS] = Field(None, gt=1)
+    """Dual-clip constant c for negative advantages; null = off."""
+    aggregation: Annotated[Literal[AGGREGATION_MODES] | None, _IN_UPDATE] = None
+    """Loss aggregation; default from the preset."""
+    kl_coef: Annotated[float | None, _IN_UPDATE] = Field(None, ge=0)
+    """Weight of KL(policy || reference); 0 builds no reference model. Default from the preset: 0, except `sgrpo` 0.04
+    (DeepSeekMath, arXiv:2402.03300)."""
+    kl_estimator: Annotated[Literal[KL_ESTIMATOR_NAMES], _KL_LOSS_TERM] = "k3"
+    """KL estimator of the loss term."""
+    kl_in_reward: Annotated[bool, _KL_ON] = False
+    """Apply the KL as a k1 reward penalty instead of a loss term."""
+    entropy_coef: Annotated[float, _IN_UPDATE] = Field(0.0, ge=0)
+    """Entropy bonus weight."""
+    epochs: int = Field(1, gt=0)
+    """Passes over each rollout batch."""
+    mini_batches: int = Field(1, gt=0)
+    """Optimizer steps per pass (the rollout batch is split)."""
+    strict_on_policy: Annotated[bool, _IN_UPDATE] = False
+    """Fail unless the first update is exactly on-policy: the engine's log-probs match the trainer's (within
+    `on_policy_tolerance`) and the first ratio is 1."""
+    on_policy_tolerance: Annotated[float, _STRICT] = Field(1e-3, gt=0)
+    """The tolerance of `strict_on_policy` (mean absolute log-prob difference)."""
+    max_staleness: Annotated[int, _NOT_SPIN] = Field(0, ge=0)
+    """Pipelined RL: the samples of step t come from the policy of step max(0, t - max_staleness), a schedule fixed by
+    the step number, so every sample's version lag is known in advance and a run reproduces and resumes exactly. 0:
+    sample, then train (the synchronous loop). k >= 1: under `run.launcher: ray` the rollout workers sample step t +
+    k while the trainers update step t; in one process the same schedule runs in turn. A policy-gradient algorithm
+    then needs `off_policy_correction` (or `accept_uncorrected`). docs/async.md."""
+    off_policy_correction: Annotated[Literal[OFF_POLICY_CORRECTIONS], _IN_UPDATE] = "none"
+    """Correct for samples drawn by a behaviour policy other than the one the update's ratio starts from (a stale
+    version under `max_staleness`, or the engine's own precision or kernels), with w = pi_old / pi_behaviour per
+    token and C = `off_policy_cap`. `tis`: weight by min(w, C) (truncated IS). `decoupled`: weight by w, drop tokens
+    with w > C (decoupled PPO, as AReaL). `mask`: weight by w, drop tokens with w outside [1/C, C] (IcePop). The clip
+    stays anchored to pi_old, the trainer's policy before the update."""
+    off_policy_cap: Annotated[float, _CORRECTED] = Field(2.0, gt=1)
+    """The bound C on the weight w."""
+    off_policy_max_kl: Annotated[float | None, _CORRECTED] = Field(None, gt=0)
+    """Drop whole the sequences whose mean k3 estimate of KL(behaviour || pi_old) per token exceeds this; null: none
+    dropped."""
+    accept_uncorrected: Annotated[bool, _STALE_UNCORRECTED] = False
+    """Train on stale samples as if they were on-policy (the ratio starts from pi_old, the behaviour policy is ignored).
+    Refused unless set."""
+    validation_every: Annotated[int | None, _HELD_OUT] = Field(None, gt=0)
+    """Greedy accuracy on the validation prompts every N steps."""
+    system_prompt: str | None = None
+    """System prompt prepended to every RL prompt."""
+    answer_format: Literal[ANSWER_FORMATS] = "boxed"
+    """Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."""
+    prompt_template: str | None = None
+    """User message template with `{question}` and `{instruction}` (the answer-format instruction); default: the
+    question, a blank line, the instruction."""
+    task_config: Annotated[dict, _TASK] = Field(default_factory=dict)
+    """Options of the generated task (e.g. `max_operand: 20`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -810,188 +705,138 @@ class RLConfig(Section):
 
 
 class OnlineConfig(Section):
-    loss: Annotated[Literal[ONLINE_PAIR_LOSSES], read_by("online_dpo", "spin")] = Field(
-        "dpo",
-        description="The pairwise loss trained on each step's pairs, with its hyper-parameters "
-        "from the `preference` section (`beta`, ...); `simpo` and `orpo` build no reference model.",
-    )
-    keep: Annotated[Literal[RFT_KEEP_RULES], read_by("rft")] = Field(
-        "threshold",
-        description="Keep every completion whose reward reaches `threshold` (`threshold`), or only the best "
-        "of each prompt's `rl.rollout.n` (`best`: best-of-n), if it reaches `threshold`.",
-    )
-    threshold: Annotated[float | None, read_by("rft")] = Field(
-        1.0,
-        description="The lowest reward kept (1.0: a verifiable reward's full marks). null, with keep `best` "
-        "only: the best completion is kept whatever its reward.",
-    )
-    dedupe: Annotated[bool, read_by("rft")] = Field(
-        True,
-        description="A kept completion identical to one kept before for the same prompt is dropped (RFT trains "
-        "on distinct reasoning paths); counted as `rft/duplicates`.",
-    )
-    gold_field: Annotated[str, read_by("spin")] = Field(
-        "response",
-        description="The prompt rows' field holding the gold (SFT) answer, e.g. the `response` column of "
-        "prompt/response rows, or `solution` of GSM8K rows.",
-    )
-    iteration_steps: Annotated[int | None, read_by("spin")] = Field(
-        None, gt=0,
-        description="Steps per SPIN iteration. The opponent (the frozen model that answers the prompts and is "
-        "the DPO reference) is the policy as it was when the iteration began; at the iteration's end it becomes the "
-        "current policy. null: one pass over the training prompts. Checkpoints and validation fall on iteration ends.",
-    )
+    loss: Annotated[Literal[ONLINE_PAIR_LOSSES], read_by("online_dpo", "spin")] = "dpo"
+    """The pairwise loss trained on each step's pairs, with its hyper-parameters from the `preference` section (`beta`,
+    ...); `simpo` and `orpo` build no reference model."""
+    keep: Annotated[Literal[RFT_KEEP_RULES], read_by("rft")] = "threshold"
+    """Keep every completion whose reward reaches `threshold` (`threshold`), or only the best of each prompt's
+    `rl.rollout.n` (`best`: best-of-n), if it reaches `threshold`."""
+    threshold: Annotated[float | None, read_by("rft")] = 1.0
+    """The lowest reward kept (1.0: a verifiable reward's full marks). null, with keep `best` only: the best completion
+    is kept whatever its reward."""
+    dedupe: Annotated[bool, read_by("rft")] = True
+    """A kept completion identical to one kept before for the same prompt is dropped (RFT trains on distinct reasoning
+    paths); counted as `rft/duplicates`."""
+    gold_field: Annotated[str, read_by("spin")] = "response"
+    """The prompt rows' field holding the gold (SFT) answer, e.g. the `response` column of prompt/response rows, or
+    `solution` of GSM8K rows."""
+    iteration_steps: Annotated[int | None, read_by("spin")] = Field(None, gt=0)
+    """Steps per SPIN iteration. The opponent (the frozen model that answers the prompts and is the DPO reference) is
+    the policy as it was when the iteration began; at the iteration's end it becomes the current policy. null: one
+    pass over the training prompts. Checkpoints and validation fall on iteration ends."""
 
 
 class MeshConfig(Section):
     """How `fsdp2` lays its ranks out (docs/distributed.md): world size = dp_shard x cp x tp."""
 
-    tp: int = Field(
-        1, ge=1,
-        description="Tensor parallel: ranks each layer's weights are split over (attention heads, MLP features, the "
-        "vocabulary), by the family's own plan. Divides the attention and key-value heads, the MLP width and the "
-        "vocabulary. Ranks of one node: it communicates at every layer.",
-    )
-    cp: int = Field(
-        1, ge=1,
-        description="Context parallel: ranks each packed row's tokens are split over (causally balanced), attention "
-        "gathering the keys and values of every rank; for sequences too long for one device's activations.",
-    )
-    dp_shard: int | None = Field(
-        None, ge=1,
-        description="Ranks that see different rows; FSDP2 shards parameters, gradients and optimizer state over "
-        "dp_shard x cp. null: the world size / (tp x cp).",
-    )
+    tp: int = Field(1, ge=1)
+    """Tensor parallel: ranks each layer's weights are split over (attention heads, MLP features, the vocabulary), by
+    the family's own plan. Divides the attention and key-value heads, the MLP width and the vocabulary. Ranks of one
+    node: it communicates at every layer."""
+    cp: int = Field(1, ge=1)
+    """Context parallel: ranks each packed row's tokens are split over (causally balanced), attention gathering the keys
+    and values of every rank; for sequences too long for one device's activations."""
+    dp_shard: int | None = Field(None, ge=1)
+    """Ranks that see different rows; FSDP2 shards parameters, gradients and optimizer state over dp_shard x cp. null:
+    the world size / (tp x cp)."""
 
 
 class StrategyConfig(Section):
-    name: Literal[STRATEGY_NAMES] = Field(
-        "auto",
-        description="How training is spread over processes: `single` (one device), `fsdp2` (torch FSDP2: "
-        "parameters, gradients and optimizer state sharded over ranks) or `deepspeed` (ZeRO, see `zero_stage`). "
-        "`auto` is `fsdp2` under torchrun with more than one process, else `single`. Mixed precision is "
-        "`train.mixed_precision` and activation checkpointing `model.gradient_checkpointing`, for every strategy.",
-    )
-    zero_stage: Annotated[Literal[ZERO_STAGES], _DEEPSPEED] = Field(
-        3, description="ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."
-    )
-    cpu_offload: Annotated[bool, _SHARDED] = Field(
-        False,
-        description="Keep sharded parameters, gradients and optimizer state in CPU memory (`fsdp2`: CPUOffloadPolicy; "
-        "`deepspeed`: optimizer offload, plus parameter offload at stage 3). Saves GPU memory, costs speed.",
-    )
-    reshard_after_forward: Annotated[bool, _FSDP2] = Field(
-        True,
-        description="Free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); "
-        "false keeps them until backward (ZeRO-2-like, one all-gather fewer per layer).",
-    )
-    deepspeed_config: Annotated[str | None, _DEEPSPEED] = Field(
-        None,
-        description="A JSON file merged over the DeepSpeed config oxRL generates (nested keys "
-        "replace ours), for settings oxRL does not expose, e.g. bucket sizes.",
-    )
-    mesh: Annotated[MeshConfig, _FSDP2] = Field(
-        default_factory=MeshConfig,
-        description="Tensor and context parallel beside the sharding (SFT, preference and RL "
-        "objectives; not distillation, reward models, PPO's critic, online algorithms or vision models).",
-    )
-    collective_timeout_s: float = Field(
-        1800.0, gt=0,
-        description="Multi-process runs: seconds any collective (all-reduce, gather, barrier) may wait for the other "
-        "ranks; a rank that died or hangs then ends the run with an error instead of a silent hang. Raise it when "
-        "one rank legitimately works alone for longer (e.g. rank 0 saving a very large model).",
-    )
+    name: Literal[STRATEGY_NAMES] = "auto"
+    """How training is spread over processes: `single` (one device), `fsdp2` (torch FSDP2: parameters, gradients and
+    optimizer state sharded over ranks) or `deepspeed` (ZeRO, see `zero_stage`). `auto` is `fsdp2` under torchrun
+    with more than one process, else `single`. Mixed precision is `train.mixed_precision` and activation
+    checkpointing `model.gradient_checkpointing`, for every strategy."""
+    zero_stage: Annotated[Literal[ZERO_STAGES], _DEEPSPEED] = 3
+    """ZeRO stage 2 (shard gradients and optimizer state) or 3 (also parameters)."""
+    cpu_offload: Annotated[bool, _SHARDED] = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (`fsdp2`: CPUOffloadPolicy; `deepspeed`:
+    optimizer offload, plus parameter offload at stage 3). Saves GPU memory, costs speed."""
+    reshard_after_forward: Annotated[bool, _FSDP2] = True
+    """Free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); false keeps them until
+    backward (ZeRO-2-like, one all-gather fewer per layer)."""
+    deepspeed_config: Annotated[str | None, _DEEPSPEED] = None
+    """A JSON file merged over the DeepSpeed config oxRL generates (nested keys replace ours), for settings oxRL does
+    not expose, e.g. bucket sizes."""
+    mesh: Annotated[MeshConfig, _FSDP2] = Field(default_factory=MeshConfig)
+    """Tensor and context parallel beside the sharding (SFT, preference and RL objectives; not distillation, reward
+    models, PPO's critic, online algorithms or vision models)."""
+    collective_timeout_s: float = Field(1800.0, gt=0)
+    """Multi-process runs: seconds any collective (all-reduce, gather, barrier) may wait for the other ranks; a rank
+    that died or hangs then ends the run with an error instead of a silent hang. Raise it when one rank legitimately
+    works alone for longer (e.g. rank 0 saving a very large model)."""
 
 
 class WorkerGroupConfig(Section):
-    count: int = Field(1, ge=0, description="Workers (Ray actors) in the group.")
-    cpus: float = Field(1.0, ge=0, description="CPUs reserved for each worker (its torch threads).")
-    gpus: float = Field(0.0, ge=0, description="GPUs reserved for each worker (e.g. 1 per trainer rank on a GPU node).")
+    count: int = Field(1, ge=0)
+    """Workers (Ray actors) in the group."""
+    cpus: float = Field(1.0, ge=0)
+    """CPUs reserved for each worker (its torch threads)."""
+    gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for each worker (e.g. 1 per trainer rank on a GPU node)."""
 
 
 class RayConfig(Section):
-    address: str | None = Field(
-        None,
-        description="Ray cluster to attach to: `auto` (the one `ray start --head` runs on this machine) or "
-        "`host:port`; null starts a private Ray instance in this process for the run.",
-    )
-    layout: Literal[RAY_LAYOUTS] = Field(
-        "disaggregated",
-        description="`disaggregated`: trainers and rollout workers each get their own resources. `colocated`: rollout "
-        "worker i shares trainer i's placement bundle (and GPU: each takes half; vLLM sleeps while the trainer runs), "
-        "so `rollout.count` <= `trainers.count` and the rollout workers reserve nothing of their own.",
-    )
-    trainers: WorkerGroupConfig = Field(
-        default_factory=WorkerGroupConfig,
-        description="Trainer ranks: one torch.distributed group running `strategy` (fsdp2/deepspeed when count > 1).",
-    )
-    rollout: WorkerGroupConfig = Field(
-        default_factory=WorkerGroupConfig,
-        description="Rollout workers, each owning a `rl.rollout.engine` (hf or vllm) and a copy of the policy's weights.",
-    )
-    reward: WorkerGroupConfig = Field(
-        default_factory=lambda: WorkerGroupConfig(count=0),
-        description="Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on "
-        "trainer rank 0.",
-    )
-    max_restarts: int = Field(
-        1, ge=0,
-        description="Times Ray restarts a rollout or reward worker that died; the step is then retried (a restarted "
-        "rollout worker first gets the current weights). 0: a dead worker stops the run with an error. A dead "
-        "trainer always stops the run; `run.resume: true` continues it from the last checkpoint.",
-    )
-    placement_timeout_s: float = Field(
-        60.0, gt=0,
-        description="Seconds to wait for the cluster to place a worker group before failing with the missing resources.",
-    )
-    call_timeout_s: float = Field(
-        1800.0, gt=0, description="Seconds one rollout or reward call (a step's share) may take before it is an error."
-    )
-    sync_timeout_s: float = Field(
-        300.0, gt=0,
-        description="Seconds a weight sync to the rollout workers may take; a worker that does not finish is named "
-        "in the error.",
-    )
-    sync_bucket_mb: float = Field(
-        64.0, gt=0,
-        description="Weights are broadcast to rollout workers in flat buckets of at most this many MB (one tensor "
-        "larger than that goes alone), so neither side holds a second copy of the whole model.",
-    )
+    address: str | None = None
+    """Ray cluster to attach to: `auto` (the one `ray start --head` runs on this machine) or `host:port`; null starts a
+    private Ray instance in this process for the run."""
+    layout: Literal[RAY_LAYOUTS] = "disaggregated"
+    """`disaggregated`: trainers and rollout workers each get their own resources. `colocated`: rollout worker i shares
+    trainer i's placement bundle (and GPU: each takes half; vLLM sleeps while the trainer runs), so `rollout.count`
+    <= `trainers.count` and the rollout workers reserve nothing of their own."""
+    trainers: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    """Trainer ranks: one torch.distributed group running `strategy` (fsdp2/deepspeed when count > 1)."""
+    rollout: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    """Rollout workers, each owning a `rl.rollout.engine` (hf or vllm) and a copy of the policy's weights."""
+    reward: WorkerGroupConfig = Field(default_factory=lambda: WorkerGroupConfig(count=0))
+    """Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on trainer rank 0."""
+    max_restarts: int = Field(1, ge=0)
+    """Times Ray restarts a rollout or reward worker that died; the step is then retried (a restarted rollout worker
+    first gets the current weights). 0: a dead worker stops the run with an error. A dead trainer always stops the
+    run; `run.resume: true` continues it from the last checkpoint."""
+    placement_timeout_s: float = Field(60.0, gt=0)
+    """Seconds to wait for the cluster to place a worker group before failing with the missing resources."""
+    call_timeout_s: float = Field(1800.0, gt=0)
+    """Seconds one rollout or reward call (a step's share) may take before it is an error."""
+    sync_timeout_s: float = Field(300.0, gt=0)
+    """Seconds a weight sync to the rollout workers may take; a worker that does not finish is named in the error."""
+    sync_bucket_mb: float = Field(64.0, gt=0)
+    """Weights are broadcast to rollout workers in flat buckets of at most this many MB (one tensor larger than that
+    goes alone), so neither side holds a second copy of the whole model."""
 
 
 class CheckpointConfig(Section):
-    every: int | None = Field(None, gt=0, description="Save every N optimizer steps (and always at the end).")
-    keep_last: int = Field(2, gt=0, description="Keep the newest N step checkpoints.")
-    save_final: bool = Field(True, description="Save the final model to `<run dir>/final`.")
+    every: int | None = Field(None, gt=0)
+    """Save every N optimizer steps (and always at the end)."""
+    keep_last: int = Field(2, gt=0)
+    """Keep the newest N step checkpoints."""
+    save_final: bool = True
+    """Save the final model to `<run dir>/final`."""
 
 
 class LoggingConfig(Section):
-    every: int = Field(1, gt=0, description="Log metrics every N optimizer steps.")
-    progress_bar: bool = Field(True, description="Show a progress bar with loss, lr, tokens/s and ETA.")
-    report_to: list[Literal[TRACKERS]] = Field(
-        default_factory=list,
-        description="Experiment trackers that also get every metrics row (`metrics.jsonl` is always written), from "
-        "rank 0: `mlflow` (sqlite store, see `mlflow_tracking_uri`), `tensorboard` (event files in "
-        "`<run dir>/tensorboard`), `wandb` (files in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the "
-        "network). Each needs its package, e.g. `pip install 'wandb>=0.19.10'` (`oxrl` on PyPI is another project).",
-    )
-    project: Annotated[str, _NAMED_PROJECT] = Field(
-        "oxrl", min_length=1,
-        description="MLflow experiment and Weights & Biases project the run is logged under (named `run.name` there).",
-    )
-    mlflow_tracking_uri: Annotated[str | None, _MLFLOW] = Field(
-        None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
-    )
-    plot: bool = Field(False, description="At the end of the run (rank 0), write `curves.png` (the logged metrics "
-                       "that moved, with matplotlib) and `report.md` (config keys that differ from the defaults, timings, "
-                       "results, sample completions from the start and the end) into the run directory. Off by default "
-                       "(metrics.jsonl holds every logged value); the examples turn it on.")
-    samples: list[str] = Field(
-        default_factory=list, description="Prompts to answer before and after training (shown and saved)."
-    )
-    sample_max_new_tokens: Annotated[int, _SAMPLES] = Field(
-        48, gt=0, description="Tokens generated for each sample prompt."
-    )
+    every: int = Field(1, gt=0)
+    """Log metrics every N optimizer steps."""
+    progress_bar: bool = True
+    """Show a progress bar with loss, lr, tokens/s and ETA."""
+    report_to: list[Literal[TRACKERS]] = Field(default_factory=list)
+    """Experiment trackers that also get every metrics row (`metrics.jsonl` is always written), from rank 0: `mlflow`
+    (sqlite store, see `mlflow_tracking_uri`), `tensorboard` (event files in `<run dir>/tensorboard`), `wandb` (files
+    in `<run dir>/wandb`; `WANDB_MODE=offline` keeps it off the network). Each needs its package, e.g. `pip install
+    'wandb>=0.19.10'` (`oxrl` on PyPI is another project)."""
+    project: Annotated[str, _NAMED_PROJECT] = Field("oxrl", min_length=1)
+    """MLflow experiment and Weights & Biases project the run is logged under (named `run.name` there)."""
+    mlflow_tracking_uri: Annotated[str | None, _MLFLOW] = None
+    """MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."""
+    plot: bool = False
+    """At the end of the run (rank 0), write `curves.png` (the logged metrics that moved, with matplotlib) and
+    `report.md` (config keys that differ from the defaults, timings, results, sample completions from the start and
+    the end) into the run directory. Off by default (metrics.jsonl holds every logged value); the examples turn it
+    on."""
+    samples: list[str] = Field(default_factory=list)
+    """Prompts to answer before and after training (shown and saved)."""
+    sample_max_new_tokens: Annotated[int, _SAMPLES] = Field(48, gt=0)
+    """Tokens generated for each sample prompt."""
 
     @model_validator(mode="before")
     @classmethod
@@ -1038,40 +883,35 @@ def as_written(value: Any) -> Any:
 class VLAConfig(Section):
     """Vision-language-action models (docs/vla.md): the action tokens and, for RL and evaluation, the simulator."""
 
-    env: str | None = Field(
-        None,
-        description="The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht, the `vla` extra) or "
-        "`module:factory` / `file.py:factory` returning a gymnasium environment with image observations. Required by "
-        "RL; under `sft` it sets the uniform bins' range (its action space).",
-    )
-    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's factory.")
-    instruction: str | None = Field(
-        None, description="The instruction when the environment gives none (`info['task']` after reset); the built-in "
-        "environments give their own.",
-    )
-    bins: int = Field(256, ge=2, description="Action tokens per dimension: the last `bins` ids of the vocabulary.")
-    binning: Literal[ACTION_BINNINGS] = Field(
-        "uniform",
-        description="`uniform`: equal bins over the environment's action space (else the demonstrations' range); "
-        "`uniform_q99`: equal bins over the demonstrations' 1st to 99th percentile (OpenVLA's bounds); `quantile`: "
-        "bins holding equal shares of the demonstrations' actions. The demonstrations are `vla.stats`, or under `sft` "
-        "the first training dataset.",
-    )
-    stats: str | None = Field(
-        None, description="A LeRobot dataset folder whose actions set the bins (the same for SFT, RL and evaluation).",
-    )
-    chunk: int = Field(1, ge=1, description="Actions per chunk: each turn samples chunk x action-dimension tokens.")
-    max_chunks: int = Field(16, ge=1, description="Chunks (turns) per episode at most.")
-    state: bool = Field(True, description="Write the proprioceptive state into the prompt after the instruction.")
-    reward: Literal[EPISODE_REWARDS] = Field(
-        "success", description="An episode's reward: 1 on success, else 0 (`success`); the environment's rewards "
-        "summed (`env`); or their maximum (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy "
-        "counts, is always its success.",
-    )
-    seed_offset: int = Field(
-        0, ge=0, description="Initial states: training episodes reset with seeds offset + 0 .. rl.task_size - 1, "
-        "held-out ones with 1,000,000 + offset + 0 .. (rl.validation_size or 100) - 1.",
-    )
+    env: str | None = None
+    """The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht, the `vla` extra) or
+    `module:factory` / `file.py:factory` returning a gymnasium environment with image observations. Required by RL;
+    under `sft` it sets the uniform bins' range (its action space)."""
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's factory."""
+    instruction: str | None = None
+    """The instruction when the environment gives none (`info['task']` after reset); the built-in environments give
+    their own."""
+    bins: int = Field(256, ge=2)
+    """Action tokens per dimension: the last `bins` ids of the vocabulary."""
+    binning: Literal[ACTION_BINNINGS] = "uniform"
+    """`uniform`: equal bins over the environment's action space (else the demonstrations' range); `uniform_q99`: equal
+    bins over the demonstrations' 1st to 99th percentile (OpenVLA's bounds); `quantile`: bins holding equal shares of
+    the demonstrations' actions. The demonstrations are `vla.stats`, or under `sft` the first training dataset."""
+    stats: str | None = None
+    """A LeRobot dataset folder whose actions set the bins (the same for SFT, RL and evaluation)."""
+    chunk: int = Field(1, ge=1)
+    """Actions per chunk: each turn samples chunk x action-dimension tokens."""
+    max_chunks: int = Field(16, ge=1)
+    """Chunks (turns) per episode at most."""
+    state: bool = True
+    """Write the proprioceptive state into the prompt after the instruction."""
+    reward: Literal[EPISODE_REWARDS] = "success"
+    """An episode's reward: 1 on success, else 0 (`success`); the environment's rewards summed (`env`); or their maximum
+    (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy counts, is always its success."""
+    seed_offset: int = Field(0, ge=0)
+    """Initial states: training episodes reset with seeds offset + 0 .. rl.task_size - 1, held-out ones with 1,000,000 +
+    offset + 0 .. (rl.validation_size or 100) - 1."""
 
 
 def mesh_refusal(cfg: "Config") -> str | None:
@@ -1093,51 +933,53 @@ def mesh_refusal(cfg: "Config") -> str | None:
 
 
 class Config(Section):
-    extensions: list[str] = Field(
-        default_factory=list,
-        description="Extensions to import before the rest of the config is read: files (`my_loss.py`), modules "
-        "(`pkg.module`) or `oxrl.extensions` entry points; the names they register are valid choices here "
-        "(docs/extending.md).",
-    )
-    run: RunConfig = Field(default_factory=RunConfig, description="Run identity, seed, device, resume.")
-    model: ModelConfig = Field(..., description="The model to train.")
-    lora: Annotated[LoraConfig, _LORA] = Field(default_factory=LoraConfig, description="LoRA adapters.")
-    data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
-    algorithm: AlgorithmConfig = Field(..., description="Objective and its hyper-parameters.")
-    preference: PreferenceConfig = Field(
-        default_factory=PreferenceConfig, description="Preference, KTO, reward-model and distillation objectives."
-    )
-    rl: Annotated[RLConfig, _SAMPLING] = Field(
-        default_factory=RLConfig, validate_default=True,
-        description="RL with verifiable rewards (RL algorithms only); filled in from the algorithm's preset.",
-    )
-    online: OnlineConfig = Field(
-        default_factory=OnlineConfig,
-        description="Online DPO, RFT and SPIN: how the step's samples become pairs or kept examples.",
-    )
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Batching, schedule, optimizer.")
-    strategy: StrategyConfig = Field(
-        default_factory=StrategyConfig, description="Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."
-    )
-    ray: Annotated[RayConfig, _RAY] = Field(
-        default_factory=RayConfig, description="Worker groups of a `run.launcher: ray` run (RL and online algorithms)."
-    )
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Progress, metrics, plots.")
-    vla: VLAConfig | None = Field(
-        None, description="Vision-language-action models: action tokens, robot demonstrations, simulator episodes.",
-    )
+    extensions: list[str] = Field(default_factory=list)
+    """Extensions to import before the rest of the config is read: files (`my_loss.py`), modules (`pkg.module`) or
+    `oxrl.extensions` entry points; the names they register are valid choices here (docs/extending.md)."""
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run identity, seed, device, resume."""
+    model: ModelConfig
+    """The model to train."""
+    lora: Annotated[LoraConfig, _LORA] = Field(default_factory=LoraConfig)
+    """LoRA adapters."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Datasets."""
+    algorithm: AlgorithmConfig
+    """Objective and its hyper-parameters."""
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    """Preference, KTO, reward-model and distillation objectives."""
+    rl: Annotated[RLConfig, _SAMPLING] = Field(default_factory=RLConfig, validate_default=True)
+    """RL with verifiable rewards (RL algorithms only); filled in from the algorithm's preset."""
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
+    """Online DPO, RFT and SPIN: how the step's samples become pairs or kept examples."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Batching, schedule, optimizer."""
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    """Multi-process training: FSDP2 or DeepSpeed ZeRO under torchrun."""
+    ray: Annotated[RayConfig, _RAY] = Field(default_factory=RayConfig)
+    """Worker groups of a `run.launcher: ray` run (RL and online algorithms)."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Progress, metrics, plots."""
+    vla: VLAConfig | None = None
+    """Vision-language-action models: action tokens, robot demonstrations, simulator episodes."""
 
     def __setstate__(self, state) -> None:
         """Unpickled in another process (a Ray worker): its extensions are imported there too."""
         super().__setstate__(state)
-        load_extensions(self.extensions)
+        if self.extensions:
+            from oxrl.user_code import load_extensions
+
+            load_extensions(self.extensions)
 
     @model_validator(mode="before")
     @classmethod
     def _extensions_loaded(cls, data):
         """Import the extensions first, so that the names they register validate in the sections below."""
-        if isinstance(data, dict) and isinstance(data.get("extensions"), list):
+        if isinstance(data, dict) and isinstance(data.get("extensions"), list) and data["extensions"]:
+            from oxrl.user_code import load_extensions
+
             load_extensions([str(reference) for reference in data["extensions"]])
         return data
 
