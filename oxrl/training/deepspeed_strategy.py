@@ -39,7 +39,7 @@ from oxrl.config.schema import StrategyConfig, TrainConfig
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
 from oxrl.models.precision import uses_bf16
-from oxrl.training.strategy import MultiProcessStrategy
+from oxrl.training.sharded import MultiProcessStrategy
 from oxrl.models.lora import is_peft
 
 logger = logging.getLogger(__name__)

@@ -56,7 +56,7 @@ from oxrl.models.parallel import apply_tensor_parallel
 from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
-from oxrl.training.strategy import MultiProcessStrategy
+from oxrl.training.sharded import MultiProcessStrategy
 from oxrl.models.lora import is_peft
 
 logger = logging.getLogger(__name__)

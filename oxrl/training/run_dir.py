@@ -44,8 +44,6 @@ from oxrl.config.load import flatten, read_yaml_file, saved_form
 from oxrl.config.schema import Config
 from oxrl.files import not_regular
 from oxrl.errors import UserError
-from oxrl.training.checkpoint import check_intact, latest_checkpoint, list_checkpoints, step_of
-from oxrl.training.checkpoint_files import folder_step
 from oxrl.training.folders import OutputWriteError, remove_path
 
 logger = logging.getLogger(__name__)
@@ -96,6 +94,8 @@ def resume_checkpoint(resume: bool | str, run_dir: Path) -> Path | None:
     if resume is False:
         return None
     if resume is True:
+        from oxrl.training.checkpoint import latest_checkpoint  # (the checkpoint modules: loaded by a resume only)
+
         return latest_checkpoint(run_dir)  # None: nothing saved yet, the run starts from scratch
     return Path(resume)
 
@@ -160,6 +160,8 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
                                   f"outputs, and it holds {_foreign(run_dir)}")
             clear_run(run_dir)
         if inside:
+            from oxrl.training.checkpoint import step_of
+
             _drop_checkpoints_after(run_dir, step_of(resume_from))
         _unlink_linked_outputs(run_dir)
         _write_marker(run_dir)
@@ -313,6 +315,8 @@ def _foreign(run_dir: Path) -> str:
 
 def _check_resumable(checkpoint: Path, cfg: Config) -> None:
     """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
+    from oxrl.training.checkpoint import check_intact, step_of
+
     if not (checkpoint / "training_state" / "trainer_state.json").is_file():
         raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
     check_intact(checkpoint)  # before anything is deleted on its word (the later checkpoints of a rewind)
@@ -334,6 +338,9 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
 
 
 def _drop_checkpoints_after(run_dir: Path, step: int) -> None:
+    from oxrl.training.checkpoint import list_checkpoints
+    from oxrl.training.checkpoint_files import folder_step
+
     later = [c for c in list_checkpoints(run_dir / "checkpoints") if folder_step(c) > step]
     for checkpoint in later:
         remove_path(checkpoint)  # a step folder that is a symlink is unlinked: what it points to is not this run's
