@@ -202,7 +202,7 @@ class RLRun:
             self.reward_fn = remote.rewards(self.reward_fn, strategy)  # scored by the reward workers (or rank 0)
 
     def read_inputs(self, tokenizer, processor) -> int | None:
-        from oxrl.algorithms.advantages import NEEDS_VALUES
+        from oxrl.config.names import NEEDS_VALUES
         from oxrl.data.rl_tasks import encode_prompts
         from oxrl.loops.rl_setup import environment, load_prompts
 
@@ -296,7 +296,7 @@ def _rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts:
     """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
     an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
     the engine is the rollout workers, shared by every rank."""
-    from oxrl.algorithms.advantages import NEEDS_VALUES
+    from oxrl.config.names import NEEDS_VALUES
     from oxrl.config.names import ONLINE
     from oxrl.loops.rl import RLHandles
     from oxrl.models.load import load_model, resolve_source

@@ -306,7 +306,6 @@ ADVANTAGES: dict[str, AdvantageEstimator] = {
     **{name: outcome_on_tokens(estimator) for name, estimator in OUTCOME_ESTIMATORS.items()},
     "gae": gae_advantages,
 }
-NEEDS_VALUES = frozenset({"gae"})  # estimators that read a critic's values
 
 
 def estimate_advantages(name: str, inp: RolloutRewards, params: AdvantageParams = AdvantageParams()) -> Advantages:

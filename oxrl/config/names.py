@@ -75,6 +75,7 @@ ROLLOUT_PRECISIONS = ("auto", "trainer", "bf16")  # rl.rollout.precision (oxrl.m
 REWARD_ERROR_MODES = ("raise", "zero")  # rl.on_reward_error (oxrl.rewards.combine)
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")  # rl.advantage (advantages.ADVANTAGES)
 CRITIC_BACKBONES = ("separate", "shared")  # rl.critic_backbone (gae's critic)
+NEEDS_VALUES = frozenset({"gae"})  # the advantage estimators that read a critic's values (PPO's critic is built)
 POLICY_LOSS_NAMES = ("ppo", "cispo", "gspo")  # rl.policy_loss (policy_loss.POLICY_LOSSES)
 # rl.aggregation (policy_loss.AGGREGATIONS)
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")

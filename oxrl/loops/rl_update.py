@@ -41,7 +41,8 @@ import math
 
 import torch
 
-from oxrl.algorithms.advantages import NEEDS_VALUES, AdvantageParams
+from oxrl.algorithms.advantages import AdvantageParams
+from oxrl.config.names import NEEDS_VALUES
 from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
 from oxrl.algorithms.value_loss import ValueLossInput, value_loss

@@ -65,7 +65,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
     """What `cfg` would do on `devices` (one process per device), in the estimate's terms. `row_tokens`: the
     longest packed micro-batch the data can make, once it is known; without it every sequence is taken to be
     `data.max_length` long (the worst case)."""
-    from oxrl.algorithms.advantages import NEEDS_VALUES
+    from oxrl.config.names import NEEDS_VALUES
     from oxrl.config.rl_presets import is_rl
     from oxrl.models.load import resolve_dtype
 
