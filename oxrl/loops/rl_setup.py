@@ -1,4 +1,5 @@
-"""RL inputs: prompts (generated task or files) rendered to token ids, and the reward function or environment."""
+"""RL inputs and models: prompts (generated task or files) rendered to token ids, the reward function or environment,
+and the policy with its reference, critic and rollout engine."""
 
 from __future__ import annotations
 
@@ -65,3 +66,113 @@ def environment(cfg: Config, tokenizer, processor=None):
     env = load_environment(rl.env.path, rl.env.max_turns, tokenizer)
     logger.info("environment: %s, at most %d turns per episode", env.reference, env.max_turns)
     return env
+
+
+def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
+    """Before any model loads: the episode runner (or None), the training and validation prompts as token ids,
+    and the longest packed micro-batch they can make (for the memory estimate; None with an episode runner, whose
+    turns are not known in advance). What the run cannot serve is refused here."""
+    from oxrl.config.names import NEEDS_VALUES
+    from oxrl.data.rl_tasks import encode_prompts
+
+    rl = cfg.rl
+    if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
+        raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), "
+                         "which cannot read a vision-language policy's images; use rl.critic_backbone: shared (a "
+                         "value head on the policy's own hidden states) or an advantage estimator without a critic "
+                         "(e.g. grpo)")
+    env = environment(cfg, tokenizer, processor)
+    if env is not None and rl.rollout.engine == "hf" and strategy.shards_parameters and strategy.world_size > 1:
+        # Ranks finish their episodes after different numbers of turns, hence different numbers of
+        # `generate` calls; with sharded weights each decoding step is a collective and would hang.
+        raise ValueError("rl.env with the built-in `hf` engine needs unsharded weights under torchrun: use "
+                         "strategy.name `deepspeed` with zero_stage 2, or one process")
+    train, validation = load_prompts(cfg, rl)
+    # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
+    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
+              "processor": processor}
+    train, validation = encode_prompts(train, tokenizer, **budget), encode_prompts(validation, tokenizer, **budget)
+    if rl.env is not None and (train.vision or validation.vision):
+        raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
+    logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(validation.prompt_ids))
+    if cfg.algorithm.name == "spin":
+        from oxrl.loops.online import spin_iteration_steps
+
+        spin_iteration_steps(cfg, len(train.prompt_ids))  # iteration ends fit, or refused now
+    # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
+    longest = max((len(ids) for ids in train.prompt_ids + validation.prompt_ids), default=0)
+    row_tokens = None if env is not None else cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
+    return env, train, validation, row_tokens
+
+
+def rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: int, remote=None, processor=None):
+    """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
+    an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
+    the engine is the rollout workers, shared by every rank."""
+    from oxrl.config.names import NEEDS_VALUES
+    from oxrl.config.names import ONLINE
+    from oxrl.loops.rl import RLHandles
+    from oxrl.models.load import load_model, resolve_source
+    from oxrl.training.strategy import SingleDevice
+
+    rl, device = cfg.rl, strategy.device
+    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
+    if shared_head and not isinstance(strategy, SingleDevice):
+        raise ValueError("rl.critic_backbone `shared` trains in one process only for now (strategy `single`): the value "
+                         "head is not sharded with the policy under fsdp2/deepspeed. Use rl.critic_backbone: separate")
+    model = load_model(cfg.model, device, cfg.lora)
+    if cfg.algorithm.name in ONLINE:
+        from oxrl.loops.online import build_online
+
+        online, sampled = build_online(cfg, model, tokenizer, strategy, train_prompts)
+        engine = _rollout_engine(cfg, sampled, tokenizer, strategy, remote, processor)
+        return RLHandles(cfg, model, strategy, engine, reward_fn, env, tokenizer=tokenizer, online=online,
+                         shared_rollouts=remote is not None, ahead=_sampled_ahead(cfg))
+    reference = None
+    if rl.kl_coef > 0:  # beta = 0 builds no reference at all
+        from oxrl.models.reference import build_reference
+
+        # With LoRA the base weights never move: the policy with its adapters off is the reference, as in DPO.
+        reference = build_reference("lora_disabled" if cfg.lora.enabled else "frozen_copy", model, [],
+                                    cfg.train.micro_batch_size_per_device, strategy)
+    critic = None
+    if shared_head:  # PPO's critic as a head on the policy's backbone (saved beside a final folder: reused from one)
+        from oxrl.loops.critic import SharedValueHead
+        from oxrl.models.value_head import attach_value_head
+
+        critic = SharedValueHead(attach_value_head(model, resolve_source(cfg.model.name_or_path).path), rl.value_coef,
+                                 rl.value_clip)
+    elif rl.advantage in NEEDS_VALUES:  # PPO's critic as a model of its own
+        from oxrl.loops.critic import Critic
+        from oxrl.models.critic import load_critic
+
+        source = resolve_source(rl.critic_model or cfg.model.name_or_path).path
+        critic = Critic.configured(load_critic(source, device, cfg.model.trust_remote_code), strategy, cfg)
+    engine = _rollout_engine(cfg, model, tokenizer, strategy, remote, processor)
+    return RLHandles(cfg, model, strategy, engine, reward_fn, env, reference, critic, tokenizer,
+                     shared_rollouts=remote is not None, ahead=_sampled_ahead(cfg))
+
+
+def _sampled_ahead(cfg: Config):
+    """`rl.max_staleness` >= 1: the schedule that samples steps ahead of the update (oxrl/loops/pipeline.py)."""
+    if not cfg.rl.max_staleness:
+        return None
+    from oxrl.loops.pipeline import RolloutPipeline
+
+    return RolloutPipeline.of
+
+
+def _rollout_engine(cfg: Config, model, tokenizer, strategy, remote, processor=None):
+    """The rollout engine sampling from `model`: built here, or the Ray rollout workers (`remote`, which load the
+    processor themselves)."""
+    from oxrl.rollout.build import build_engine
+
+    if remote is None:
+        rollout = cfg.rl.rollout.model_copy(update={"precision": cfg.rl.engine_precision})
+        return build_engine(rollout, model, tokenizer, strategy, cfg.run.seed, processor)
+    from oxrl.models.precision import uses_bf16
+
+    # The probe's tolerance is that of the precision the trainers compute in (bf16 rounds the probe too).
+    dtype = ("bfloat16" if uses_bf16(cfg.train.mixed_precision, strategy.device.type)
+             else str(next(model.parameters()).dtype).removeprefix("torch."))
+    return remote.engine(model, tokenizer, strategy, dtype, cfg.rl.rollout.vllm.sync_check_tolerance)

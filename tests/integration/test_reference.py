@@ -102,7 +102,8 @@ def test_runner_builds_a_reference_only_when_the_objective_needs_one(tmp_path, t
 def test_rl_builds_its_kl_reference_like_every_objective(tmp_path, smollm2_tokenizer, lora):
     """KL-regularised RL takes its reference from `build_reference`: a frozen copy, or with LoRA the policy with its
     adapters off (no second model). The KL to it is 0 before the first update and grows after it."""
-    from oxrl.runner import _rl_handles, run
+    from oxrl.loops.rl_setup import rl_handles
+    from oxrl.runner import run
     from tests.conftest import save_tiny_model
 
     save_tiny_model(tmp_path / "model", smollm2_tokenizer)
@@ -119,7 +120,7 @@ def test_rl_builds_its_kl_reference_like_every_objective(tmp_path, smollm2_token
         "checkpoint": {"save_final": False},
     }
     cfg = Config.model_validate(tree)
-    h = _rl_handles(cfg, CPU, smollm2_tokenizer, None, None, 8)
+    h = rl_handles(cfg, CPU, smollm2_tokenizer, None, None, 8)
     assert isinstance(h.reference, AdapterDisabledReference) == lora
     assert (h.reference.model is h.model) == lora
     run(cfg)

@@ -225,9 +225,9 @@ def test_shared_head_ppo_resumed_from_a_checkpoint_repeats_the_uninterrupted_ste
 
 
 def test_shared_head_is_refused_where_it_is_not_supported_before_any_model_loads(tmp_path):
-    from oxrl.runner import _rl_handles
+    from oxrl.loops.rl_setup import rl_handles as run_handles
 
     cfg = shared_config(tmp_path)
     with pytest.raises(ValueError, match="rl.critic_backbone `shared`.*Use rl.critic_backbone: separate"):
         # a strategy that is not one process' (the model "unused" would fail to load: it is never tried)
-        _rl_handles(cfg, SimpleNamespace(device=torch.device("cpu")), None, None, None, 0)
+        run_handles(cfg, SimpleNamespace(device=torch.device("cpu")), None, None, None, 0)
