@@ -15,7 +15,8 @@ from oxrl.data.types import pack
 from oxrl.loops.objectives import get_objective
 from oxrl.models.model_inputs import forward_inputs, packed_row
 from oxrl.data.types import Segment
-from oxrl.models.packed_attention import (PACKED_ATTENTION, VARLEN, document_block_mask, packed_causal_mask,
+from oxrl.models.cuda_attention import VARLEN, document_block_mask
+from oxrl.models.packed_attention import (PACKED_ATTENTION, packed_causal_mask,
                                           packed_kernel, packed_sdpa_attention_forward, use_packed_attention)
 from tests.conftest import make_tiny_llama
 from tests.integration.test_packing import _examples, _padded_reference

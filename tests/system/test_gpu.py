@@ -42,7 +42,7 @@ def test_packed_logits_equal_padded_logits_on_cuda():
 
 def test_packed_kernels_give_each_sequences_own_logprobs_on_cuda():
     from benchmarks.gpu import packed_equality
-    from oxrl.models.packed_attention import VARLEN
+    from oxrl.models.cuda_attention import VARLEN
 
     fp32 = packed_equality("fp32")  # TF32 off: FlexAttention against sdpa, sequence by sequence
     assert fp32["kernel"] == "flex" and fp32["max"] < 1e-4, fp32
