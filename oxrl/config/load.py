@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import os
-import reprlib
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from oxrl.config.rl_presets import preset_values
-from oxrl.config.schema import Config
+from oxrl.config.schema import Config, section_in
 
-
-# Names users bring from other libraries, mapped to ours (difflib cannot guess these).
-SYNONYMS = {
-    "learning_rate": "lr",
-    "batch_size": "global_batch_size",
-    "per_device_train_batch_size": "micro_batch_size_per_device",
-    "num_train_epochs": "epochs",
-    "model_name_or_path": "name_or_path",
-    "lora_r": "rank",
-    "r": "rank",
-    "lora_alpha": "alpha",
-    "warmup": "warmup_steps",
-}
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of settings; a larger file is not one
@@ -36,10 +21,6 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of settings; a larger file is n
 # when PyYAML builds the tree, but everything that walks it (validation, error messages) walks every expansion,
 # so a few hundred bytes of nested aliases ("billion laughs") would hold the CLI for minutes and gigabytes.
 MAX_EXPANDED_NODES = 100_000
-QUOTED_CHARS = 200  # of a value quoted in an error message
-# Of a validator's message: ours list the valid choices, and may quote the value, which must stay bounded.
-MESSAGE_CHARS = 2000
-MAX_REPORTED_ERRORS = 20  # problems listed in one error; the count of the rest follows
 
 
 class ConfigError(ValueError):
@@ -58,8 +39,10 @@ class ConfigLoader(yaml.SafeLoader):
             key = (key_node.tag, key_node.value)
             line = key_node.start_mark.line + 1
             if key in first_line:
+                from oxrl.config.explain import bounded
+
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key `{_bounded(key_node.value)}` appears twice, on line {first_line[key]} and line "
+                    None, None, f"key `{bounded(key_node.value)}` appears twice, on line {first_line[key]} and line "
                     f"{line}; YAML would keep the last silently: keep one", key_node.start_mark)
             first_line[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -92,18 +75,6 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def _bounded(value: Any, limit: int = QUOTED_CHARS) -> str:
-    """A value as an error message may quote it: a bounded repr, whatever its size or depth."""
-    if isinstance(value, str):
-        text = value
-    else:
-        quote = reprlib.Repr()  # Python 3.11's takes no arguments
-        quote.maxlevel, quote.maxstring, quote.maxother = 3, QUOTED_CHARS, QUOTED_CHARS
-        quote.maxdict = quote.maxlist = quote.maxtuple = quote.maxset = 6
-        text = quote.repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`train.optim.lr=1e-6` -> (['train', 'optim', 'lr'], 1e-6). Values are parsed as YAML."""
     if "=" not in text:
@@ -116,31 +87,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         return key.split("."), load_yaml(raw)
     except (yaml.YAMLError, RecursionError) as error:
-        raise ConfigError(_describe_yaml_error(error, raw, f"the value of override {text!r}")) from error
+        from oxrl.config.explain import yaml_error
 
-
-def _describe_yaml_error(error: yaml.YAMLError | RecursionError, text: str, where: str) -> str:
-    """`where` (a file, an override), the 1-based line and column, what PyYAML found wrong, the line marked.
-
-    PyYAML's own message names the source `"<unicode string>"` and counts lines from 0.
-    """
-    if isinstance(error, RecursionError):
-        return f"{where}: not a config: its YAML is nested too deep to read"
-    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
-        return f"{where}: not valid YAML: {_bounded(str(error))}"
-    mark = error.problem_mark
-    message = f"{where}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {error.problem}"
-    if error.context and error.context_mark is not None:
-        start = error.context_mark
-        message += f" ({error.context} that starts at line {start.line + 1}, column {start.column + 1})"
-    lines = text.splitlines()
-    if mark.line < len(lines):
-        line, column = lines[mark.line], mark.column
-        if len(line) > QUOTED_CHARS:  # show the part of a long line around the mark
-            start = max(0, column - QUOTED_CHARS // 2)
-            line, column = line[start:start + QUOTED_CHARS], column - start
-        message += f"\n    {line}\n    {' ' * column}^"
-    return message
+        raise ConfigError(yaml_error(error, raw, f"the value of override {text!r}")) from error
 
 
 def read_yaml_file(file: Path) -> Any:
@@ -158,7 +107,9 @@ def read_yaml_file(file: Path) -> Any:
     try:
         return load_yaml(text)
     except (yaml.YAMLError, RecursionError) as error:
-        raise ConfigError(_describe_yaml_error(error, text, str(file))) from error
+        from oxrl.config.explain import yaml_error
+
+        raise ConfigError(yaml_error(error, text, str(file))) from error
 
 
 def apply_override(tree: dict, keys: list[str], value: Any) -> None:
@@ -182,32 +133,6 @@ def flatten(tree: dict, prefix: str = "") -> dict:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _fields_at(location: tuple, model: type[BaseModel] = Config) -> list[str]:
-    """The valid field names of the section at `location` (for suggestions)."""
-    current: Any = model
-    for part in location:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
-            return []
-        annotation = current.model_fields[part].annotation
-        current = _model_in(annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def _model_in(annotation: Any) -> Any:
-    """The pydantic model inside `Section`, `list[Section]` or `Section | None`, if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def model_name(cfg: Config) -> str:
@@ -245,7 +170,7 @@ def schema_default(key: str) -> Any:
     for depth, part in enumerate(parts):
         field = model.model_fields[part]
         default = REQUIRED if field.is_required() else to_jsonable_python(field.get_default(call_default_factory=True))
-        inner = _model_in(field.annotation)
+        inner = section_in(field.annotation)
         if inner is None or default is None or isinstance(default, list):
             for rest in parts[depth + 1 :]:
                 if not isinstance(default, dict):
@@ -254,34 +179,6 @@ def schema_default(key: str) -> Any:
             return default
         model = inner
     return default
-
-
-def describe_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    items = error.errors()
-    for item in items[:MAX_REPORTED_ERRORS]:
-        location = tuple(item["loc"])
-        dotted = _bounded(".".join(str(p) for p in location))
-        kind = item["type"]
-        if kind == "extra_forbidden":
-            name = str(location[-1])
-            valid = _fields_at(location[:-1])
-            close = [SYNONYMS[name]] if SYNONYMS.get(name) in valid else difflib.get_close_matches(name, valid, n=1)
-            hint = f" Did you mean `{'.'.join(str(p) for p in location[:-1] + (close[0],))}`?" if close else ""
-            lines.append(f"  - unknown key `{dotted}`.{hint} Valid keys here: {', '.join(valid)}")
-        elif kind == "missing":
-            lines.append(f"  - missing required key `{dotted}`")
-        elif isinstance(item.get("input"), dict):  # a check across a section's keys: the message names them
-            where = f"in `{dotted}`: " if dotted else ""
-            lines.append(f"  - {where}{_bounded(item['msg'].removeprefix('Value error, '), MESSAGE_CHARS)}")
-        else:
-            value = item.get("input")
-            # A field validator's own message (e.g. an unknown algorithm.name) arrives prefixed "Value error, ".
-            lines.append(f"  - `{dotted}` = {_bounded(value) if not isinstance(value, str) else repr(_bounded(value))}: "
-                         f"{_bounded(item['msg'].removeprefix('Value error, '), MESSAGE_CHARS)}")
-    if len(items) > MAX_REPORTED_ERRORS:
-        lines.append(f"  - ... and {len(items) - MAX_REPORTED_ERRORS} more")
-    return "\n".join(lines)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict | None = None) -> Config:
@@ -305,6 +202,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     try:
         return Config.model_validate(tree)
     except ValidationError as error:
+        from oxrl.config.explain import describe_errors
+
         raise ConfigError(describe_errors(error, source)) from None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from oxrl.config.load import _model_in
+from oxrl.config.schema import section_in
 from oxrl.config.schema import Config, ReadOnly, rules_of
 
 
@@ -36,7 +36,7 @@ def _section(model: type[BaseModel], prefix: str, out: list[str], rules: Sequenc
     rows = []
     nested = []
     for name, field in model.model_fields.items():
-        inner = _model_in(field.annotation)
+        inner = section_in(field.annotation)
         key = f"{prefix}{name}"
         if inner is not None and not str(field.annotation).startswith("list"):
             nested.append((key, inner, rules_of(model, name)))

@@ -1186,6 +1186,17 @@ class Config(Section):
         return self
 
 
+def section_in(annotation: Any) -> Any:
+    """The pydantic model inside `Section`, `list[Section]` or `Section | None`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = section_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def rules_of(section: type[BaseModel], field: str) -> list[ReadOnly]:
     """The `ReadOnly` rules declared beside `section.field`."""
     return [rule for rule in section.model_fields[field].metadata if isinstance(rule, ReadOnly)]
