@@ -16,9 +16,9 @@
 
 A checkpoint is written to a temporary folder and renamed when complete, so an interrupted save
 never shadows the previous good one; a failed save removes its temporary folder (oxrl/training/folders.py).
-The flow (partial folder, companions, RNG, publish) is `Strategy.save_checkpoint`
-(oxrl/training/strategy.py); this module holds the pieces, and one model's single-device state
-(`write_model_state` / `read_model_state`).
+The flow (partial folder, companions, RNG, publish) is `save_checkpoint`, which `Strategy.save_checkpoint`
+(oxrl/training/strategy.py) calls on every rank, each strategy writing its own model's state; this module also holds
+the pieces, and one model's single-device state (`write_model_state` / `read_model_state`).
 
 A checkpoint may be damaged or someone else's: its files are read by oxrl/training/checkpoint_files.py (one-line
 errors naming the file, nothing unpickled beyond tensors and plain values), and a resume checks the whole checkpoint
@@ -49,6 +49,7 @@ from oxrl.files import not_regular
 from oxrl.models.lora import is_peft
 from oxrl.models.save import save_hf_folder
 from oxrl.training.checkpoint_files import (
+    RANK_STATE_LIMIT,
     STEP_PREFIX,
     TRAINER_STATE,
     WHAT_TO_DO,
@@ -62,9 +63,11 @@ from oxrl.training.checkpoint_files import (
     load_torch_state,
     read_trainer_state,
 )
-from oxrl.training.folders import publish_folder, remove_path
+from oxrl.training import distributed
+from oxrl.training.folders import publish_folder, remove_path, writing_folder
 
 logger = logging.getLogger(__name__)
+NONFINITE_FILE = "nonfinite.json"  # a companion's skipped-step counts (the main model's are in trainer_state.json)
 
 
 def check_intact(checkpoint: Path) -> None:
@@ -369,3 +372,61 @@ def restore_configured(configured: ConfiguredSchedule, scheduler, saved_schedule
     for group, hyper, lr in zip(scheduler.optimizer.param_groups, configured.groups, lrs):
         group.update(hyper)
         group["lr"] = lr
+
+
+def save_checkpoint(strategy, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
+                    lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
+    """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0.
+
+    Into a partial folder, published once complete: this model's state (`write_state`), each
+    attached companion's in `<name>/` (its non-finite count beside its optimizer state), every
+    rank's RNG (and `rank_state`, each rank's own plain values) and the trainer state. Weights holding inf/NaN
+    are refused before anything is written.
+    """
+    strategy.check_finite_weights(f"checkpoint step {step}")
+    for name, companion in strategy.attached:
+        companion.check_finite_weights(f"checkpoint step {step} ({name})")
+    tmp, final = partial_and_final_dirs(run_dir, step)
+    if strategy.is_main:
+        remove_path(tmp)
+    distributed.barrier()
+    # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
+    # stops the other ranks.
+    with writing_folder(tmp, final, remove_on_error=strategy.is_main):
+        strategy.write_state(tmp, tokenizer, lora_save)
+        for name, companion in strategy.attached:
+            companion.write_state(tmp / name, tokenizer)
+            if strategy.is_main:
+                (tmp / name / "training_state" / NONFINITE_FILE).write_text(json.dumps(companion.nonfinite.state_dict()))
+        state_dir = tmp / "training_state"
+        save_rng_state(state_dir, strategy.rank)
+        if rank_state is not None:
+            (state_dir / rank_state_name(strategy.rank)).write_text(json.dumps(rank_state))
+        if strategy.is_main:
+            (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+        distributed.barrier()  # every rank's files are on disk before the folder is published
+        if strategy.is_main:
+            publish_checkpoint(tmp, final, keep_last)
+    distributed.barrier()
+    return final if strategy.is_main else None
+
+
+def load_checkpoint(strategy, checkpoint: Path) -> dict:
+    """Restore weights, optimizer, schedule and RNG (every rank), and each attached companion from
+    `<checkpoint>/<name>/`; returns the trainer state."""
+    checkpoint = Path(checkpoint)
+    trainer_state = read_trainer_state(checkpoint)
+    for name, _ in strategy.attached:  # before anything is restored: all or nothing
+        if not (checkpoint / name / "training_state").is_dir():
+            raise FileNotFoundError(f"{checkpoint} has no {name}/ folder (the state of the {name} attached to this "
+                                    f"run), so the {name} cannot resume from it: it was written without a {name}")
+    strategy.read_state(checkpoint)
+    for name, companion in strategy.attached:
+        companion.read_state(checkpoint / name)
+        companion.nonfinite.load_state_dict(load_counts(checkpoint / name / "training_state" / NONFINITE_FILE))
+    load_rng_state(checkpoint / "training_state", strategy.rank)
+    rank_state = checkpoint / "training_state" / rank_state_name(strategy.rank)
+    if rank_state.exists():
+        trainer_state["rank_state"] = load_json(rank_state, RANK_STATE_LIMIT)
+    logger.info("resumed from %s", checkpoint)
+    return trainer_state

@@ -27,7 +27,6 @@ a checkpoint is complete for both models or absent), and `load_checkpoint` resto
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import warnings
 from contextlib import nullcontext
@@ -41,7 +40,6 @@ from oxrl.models.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
 
 logger = logging.getLogger(__name__)
-NONFINITE_FILE = "nonfinite.json"  # a companion's skipped-step counts (the main model's are in trainer_state.json)
 
 
 class Strategy:
@@ -195,65 +193,18 @@ class Strategy:
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
                         lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
-        """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0.
+        """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0. The flow
+        is `oxrl.training.checkpoint.save_checkpoint` (loaded only by a run that checkpoints)."""
+        from oxrl.training.checkpoint import save_checkpoint
 
-        Into a partial folder, published once complete: this model's state (`write_state`), each
-        attached companion's in `<name>/` (its non-finite count beside its optimizer state), every
-        rank's RNG (and `rank_state`, each rank's own plain values) and the trainer state. Weights holding inf/NaN
-        are refused before anything is written.
-        """
-        from oxrl.training.checkpoint import partial_and_final_dirs, publish_checkpoint, rank_state_name, save_rng_state
-        from oxrl.training.folders import remove_path, writing_folder
-
-        self.check_finite_weights(f"checkpoint step {step}")
-        for name, companion in self.attached:
-            companion.check_finite_weights(f"checkpoint step {step} ({name})")
-        tmp, final = partial_and_final_dirs(run_dir, step)
-        if self.is_main:
-            remove_path(tmp)
-        distributed.barrier()
-        # A failed write removes the partial folder (rank 0 owns it) and names the folder; torchrun then
-        # stops the other ranks.
-        with writing_folder(tmp, final, remove_on_error=self.is_main):
-            self.write_state(tmp, tokenizer, lora_save)
-            for name, companion in self.attached:
-                companion.write_state(tmp / name, tokenizer)
-                if self.is_main:
-                    (tmp / name / "training_state" / NONFINITE_FILE).write_text(json.dumps(companion.nonfinite.state_dict()))
-            state_dir = tmp / "training_state"
-            save_rng_state(state_dir, self.rank)
-            if rank_state is not None:
-                (state_dir / rank_state_name(self.rank)).write_text(json.dumps(rank_state))
-            if self.is_main:
-                (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-            distributed.barrier()  # every rank's files are on disk before the folder is published
-            if self.is_main:
-                publish_checkpoint(tmp, final, keep_last)
-        distributed.barrier()
-        return final if self.is_main else None
+        return save_checkpoint(self, run_dir, step, tokenizer, trainer_state, keep_last, lora_save, rank_state)
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
-        """Restore weights, optimizer, schedule and RNG (every rank), and each attached companion from
-        `<checkpoint>/<name>/`; returns the trainer state."""
-        from oxrl.training.checkpoint import load_rng_state, rank_state_name
-        from oxrl.training.checkpoint_files import RANK_STATE_LIMIT, load_counts, load_json, read_trainer_state
+        """Restore weights, optimizer, schedule and RNG (every rank), and each attached companion; returns the
+        trainer state (`oxrl.training.checkpoint.load_checkpoint`)."""
+        from oxrl.training.checkpoint import load_checkpoint
 
-        checkpoint = Path(checkpoint)
-        trainer_state = read_trainer_state(checkpoint)
-        for name, _ in self.attached:  # before anything is restored: all or nothing
-            if not (checkpoint / name / "training_state").is_dir():
-                raise FileNotFoundError(f"{checkpoint} has no {name}/ folder (the state of the {name} attached to this "
-                                        f"run), so the {name} cannot resume from it: it was written without a {name}")
-        self.read_state(checkpoint)
-        for name, companion in self.attached:
-            companion.read_state(checkpoint / name)
-            companion.nonfinite.load_state_dict(load_counts(checkpoint / name / "training_state" / NONFINITE_FILE))
-        load_rng_state(checkpoint / "training_state", self.rank)
-        rank_state = checkpoint / "training_state" / rank_state_name(self.rank)
-        if rank_state.exists():
-            trainer_state["rank_state"] = load_json(rank_state, RANK_STATE_LIMIT)
-        logger.info("resumed from %s", checkpoint)
-        return trainer_state
+        return load_checkpoint(self, checkpoint)
 
     def write_state(self, folder: Path, tokenizer, lora_save: str = "merged") -> None:
         """This model's part of a checkpoint (every rank): its HF folder in `folder`, its optimizer and
