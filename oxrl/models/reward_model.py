@@ -19,7 +19,6 @@ import torch
 from oxrl.models.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
-from oxrl.models.load import hf_attn_implementation
 
 
 def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int):
