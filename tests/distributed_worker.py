@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -520,6 +521,12 @@ def run_as_worker(scenario) -> None:
         (out / "result.json").write_text(json.dumps(result))
     distributed.barrier()  # leave together: gloo can abort a process whose peer tore the group down first
     distributed.shutdown()
+    # Done: the parent checks result.json. A native library's teardown at interpreter exit can still abort a rank
+    # whose work is complete ("terminate called without an active exception", about 1 run in 10 of the DeepSpeed
+    # scenario, with result.json written), which torchrun reports as a failed run; leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:
