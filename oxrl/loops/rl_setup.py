@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from oxrl.config.names import NEEDS_VALUES, ONLINE
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_tasks import RLPrompt, default_rewards, task_prompts
 from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
@@ -72,7 +73,6 @@ def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
     """Before any model loads: the episode runner (or None), the training and validation prompts as token ids,
     and the longest packed micro-batch they can make (for the memory estimate; None with an episode runner, whose
     turns are not known in advance). What the run cannot serve is refused here."""
-    from oxrl.config.names import NEEDS_VALUES
     from oxrl.data.rl_tasks import encode_prompts
 
     rl = cfg.rl
@@ -109,8 +109,6 @@ def rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: 
     """The policy, its frozen reference (KL), the critic (PPO) and the rollout engine, loaded for the RL loop; for
     an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
     the engine is the rollout workers, shared by every rank."""
-    from oxrl.config.names import NEEDS_VALUES
-    from oxrl.config.names import ONLINE
     from oxrl.loops.rl import RLHandles
     from oxrl.models.load import load_model, resolve_source
     from oxrl.training.strategy import SingleDevice

@@ -19,8 +19,8 @@ class MultiProcessStrategy(Strategy):
 
     Every rank: the HF folder is gathered (`gathered_state`) and written by rank 0, under LoRA merged
     or as an adapter folder per `lora_save`; every rank writes its shards into
-    `training_state/<shard_dir>`; rank 0 writes the schedule. (`Strategy.save_checkpoint` adds the
-    RNG and the trainer state, and publishes the folder once every rank is done.)
+    `training_state/<shard_dir>`; rank 0 writes the schedule. (`oxrl.training.checkpoint.save_checkpoint`
+    adds the RNG and the trainer state, and publishes the folder once every rank is done.)
     """
 
     shard_dir = ""
