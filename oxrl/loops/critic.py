@@ -67,6 +67,17 @@ class SharedValueHead:
     def metrics(self) -> dict[str, float]:
         return {}
 
+    def loss_input(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                   normaliser: float | None) -> ValueLossInput:
+        """The value loss's input from the policy's forward: values, the rollout's old values and returns, each
+        [rows, width], the trained positions, and the tokens the loss is averaged over (all ranks')."""
+        return ValueLossInput(values, old_values, returns, mask, normaliser)
+
+    def loss(self, inp: ValueLossInput) -> tuple[torch.Tensor, dict[str, float]]:
+        """`value_coef` x the clipped value loss: the head's term of the policy's one loss."""
+        loss, metrics = value_loss(inp, clip_eps=self.value_clip)
+        return self.value_coef * loss, metrics
+
 
 @dataclass
 class Critic:

@@ -38,6 +38,7 @@ from additive sums, so micro-batches and ranks combine exactly.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,7 +46,6 @@ from oxrl.algorithms.advantages import AdvantageParams
 from oxrl.config.names import NEEDS_VALUES
 from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
-from oxrl.algorithms.value_loss import ValueLossInput, value_loss
 from oxrl.config.params import params_from
 from oxrl.config.schema import RLConfig
 from oxrl.data.sampler import micro_batches
@@ -53,6 +53,9 @@ from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.models.logprobs import token_logprobs
 from oxrl.models.packed_attention import prefix_sharing
 from oxrl.rollout.base import Completion
+
+if TYPE_CHECKING:
+    from oxrl.algorithms.value_loss import ValueLossInput
 
 
 def loss_params(rl: RLConfig) -> PolicyLossParams:
@@ -119,8 +122,8 @@ def policy_step(h, rollout, indices: list[int], params: PolicyLossParams, check:
         inp, value_inp, mb_gap = loss_input(h, rollout, mb, params, normaliser, check, tokens, head_only=not train_policy)
         loss, metrics = policy_loss(rl.policy_loss, inp, params) if train_policy else (0.0, {})
         if shared:
-            critic_loss, critic_metrics = value_loss(value_inp, clip_eps=shared.value_clip)
-            loss, metrics = loss + shared.value_coef * critic_loss, {**metrics, **critic_metrics}
+            critic_loss, critic_metrics = shared.loss(value_inp)  # (value_coef x the value loss)
+            loss, metrics = loss + critic_loss, {**metrics, **critic_metrics}
         strategy.backward(loss)
         for target, values in ((sums, {"loss": loss.detach(), **metrics}), (gap, mb_gap)):
             for key, value in values.items():
@@ -180,8 +183,8 @@ def loss_input(h, rollout, mb: list[int], params: PolicyLossParams, normaliser: 
     )
     value_inp = None
     if state_values is not None:
-        value_inp = ValueLossInput(state_values.float(), rows(rollout.values), rows(rollout.returns), valid,
-                                   value_normaliser)
+        value_inp = h.critic.loss_input(state_values.float(), rows(rollout.values), rows(rollout.returns), valid,
+                                        value_normaliser)
     return inp, value_inp, gap
 
 

@@ -33,6 +33,11 @@ class ModelSource:
     gguf_file: str | None = None
 
 
+def is_peft(model) -> bool:
+    """Whether `model` is wrapped by peft: what `load_model` returns with lora.enabled (oxrl/models/lora.py)."""
+    return hasattr(model, "peft_config")
+
+
 def resolve_source(name_or_path: str) -> ModelSource:
     if name_or_path in BUNDLED:
         return ModelSource(str(resolve_bundled(name_or_path)))

@@ -50,10 +50,6 @@ def add_lora(model, cfg: LoraConfig, gradient_checkpointing: bool = False):
     return get_peft_model(model, peft_config)
 
 
-def is_peft(model) -> bool:
-    return hasattr(model, "peft_config")
-
-
 # The prefix under which a PeftModel's own state dict names the base model's tensors.
 PEFT_PREFIX = "base_model.model."
 

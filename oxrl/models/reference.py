@@ -30,7 +30,7 @@ from oxrl.models.logprobs import forward_logits, sequence_sums, token_logprobs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, pack
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,7 @@ import logging
 from pathlib import Path
 
 from oxrl.logging.quiet import no_progress_bars
-from oxrl.models.load import is_vision_language
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft, is_vision_language
 from oxrl.models.value_head import value_head_of, without_value_head, write_value_head
 
 logger = logging.getLogger(__name__)

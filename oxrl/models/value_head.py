@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft
 
 logger = logging.getLogger(__name__)
 VALUE_HEAD = "value_head"  # the submodule's name, and the prefix of its keys

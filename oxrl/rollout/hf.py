@@ -43,6 +43,7 @@ nan or element < 0", a device-side assert on GPU) and greedy decoding would sile
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
@@ -53,9 +54,14 @@ from oxrl.models.model_inputs import cache_keyword, image_token_ids, padded_posi
 from oxrl.training.nonfinite import HINT, NonFiniteError
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.bf16_copy import bf16_copy, refresh
-from oxrl.rollout.probe import trainer_probe_logprobs
 from oxrl.rollout.sampling import sampling_processors
-from oxrl.rollout.static_decode import ROUND_TOKENS, StaticDecoder
+
+if TYPE_CHECKING:
+    from oxrl.rollout.static_decode import StaticDecoder
+
+# Tokens a row decodes between checks for finished rows (a host sync; in `HFEngine._decode` also one `generate` call,
+# in `StaticDecoder` one check of its finished flags): a finished row decodes at most this many steps past its end.
+ROUND_TOKENS = 8
 
 
 def rows_can_leave(cache) -> bool:
@@ -96,16 +102,18 @@ def static_decode_refusal(model, synced: bool) -> str | None:
 def static_decoder(model, decode: str, synced: bool) -> StaticDecoder | None:
     """`rl.rollout.decode` resolved for `model`: a `StaticDecoder` (`static`, `compiled`; `auto` on CUDA where it
     applies), or None for `generate`."""
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    if decode == "generate" or (decode == "auto" and not on_cuda):
+        return None
     refusal = static_decode_refusal(model, synced)
-    if decode == "auto":
-        on_cuda = next(model.parameters()).device.type == "cuda"
-        return StaticDecoder(compile_step=True) if on_cuda and refusal is None else None
-    if decode == "generate":
+    if decode == "auto" and refusal is not None:
         return None
     if refusal is not None:
         raise ValueError(f"rl.rollout.decode={decode!r} cannot apply to {type(model).__name__}: {refusal}; "
                          "valid choices here: 'generate' or 'auto'")
-    return StaticDecoder(compile_step=decode == "compiled")
+    from oxrl.rollout.static_decode import StaticDecoder  # (static-cache decoding: loaded only where it runs)
+
+    return StaticDecoder(decode != "static", ROUND_TOKENS)  # `compiled`, and `auto` on CUDA, compile the step
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -153,6 +161,8 @@ class HFEngine:
 
     def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
         """log p(ids[t] | ids[<t]) for t >= 1 under the model this engine samples from (oxrl/rollout/probe.py)."""
+        from oxrl.rollout.probe import trainer_probe_logprobs  # (the weight-sync check's probe)
+
         return trainer_probe_logprobs(self.model if self.copy is None else self.copy, ids)
 
     def offload(self) -> None:

@@ -14,7 +14,7 @@ check that the logits are finite, EOS and stop strings ending a completion. What
 one shape for the whole call:
 
 * no row leaves the batch: a finished row decodes on until every row has finished or the token budget is spent,
-  which is checked every `ROUND_TOKENS` steps (one host sync) together with the finite-logits flag; the engine
+  which is checked every `round_tokens` steps (the engine's `ROUND_TOKENS`) (one host sync) together with the finite-logits flag; the engine
   cuts each completion at its EOS or stop string, as it does for `generate`'s padded rows;
 * prompts are not prefilled once per prompt and repeated: every row runs its prompt (one forward; on a GPU the
   prefill is a small part of the call);
@@ -39,16 +39,14 @@ from oxrl.rollout.base import SamplingParams
 
 # Cache lengths are multiples of this many tokens (prompt + completion), so nearby prompt widths share a compilation.
 CACHE_BUCKET = 128
-# Tokens a row decodes between checks for finished rows (a host sync; in `HFEngine._decode` also one `generate` call):
-# a finished row decodes at most this many steps past its end.
-ROUND_TOKENS = 8
 
 
 class StaticDecoder:
     """Decodes a left-padded batch from a `StaticCache`; with `compile_step`, each step under `torch.compile`."""
 
-    def __init__(self, compile_step: bool):
+    def __init__(self, compile_step: bool, round_tokens: int):
         self.compile_step = compile_step
+        self.round_tokens = round_tokens  # steps between host checks of the finished and finite flags
         self.steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled forward
         self.caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> ((rows, length), its cache)
 
@@ -109,7 +107,7 @@ class StaticDecoder:
             tokens.append(token)
             logprobs.append(torch.log_softmax(raw / scale, dim=-1).gather(-1, token[:, None])[:, 0])
             last = t + 1 == budget
-            if (t + 1) % ROUND_TOKENS == 0 or last:
+            if (t + 1) % self.round_tokens == 0 or last:
                 if not bool(finite):
                     raise not_finite()
                 if last or bool(finished(torch.stack(tokens, 1).cpu()).all()):

@@ -49,7 +49,8 @@ from oxrl.models.model_inputs import image_token_ids
 from oxrl.config.schema import VLLMConfig
 from oxrl.data.types import VisionInputs
 from oxrl.models.load import is_vision_language
-from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.load import is_peft
+from oxrl.models.lora import merged_state_dict
 from oxrl.models.value_head import without_value_head
 from oxrl.logging.quiet import no_progress_bars
 from oxrl.rollout.base import Completion, SamplingParams

@@ -46,7 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from oxrl.files import not_regular
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft
 from oxrl.models.save import save_hf_folder
 from oxrl.training.checkpoint_files import (
     RANK_STATE_LIMIT,

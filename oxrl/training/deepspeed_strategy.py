@@ -40,7 +40,7 @@ from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite, step_name
 from oxrl.models.precision import uses_bf16
 from oxrl.training.sharded import MultiProcessStrategy
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft
 
 logger = logging.getLogger(__name__)
 TAG = "state"  # one DeepSpeed checkpoint per oxRL step folder, so a fixed tag

@@ -57,7 +57,7 @@ from oxrl.models.precision import uses_bf16
 from oxrl.training.distributed import DistEnv
 from oxrl.training.nonfinite import NonFiniteGuard
 from oxrl.training.sharded import MultiProcessStrategy
-from oxrl.models.lora import is_peft
+from oxrl.models.load import is_peft
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from oxrl.logging.quiet import no_progress_bars
-from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.load import is_peft
+from oxrl.models.lora import merged_state_dict
 from oxrl.training.checkpoint import ConfiguredSchedule, read_schedule, restore_configured
 from oxrl.training.strategy import Strategy
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from oxrl.models.lora import is_peft, merged_state_dict
+from oxrl.models.load import is_peft
 from oxrl.training import distributed
 from oxrl.models.precision import uses_bf16
 from oxrl.training.nonfinite import NonFiniteError, NonFiniteGuard, is_finite
@@ -295,7 +295,12 @@ class SingleDevice(Strategy):
         return save_hf_folder(self.model, tokenizer, out_dir, lora_save=lora_save)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor] | None:
-        state = merged_state_dict(self.model) if is_peft(self.model) else self.model.state_dict()
+        if is_peft(self.model):
+            from oxrl.models.lora import merged_state_dict  # (LoRA's merge: loaded only with adapters)
+
+            state = merged_state_dict(self.model)
+        else:
+            state = self.model.state_dict()
         # A copy even on CPU (.cpu() would return the live tensor), like the sharded strategies' gathered one:
         # the next optimizer step never changes what a caller holds.
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
