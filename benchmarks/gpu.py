@@ -516,7 +516,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA device")
     started = time.perf_counter()
-    from oxrl.models.packed_attention import VARLEN
+    from oxrl.models.cuda_attention import VARLEN
 
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"transformers {transformers.__version__}, flash_attn importable: {importlib.util.find_spec('flash_attn') is not None}, "
