@@ -93,7 +93,11 @@ class RLPrompt:
 
 def default_rewards(task: str, answer_format: str = "boxed") -> list[RewardConfig]:
     """The reward a task is scored with by default (with `answer_format="tags"`, math reads the `<answer>` tag first)."""
-    reward = TASK_REWARDS.get(task) or ("reasoning_gym" if _is_reasoning_gym_task(task) else None)
+    reward = TASK_REWARDS.get(task)
+    if reward is None:
+        from oxrl.data.reasoning_gym_tasks import is_dataset
+
+        reward = "reasoning_gym" if is_dataset(task) else None
     if reward is None:
         raise ValueError(
             f"task {task!r} has no default reward: name one in `rl.rewards` (tasks with a default: "
@@ -139,22 +143,19 @@ def generate_rl_prompts(
     if task == "arithmetic":
         _check_task_options(task, task_config, ARITHMETIC_OPTIONS)
         return _arithmetic(train_size, validation_size, seed, template, **task_config)
-    if _is_reasoning_gym_task(task):
-        return _reasoning_gym(task, train_size, validation_size, seed, template, **task_config)
-    raise ValueError(_unknown_task_message(task))
+    from oxrl.data import reasoning_gym_tasks as gym  # (reasoning-gym: loaded only for a task it names)
 
+    if not gym.is_dataset(task):
+        raise ValueError(gym.unknown_task_message(task))
+    _check_task_options(task, task_config, gym.options(task))
+    train, validation = gym.entries(task, train_size, validation_size, seed, **task_config)
 
-def _unknown_task_message(task: str) -> str:
-    try:
-        from reasoning_gym.factory import DATASETS
-    except ImportError:
-        from oxrl.dependencies import install_hint
+    def to_prompt(entry: dict[str, Any], row: int) -> RLPrompt:
+        fields = {"answer": entry["answer"], "metadata": entry["metadata"], "question": entry["question"]}
+        return RLPrompt(messages=template.messages(entry["question"]), fields=fields, source=f"reasoning_gym/{task}", row=row)
 
-        return (f"unknown generated task {task!r}: expected 'arithmetic' (reasoning-gym, for its datasets, is not "
-                f"installed: {install_hint('reasoning-gym')})")
-    close = difflib.get_close_matches(task, ["arithmetic", *DATASETS], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"unknown generated task {task!r}.{hint} Expected 'arithmetic' or a reasoning-gym dataset: {', '.join(sorted(DATASETS))}"
+    return ([to_prompt(entry, row) for row, entry in enumerate(train, start=1)],
+            [to_prompt(entry, row) for row, entry in enumerate(validation, start=1)])
 
 
 def _check_task_options(task: str, options: dict[str, Any], valid: tuple[str, ...]) -> None:
@@ -199,55 +200,6 @@ def _pair_from_triangle(index: int) -> tuple[int, int]:
         index -= a + 1
         a += 1
     return a, index
-
-
-def _is_reasoning_gym_task(task: str) -> bool:
-    try:
-        from reasoning_gym.factory import DATASETS
-    except ImportError:
-        return False
-    return task in DATASETS
-
-
-def _reasoning_gym(
-    name: str, train_size: int, validation_size: int, seed: int, template: PromptTemplate, **config: Any
-) -> tuple[list[RLPrompt], list[RLPrompt]]:
-    import reasoning_gym
-    from reasoning_gym.factory import DATASETS
-
-    # `size` and `seed` are ours to set; everything else in the dataset's config class is an option.
-    options = tuple(f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("size", "seed"))
-    _check_task_options(name, config, options)
-    try:
-        train_entries = list(reasoning_gym.create_dataset(name, size=train_size, seed=seed, **config))
-    except AssertionError as error:  # reasoning-gym's config `validate()` checks with asserts
-        raise ValueError(f"rl.task_config {config} is not valid for reasoning-gym {name!r}: {error}") from error
-    # reasoning-gym draws item i from Random(seed + i), so seeds 0 and 1 give the same items shifted by
-    # one. The validation seed starts after the training items' seeds; questions seen in training are
-    # skipped all the same (small tasks repeat questions from different seeds).
-    seen = {entry["question"] for entry in train_entries}
-    candidates = reasoning_gym.create_dataset(name, size=10 * validation_size + 100, seed=seed + train_size, **config)
-    validation_entries = []
-    for index in range(len(candidates)):
-        if len(validation_entries) == validation_size:
-            break
-        entry = candidates[index]
-        if entry["question"] not in seen:
-            seen.add(entry["question"])
-            validation_entries.append(entry)
-    if len(validation_entries) < validation_size:
-        raise ValueError(
-            f"reasoning-gym {name!r}: found only {len(validation_entries)} validation questions not in the "
-            f"{train_size} training ones; the task's question space is too small: make it harder or the sets smaller"
-        )
-
-    def to_prompt(entry: dict[str, Any], row: int) -> RLPrompt:
-        fields = {"answer": entry["answer"], "metadata": entry["metadata"], "question": entry["question"]}
-        return RLPrompt(messages=template.messages(entry["question"]), fields=fields, source=f"reasoning_gym/{name}", row=row)
-
-    train = [to_prompt(entry, row) for row, entry in enumerate(train_entries, start=1)]
-    validation = [to_prompt(entry, row) for row, entry in enumerate(validation_entries, start=1)]
-    return train, validation
 
 
 def plain_text(messages: list[dict[str, Any]]) -> str:
