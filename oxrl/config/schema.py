@@ -123,6 +123,8 @@ _SHARDED = ReadOnly("with strategy.name fsdp2 or deepspeed (or auto, which is fs
                     "nothing to offload", lambda cfg: cfg.strategy.name != "single")
 _REWARD_FUNCTIONS = ReadOnly("with reward functions: rl.env and `vla` episodes reward themselves",
                              lambda cfg: cfg.rl.env is None and cfg.vla is None)
+_WEIGHT_SYNC = ReadOnly("with rl.rollout.engine: vllm or run.launcher: ray, whose engines check each weight sync",
+                        lambda cfg: cfg.rl.rollout.engine == "vllm" or cfg.run.launcher == "ray")
 _SAMPLED = ReadOnly("with rl.rollout.temperature > 0 (0 decodes greedily)", lambda cfg: cfg.rl.rollout.temperature > 0)
 _DEEPSPEED = ReadOnly("with strategy.name: deepspeed", lambda cfg: cfg.strategy.name == "deepspeed")
 _FSDP2 = ReadOnly("with strategy.name: fsdp2 (or auto, which is fsdp2 under torchrun)",
@@ -153,6 +155,8 @@ _MLFLOW = ReadOnly("with `mlflow` in logging.report_to", lambda cfg: "mlflow" in
 _NAMED_PROJECT = ReadOnly("with `mlflow` or `wandb` in logging.report_to",
                           lambda cfg: bool({"mlflow", "wandb"} & set(cfg.logging.report_to)))
 _SAMPLES = ReadOnly("with logging.samples", lambda cfg: bool(cfg.logging.samples))
+_PERIODIC = ReadOnly("with checkpoint.every, whose step checkpoints it prunes (the final model is never pruned)",
+                     lambda cfg: cfg.checkpoint.every is not None)
 _OFFLINE_ONLY = ReadOnly("by offline objectives and by RL on prompt files; rl.task generates its own prompts",
                          lambda cfg: cfg.rl.task is None)
 
@@ -319,7 +323,7 @@ class DataConfig(Section):
     """Skip malformed rows (and report how many) instead of stopping before training."""
     shuffle: bool = True
     """Shuffle the training examples each epoch (deterministic by seed)."""
-    max_image_pixels: int = Field(1024 * 1024, gt=0)
+    max_image_pixels: Annotated[int, _OFFLINE_ONLY, _NO_EPISODES] = Field(1024 * 1024, gt=0)
     """Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most this many when it
     is decoded, before the model's processor sees it."""
 
@@ -441,7 +445,7 @@ class VLLMConfig(Section):
     sleep_between_phases: bool = True
     """On GPU, put vLLM to sleep (weights offloaded, KV cache freed) while the trainer runs and wake it for the next
     rollout. Ignored where vLLM has no sleep mode (CPU)."""
-    sync_check_tolerance: float | None = Field(None, gt=0)
+    sync_check_tolerance: Annotated[float | None, _WEIGHT_SYNC] = Field(None, gt=0)
     """After every weight sync, the mean absolute gap allowed between vLLM's and the trainer's log-probs of a fixed
     probe sequence; larger raises WeightSyncError. null: 1e-4 when vLLM runs in float32, 5e-2 in bfloat16/float16."""
     sync_dir: str | None = None
@@ -808,7 +812,7 @@ class RayConfig(Section):
 class CheckpointConfig(Section):
     every: int | None = Field(None, gt=0)
     """Save every N optimizer steps (and always at the end)."""
-    keep_last: int = Field(2, gt=0)
+    keep_last: Annotated[int, _PERIODIC] = Field(2, gt=0)
     """Keep the newest N step checkpoints."""
     save_final: bool = True
     """Save the final model to `<run dir>/final`."""
@@ -1210,8 +1214,10 @@ def unread_settings(cfg: Config) -> list[str]:
     called = f"`{name}`" if trained == name else f"`{name}` (its loss `{trained}`)"
     lines = []
 
-    def visit(section: BaseModel, prefix: str) -> None:
+    def visit(section: BaseModel, prefix: str, only: tuple[str, ...] | None = None) -> None:
         for field, info in type(section).model_fields.items():
+            if only is not None and field not in only:
+                continue
             value, key = getattr(section, field), f"{prefix}{field}"
             rule = next((rule for rule in rules_of(type(section), field) if not rule.reads(cfg)), None)
             if rule is not None:
@@ -1227,6 +1233,8 @@ def unread_settings(cfg: Config) -> list[str]:
                 lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
                              f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}"
                              for setting, setting_value in changed.items())
+                if isinstance(value, BaseModel) and rule.keep:  # the fields it keeps answer to their own rules
+                    visit(value, f"{key}.", only=rule.keep)
             elif isinstance(value, BaseModel):
                 visit(value, f"{key}.")
 

@@ -142,10 +142,11 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
     run_dir = Path(run_dir)
     _make_dir(run_dir)
     lock = RunLock(run_dir).acquire()
+    overwrite = cfg.run.overwrite  # what becomes of a folder holding a run: cleared, or a refusal
     try:
         resume_from = resume_checkpoint(cfg.run.resume, run_dir)
         inside = resume_from is not None and resume_from.parent.resolve() == (run_dir / "checkpoints").resolve()
-        if inside and cfg.run.overwrite:
+        if inside and overwrite:
             raise RunDirError(f"run.overwrite would clear {run_dir}, which holds the checkpoint run.resume names: set only one")
         if resume_from is not None:
             _check_resumable(resume_from, cfg)
@@ -153,7 +154,7 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
             raise RunDirError(f"run.resume: {run_dir} holds no checkpoint to continue, and starting afresh would write "
                               f"over {_foreign(run_dir)}")
         if holds_run(run_dir) and not (cfg.run.resume is True or inside):
-            if not cfg.run.overwrite:
+            if not overwrite:
                 raise RunDirError(_refusal(run_dir, cfg.run.resume))
             if not is_oxrl_run(run_dir):
                 raise RunDirError(f"run.overwrite: {run_dir} was not cleared: overwrite deletes only an oxRL run's "

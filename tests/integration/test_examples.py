@@ -23,7 +23,7 @@ import yaml
 
 from oxrl.config.load import apply_override, find_beside, load_config
 from oxrl.config.names import ALL_ALGORITHMS, OFFLINE_ALGORITHMS, ONLINE
-from oxrl.config.schema import LoggingConfig
+from oxrl.config.schema import CheckpointConfig, LoggingConfig
 from tests.conftest import make_tiny_llama, save_tiny_model
 from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -110,8 +110,10 @@ def tiny_run_tree(path: Path, models: TinyModels, output_dir: Path) -> dict:
     settings = {
         "model.name_or_path": str(policy), "run.output_dir": str(output_dir), "train.max_steps": 1,
         "checkpoint.every": None, "logging.samples": [], "logging.plot": False, "logging.progress_bar": False,
-        # without samples their length is not read, so it goes back to its default
+        # without samples their length is not read, nor without step checkpoints how many to keep: both go back to
+        # their defaults
         "logging.sample_max_new_tokens": LoggingConfig.model_fields["sample_max_new_tokens"].default,
+        "checkpoint.keep_last": CheckpointConfig.model_fields["keep_last"].default,
     }
     if tree["algorithm"]["name"] in OFFLINE_ALGORITHMS:
         settings |= {"train.global_batch_size": 4, "train.micro_batch_size_per_device": 4}

@@ -85,7 +85,8 @@ def test_a_malformed_row_stops_the_run_before_the_model_loads(tmp_path, tiny_mod
     # Nothing of a run was written, so the corrected command needs neither run.resume nor run.overwrite.
     lines[6] = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
     data.write_text("\n".join(lines) + "\n")
-    assert main(["train", str(config), "train.max_steps=1", "checkpoint.every=null"]) == 0
+    assert main(["train", str(config), "train.max_steps=1", "checkpoint.every=null",
+                 "checkpoint.keep_last=2"]) == 0
 
 
 @pytest.mark.slow
@@ -96,7 +97,7 @@ def test_smollm2_sft_lowers_the_loss(tmp_path):
 
     cfg = load_config("examples/sft_smollm2_chat.yaml", [
         f"run.output_dir={tmp_path}", "train.max_steps=6", "train.global_batch_size=4", "train.micro_batch_size_per_device=4",
-        "train.eval_every=6", "checkpoint.every=null", "logging.samples=[]", "train.optim.warmup_steps=0",
+        "train.eval_every=6", "checkpoint.every=null", "checkpoint.keep_last=2", "logging.samples=[]", "train.optim.warmup_steps=0",
         "train.optim.lr=1e-4", "data.max_length=128",
     ])
     result = run(cfg)
