@@ -1,10 +1,11 @@
 """A setting that a run never reads is refused when a user sets it: no setting is accepted and ignored.
 
 A one-step run of each kind (tiny model, `oxrl train`'s runner: SFT, DPO, ORPO, KTO, distillation, SFT and GRPO with
-Online DPO, RFT) records every read of a config field made by the run's code, not by the config's own validation. Then each scalar setting the run never read is set, one at a time, to a valid
-value other than its default: the config must be refused, naming who reads the setting, before anything loads.
-The check follows the code, not a list: a new setting read only in some runs fails here until its `ReadOnly` rule
-(oxrl/config/schema.py) says when it is read.
+LoRA, GRPO with and without a KL term, PPO with either critic, Online DPO, RFT) records every read of a config field
+made by the run's code, not by the config's own validation. Then each scalar setting the run never read is set, one
+at a time, to a valid value other than its default: the config must be refused, naming who reads the setting,
+before anything loads. The check follows the code, not a list: a new setting read only in some runs fails here
+until its `ReadOnly` rule (oxrl/config/schema.py) says when it is read.
 """
 
 import json
