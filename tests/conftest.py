@@ -112,6 +112,14 @@ def write_chat_rows(path: Path, count: int) -> Path:
 
 
 @pytest.fixture
+def config_reads(monkeypatch) -> set[tuple[str, str]]:
+    """(section class, field) of every config field the run's code reads during the test (tests/config_reads.py)."""
+    from tests.config_reads import recording_reads
+
+    return recording_reads(monkeypatch)
+
+
+@pytest.fixture
 def tiny_llama():
     return make_tiny_llama()
 

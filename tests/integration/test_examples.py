@@ -24,6 +24,7 @@ import yaml
 from oxrl.config.load import apply_override, find_beside, load_config
 from oxrl.config.names import ALL_ALGORITHMS, OFFLINE_ALGORITHMS, ONLINE
 from oxrl.config.schema import CheckpointConfig, LoggingConfig
+from tests.config_reads import check_unread_settings_refused
 from tests.conftest import make_tiny_llama, save_tiny_model
 from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -169,7 +170,8 @@ def _task_rewards(rl: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
-def test_example_runs_one_step_on_a_tiny_model(path, tiny_models, tmp_path):
+def test_example_runs_one_step_on_a_tiny_model(path, tiny_models, tmp_path, config_reads):
+    """One step of the example; then each setting the step never read is refused when set (tests/config_reads.py)."""
     from oxrl.runner import run
 
     tree = tiny_run_tree(path, tiny_models, tmp_path)
@@ -185,3 +187,4 @@ def test_example_runs_one_step_on_a_tiny_model(path, tiny_models, tmp_path):
     assert losses and all(math.isfinite(value) for value in losses.values()), step
     if cfg.algorithm.name not in OFFLINE_ALGORITHMS:
         assert math.isfinite(step["reward/mean"]), step
+    assert check_unread_settings_refused(cfg, config_reads, lambda overrides: load_config(None, overrides, base=tree)) >= 20
