@@ -13,7 +13,8 @@ With `rl.critic_backbone: shared` the critic is instead a value head on the poli
 minimises the policy loss + `rl.value_coef` x the same clipped value loss in one backward and one optimizer step.
 
 The RL loop sees either through the same few calls (`prepare`, `values`, `update`, `metrics`, and
-`shared_head`, the head the policy's own passes run, None for a model of its own), so it never asks which.
+`shared_head`, the head the policy's own passes run, None for a model of its own), so it never asks which; the
+policy's step adds a shared head's term to its loss through the head's own `loss_input` and `loss`.
 """
 
 from __future__ import annotations
