@@ -42,17 +42,21 @@ OBJECTIVES: dict[str, Objective] = {
 def all_objectives(preference: PreferenceConfig | None = None) -> dict[str, Objective]:
     """The token objectives above plus the preference / KTO / RM / KD ones, built with `preference`'s
     hyper-parameters (defaults when None)."""
-    from oxrl.loops.preference_objectives import preference_objectives
+    from oxrl.loops.preference_objectives import PREFERENCE_OBJECTIVES, preference_objective
 
-    return {**OBJECTIVES, **preference_objectives(preference)}
+    return {**OBJECTIVES, **{name: preference_objective(name, preference) for name in PREFERENCE_OBJECTIVES}}
 
 
 def get_objective(name: str, preference: PreferenceConfig | None = None) -> Objective:
+    """The offline objective `name`, built with the `preference` hyper-parameters it reads (defaults when None)."""
     key = name.strip().lower()  # the config stores names in lower case; library callers may not
-    objectives = OBJECTIVES if key in OBJECTIVES else all_objectives(preference)
-    if key not in objectives:
-        if key in RL_ALGORITHMS:
-            raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: oxrl.runner.run trains it "
-                             "with the RL loop (oxrl.loops.rl.train_rl)")
-        raise ValueError(unknown_algorithm_message(name, "offline objective", OFFLINE_ALGORITHMS))
-    return objectives[key]
+    if key in OBJECTIVES:
+        return OBJECTIVES[key]
+    if key in OFFLINE_ALGORITHMS:
+        from oxrl.loops.preference_objectives import preference_objective
+
+        return preference_objective(key, preference)
+    if key in RL_ALGORITHMS:
+        raise ValueError(f"`{name}` is an RL algorithm, not an offline objective: oxrl.runner.run trains it "
+                         "with the RL loop (oxrl.loops.rl.train_rl)")
+    raise ValueError(unknown_algorithm_message(name, "offline objective", OFFLINE_ALGORITHMS))

@@ -158,12 +158,17 @@ def _distill(name: str, params: DistillParams) -> Objective:
     return Objective(name, lambda batch: batch.num_loss_tokens, compute, needs_reference=True)
 
 
-def preference_objectives(cfg: PreferenceConfig | None = None) -> dict[str, Objective]:
-    """Every objective of this module, with the hyper-parameters of `cfg` (default: the defaults) bound."""
+PREFERENCE_OBJECTIVES = (*PREFERENCE_LOSSES, "kto", REWARD_MODEL_OBJECTIVE, *DISTILL_OBJECTIVES)
+
+
+def preference_objective(name: str, cfg: PreferenceConfig | None = None) -> Objective:
+    """The objective `name` of this module (one of `PREFERENCE_OBJECTIVES`), with the hyper-parameters of `cfg`
+    (default: the defaults) that its loss reads bound, and only those read."""
     cfg = cfg or PreferenceConfig()
-    pairwise, kto, distill = (params_from(params, cfg) for params in (PreferenceParams, KTOParams, DistillParams))
-    objectives: dict[str, Objective] = {name: _pairwise(name, pairwise) for name in PREFERENCE_LOSSES}
-    objectives["kto"] = _kto(kto)
-    objectives[REWARD_MODEL_OBJECTIVE] = _reward_model(cfg.rm_margin_field)
-    objectives.update({name: _distill(name, distill) for name in DISTILL_OBJECTIVES})
-    return objectives
+    if name in PREFERENCE_LOSSES:
+        return _pairwise(name, params_from(PreferenceParams, cfg))
+    if name == "kto":
+        return _kto(params_from(KTOParams, cfg))
+    if name == REWARD_MODEL_OBJECTIVE:
+        return _reward_model(cfg.rm_margin_field)
+    return _distill(name, params_from(DistillParams, cfg))
