@@ -9,6 +9,7 @@ example).
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 from collections.abc import Callable
@@ -86,19 +87,26 @@ def _other_values(value, annotation) -> list[str]:
     return []
 
 
+def _names(message: str, key: str) -> bool:
+    """Whether a refusal `message` names `key`, or the section holding it, as the setting not read."""
+    parts = key.split(".")
+    return any(re.search(rf"(?:^|[-;] ){re.escape('.'.join(parts[:n]))} = ", message, re.MULTILINE)
+               for n in range(1, len(parts) + 1))
+
+
 def _refused(load: Callable[[list[str]], Config], key: str, value: str) -> bool | None:
-    """True: refused as not read, before anything loads (the config, then the strategy, which knows the processes);
-    False: accepted; None: not a valid value of `key`."""
+    """True: `key` refused as not read, before anything loads (by the config, then by the strategy, which knows the
+    processes); False: accepted; None: not a valid value of `key`."""
     from oxrl.training.build import build_strategy
 
     try:
         cfg = load([f"{key}={value}"])
     except ConfigError as error:
-        return True if "is not read by" in str(error) else None
+        return True if "not read by" in str(error) and _names(str(error), key) else None
     try:
         build_strategy(cfg)
     except ValueError as error:
-        if "not read" in str(error):
+        if "not read" in str(error) and _names(str(error), key):
             return True
         raise
     return False

@@ -15,15 +15,9 @@ import pytest
 import yaml
 
 from oxrl.config.load import load_config
+from oxrl.runner import run
 from tests.config_reads import check_unread_settings_refused
-from tests.conftest import make_tiny_llama, write_chat_rows
-
-def _tiny_model(folder: Path, tokenizer) -> Path:
-    model = make_tiny_llama(vocab_size=len(tokenizer))
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+from tests.conftest import save_tiny_model, write_chat_rows
 
 
 def _data(kind: str, folder: Path) -> dict:
@@ -65,16 +59,16 @@ RUNS = {
 }
 
 
-def _merge(tree: dict, more: dict, model: str) -> dict:
+def _merge(tree: dict, more: dict) -> dict:
     for key, value in more.items():
-        tree[key] = _merge(tree.get(key, {}), value, model) if isinstance(value, dict) else (model if value == MODEL else value)
+        tree[key] = _merge(tree.get(key, {}), value) if isinstance(value, dict) else value
     return tree
 
 
 @pytest.mark.parametrize("run_kind", RUNS)
 def test_a_run_refuses_every_setting_it_does_not_read(run_kind, tmp_path, smollm2_tokenizer, config_reads):
     algorithm, data, own = RUNS[run_kind]
-    model = str(_tiny_model(tmp_path / "model", smollm2_tokenizer))
+    model = str(save_tiny_model(tmp_path / "model", smollm2_tokenizer))
     tree = {
         "run": {"name": "run", "output_dir": str(tmp_path / "runs"), "device": "cpu"},
         "model": {"name_or_path": model},
@@ -83,11 +77,9 @@ def test_a_run_refuses_every_setting_it_does_not_read(run_kind, tmp_path, smollm
         "logging": {"progress_bar": False},
     }
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(_merge(_merge(tree, _data(data, tmp_path), model), own, model)))
-    # Between 60 and 100 settings are unread in each run, and each is refused: the sections of the other kinds of
-    # algorithm, the other losses' settings, the critic's but in PPO, vLLM's, LoRA's without it, checkpoint.keep_last.
-    from oxrl.runner import run
-
+    config.write_text(yaml.safe_dump(_merge(_merge(tree, _data(data, tmp_path)), own)).replace(MODEL, model))
     cfg = load_config(str(config))
     run(cfg)
+    # Between 60 and 100 settings are unread in each run, and each is refused: the sections of the other kinds of
+    # algorithm, the other losses' settings, the critic's but in PPO, vLLM's, LoRA's without it, checkpoint.keep_last.
     assert check_unread_settings_refused(cfg, config_reads, lambda overrides: load_config(str(config), overrides)) >= 50
