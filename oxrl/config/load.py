@@ -182,8 +182,8 @@ def schema_default(key: str) -> Any:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict | None = None) -> Config:
-    """Read a YAML file (or start from `base`), apply `a.b=c` overrides, validate."""
-    tree: dict = dict(base or {})
+    """Read a YAML file (or start from `base`, which is left as it was), apply `a.b=c` overrides, validate."""
+    tree: dict = copy.deepcopy(base) if base else {}  # an override sets a key inside a section: not in the caller's
     source = "overrides"
     if path is not None:
         source = str(path)

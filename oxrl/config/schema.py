@@ -121,8 +121,10 @@ _LORA = ReadOnly("with lora.enabled: true", lambda cfg: cfg.lora.enabled, keep=(
 _RAY = ReadOnly("with run.launcher: ray", lambda cfg: cfg.run.launcher == "ray")
 _SHARDED = ReadOnly("with strategy.name fsdp2 or deepspeed (or auto, which is fsdp2 under torchrun): `single` shards "
                     "nothing to offload", lambda cfg: cfg.strategy.name != "single")
-_REWARD_FUNCTIONS = ReadOnly("with reward functions: rl.env and `vla` episodes reward themselves",
-                             lambda cfg: cfg.rl.env is None and cfg.vla is None)
+_REWARD_FUNCTIONS = ReadOnly("with reward functions: rl.env and `vla` episodes reward themselves, and `spin` scores "
+                             "nothing unless rl.rewards (or rl.task) names a reward",
+                             lambda cfg: cfg.rl.env is None and cfg.vla is None and (
+                                 cfg.algorithm.name != "spin" or bool(cfg.rl.rewards) or cfg.rl.task is not None))
 _WEIGHT_SYNC = ReadOnly("with rl.rollout.engine: vllm or run.launcher: ray, whose engines check each weight sync",
                         lambda cfg: cfg.rl.rollout.engine == "vllm" or cfg.run.launcher == "ray")
 _SAMPLED = ReadOnly("with rl.rollout.temperature > 0 (0 decodes greedily)", lambda cfg: cfg.rl.rollout.temperature > 0)
@@ -138,6 +140,16 @@ _NOT_SPIN = ReadOnly("by the algorithms other than `spin`, whose opponent answer
 _NO_EPISODES = ReadOnly("without a `vla` section: its episodes start from the simulator's initial states "
                         "(rl.task_size, rl.validation_size) and reward themselves (vla.reward)",
                         lambda cfg: cfg.vla is None or cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_NO_EPISODE_PROMPTS = ReadOnly("without a `vla` section: its episodes prompt with the instruction, the camera image and "
+                               "the state (vla.instruction, vla.state)",
+                               lambda cfg: cfg.vla is None or cfg.algorithm.name not in SAMPLING_ALGORITHMS)
+_NO_ROBOT_DATA = ReadOnly("without a `vla` section: its LeRobot datasets are read as recorded, every frame whole",
+                          lambda cfg: cfg.vla is None)
+_VLA_EPISODES = ReadOnly("by RL on a `vla` section (and `oxrl eval`, which takes them from its own config or --set): "
+                         "SFT reads demonstrations, not episodes",
+                         lambda cfg: cfg.algorithm.name in SAMPLING_ALGORITHMS)
+_NOT_RM = ReadOnly("by every objective but `rm`, whose sequence classifier has no vision tower",
+                   lambda cfg: cfg.algorithm.name != "rm")
 _NO_ACTION_CHUNKS = ReadOnly("without a `vla` section: each of its turns samples exactly one action chunk (vla.chunk x "
                              "the action's dimensions) from the action tokens", lambda cfg: cfg.vla is None)
 _WARMUP_BY_RATIO = ReadOnly("with train.optim.warmup_steps 0, which it then sets",
@@ -244,7 +256,7 @@ class ModelConfig(Section):
     """Tokenizer location when it differs from the model's."""
     chat_template: str | None = None
     """Jinja chat template that overrides the tokenizer's."""
-    freeze_vision: bool = False
+    freeze_vision: Annotated[bool, _NOT_RM] = False
     """Vision-language models: freeze the vision tower and the projector, so that only the language model trains (with
     LoRA, adapters go on the language model either way)."""
     allow_oversized: bool = False
@@ -308,7 +320,7 @@ class DataConfig(Section):
     validation_fraction: Annotated[float, _OFFLINE_ONLY, _NO_VALIDATION_FILES] = Field(0.0, ge=0, lt=1)
     """Hold out this fraction of each training dataset for validation (when `validation` is empty), seeded by
     `run.seed`, before mixing. RL: instead of `rl.validation_size` (setting both is an error)."""
-    num_examples: Annotated[int | None, _OFFLINE_ONLY] = Field(None, gt=0)
+    num_examples: Annotated[int | None, _OFFLINE_ONLY, _NO_EPISODES] = Field(None, gt=0)
     """Size of the training mixture (RL: of prompts); default: the sum of the dataset sizes."""
     max_length: int = Field(2048, gt=1)
     """Maximum tokens per sequence. RL: prompt + completion, so a prompt may have `max_length -
@@ -319,11 +331,11 @@ class DataConfig(Section):
     cuts the start of the last user message's text, keeping its end (the question's end and the answer instruction)
     and the whole chat template (system prompt, headers, generation header); `drop` and `error` as above; `right`,
     the default, stops like `error`, as cutting a prompt's end would cut the question and the generation header."""
-    skip_invalid_rows: Annotated[bool, _OFFLINE_ONLY, _NO_EPISODES] = False
+    skip_invalid_rows: Annotated[bool, _OFFLINE_ONLY, _NO_ROBOT_DATA] = False
     """Skip malformed rows (and report how many) instead of stopping before training."""
     shuffle: bool = True
     """Shuffle the training examples each epoch (deterministic by seed)."""
-    max_image_pixels: Annotated[int, _OFFLINE_ONLY, _NO_EPISODES] = Field(1024 * 1024, gt=0)
+    max_image_pixels: Annotated[int, _OFFLINE_ONLY, _NO_ROBOT_DATA] = Field(1024 * 1024, gt=0)
     """Vision-language rows: an image with more pixels is scaled down (aspect ratio kept) to at most this many when it
     is decoded, before the model's processor sees it."""
 
@@ -639,11 +651,11 @@ class RLConfig(Section):
     Refused unless set."""
     validation_every: Annotated[int | None, _HELD_OUT] = Field(None, gt=0)
     """Greedy accuracy on the validation prompts every N steps."""
-    system_prompt: str | None = None
+    system_prompt: Annotated[str | None, _NO_EPISODE_PROMPTS] = None
     """System prompt prepended to every RL prompt."""
-    answer_format: Literal[ANSWER_FORMATS] = "boxed"
+    answer_format: Annotated[Literal[ANSWER_FORMATS], _NO_EPISODE_PROMPTS] = "boxed"
     """Ask for the final answer in `\\boxed{}` or in `<answer>` tags (with `<think>`)."""
-    prompt_template: str | None = None
+    prompt_template: Annotated[str | None, _NO_EPISODE_PROMPTS] = None
     """User message template with `{question}` and `{instruction}` (the answer-format instruction); default: the
     question, a blank line, the instruction."""
     task_config: Annotated[dict, _TASK] = Field(default_factory=dict)
@@ -906,14 +918,14 @@ class VLAConfig(Section):
     """A LeRobot dataset folder whose actions set the bins (the same for SFT, RL and evaluation)."""
     chunk: int = Field(1, ge=1)
     """Actions per chunk: each turn samples chunk x action-dimension tokens."""
-    max_chunks: int = Field(16, ge=1)
+    max_chunks: Annotated[int, _VLA_EPISODES] = Field(16, ge=1)
     """Chunks (turns) per episode at most."""
     state: bool = True
     """Write the proprioceptive state into the prompt after the instruction."""
-    reward: Literal[EPISODE_REWARDS] = "success"
+    reward: Annotated[Literal[EPISODE_REWARDS], _VLA_EPISODES] = "success"
     """An episode's reward: 1 on success, else 0 (`success`); the environment's rewards summed (`env`); or their maximum
     (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy counts, is always its success."""
-    seed_offset: int = Field(0, ge=0)
+    seed_offset: Annotated[int, _VLA_EPISODES] = Field(0, ge=0)
     """Initial states: training episodes reset with seeds offset + 0 .. rl.task_size - 1, held-out ones with 1,000,000 +
     offset + 0 .. (rl.validation_size or 100) - 1."""
 

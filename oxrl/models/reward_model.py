@@ -14,11 +14,15 @@ the head: per-token scores [1, T, 1]) and gather each sequence's last non-pad po
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from oxrl.models.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
+
+logger = logging.getLogger(__name__)
 
 
 def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int):
@@ -26,8 +30,8 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
     so that the saved model scores padded batches (transformers needs it to find the last token)."""
     from transformers import AutoModelForSequenceClassification
 
-    from oxrl.models.load import (enable_activation_checkpointing, from_pretrained_or_explain, hf_attn_implementation,
-                                  resolve_dtype, resolve_source)
+    from oxrl.models.load import (compile_blocks, enable_activation_checkpointing, from_pretrained_or_explain,
+                                  hf_attn_implementation, resolve_dtype, resolve_source)
 
     source = resolve_source(cfg.name_or_path)
     model = from_pretrained_or_explain(
@@ -43,6 +47,8 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
         use_safetensors=None if source.gguf_file else True,
     )
     model.to(device)
+    if cfg.compile_blocks:
+        logger.info("compiling %d MLP and norm modules of the decoder layers", compile_blocks(model))
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     return model

@@ -27,13 +27,13 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fused: bool = Fals
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     """Multiplier of the peak lr for optimizer step `step` (0-based)."""
     warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
+    schedule, floor = cfg.schedule, cfg.min_lr_ratio  # read at every step, warming up or not: the whole schedule
     if step < warmup:
         return (step + 1) / warmup
-    if cfg.schedule == "constant":
+    if schedule == "constant":
         return 1.0
-    progress = (step - warmup) / max(1, total_steps - warmup)
-    progress = min(1.0, progress)
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * DECAYS[cfg.schedule](progress)
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return floor + (1.0 - floor) * DECAYS[schedule](progress)
 
 
 # After warmup the lr falls from `lr` (progress 0) to `min_lr_ratio * lr` (progress 1) along one of these;

@@ -1,6 +1,8 @@
 """Reward model: packed scores are the ones transformers' own forward gives, training ranks the
 pairs, and the saved folder loads as a sequence classifier with the same scores."""
 
+import logging
+
 import pytest
 import torch
 
@@ -84,3 +86,11 @@ def test_load_reward_model_adds_a_score_head_to_a_causal_lm(tmp_path):
     model = load_reward_model(ModelConfig(name_or_path=str(tmp_path)), torch.device("cpu"), pad_token_id=PAD)
     assert model.score.out_features == 1 and model.config.pad_token_id == PAD
     assert sequence_scores(model, pack(preference_pairs(2))).shape == (4,)
+
+
+def test_model_compile_blocks_compiles_the_reward_models_decoder_layers_too(tmp_path, oxrl_log):
+    oxrl_log.set_level(logging.INFO, logger="oxrl")
+    make_tiny_llama().save_pretrained(tmp_path)
+    cfg = ModelConfig(name_or_path=str(tmp_path), compile_blocks=True)
+    model = load_reward_model(cfg, torch.device("cpu"), pad_token_id=PAD)
+    assert f"compiling {3 * len(model.model.layers)} MLP and norm modules" in oxrl_log.text  # each layer's MLP, 2 norms

@@ -49,6 +49,15 @@ def test_batch_sizes_must_divide():
         load_config(None, BASE + ["train.global_batch_size=10", "train.micro_batch_size_per_device=4"])
 
 
+def test_overrides_leave_the_callers_base_tree_as_it_was():
+    base = {"model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}, "data": {"train": [{"path": "d.jsonl"}]},
+            "train": {"optim": {"lr": 1e-5}}}
+    expected = yaml.safe_dump(base)
+    assert load_config(None, ["train.optim.lr=0.001", "train.max_steps=3"], base=base).train.optim.lr == 0.001
+    assert yaml.safe_dump(base) == expected  # the next load from the same tree starts where the caller left it
+    assert load_config(None, base=base).train.optim.lr == 1e-5
+
+
 def test_missing_file_and_bad_override():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("/nonexistent.yaml")
