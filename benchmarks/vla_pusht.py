@@ -30,7 +30,9 @@ VLA = {"env": "pusht", "bins": 64, "chunk": 4, "max_chunks": 25, "reward": "env_
 
 def config(out: Path, model: Path, name: str, algorithm: str, **sections) -> Path:
     tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": 0, "device": "cpu", "overwrite": True},
-            "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm}, "vla": VLA,
+            "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm},
+            # SFT reads the action tokens' settings; the episodes' (max_chunks, reward) are RL's and evaluation's
+            "vla": VLA if algorithm != "sft" else {key: VLA[key] for key in ("env", "bins", "chunk")},
             "logging": {"progress_bar": False, "plot": False}, "checkpoint": {"every": None}, **sections}
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
