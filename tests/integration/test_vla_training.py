@@ -32,7 +32,8 @@ def cloned(tmp_path_factory, smollm2_tokenizer):
     base = save_tiny_qwen2_vl(tmp / "base", smollm2_tokenizer)
     assert main(["demos", "reach", "--episodes", "48", "--out", str(tmp / "demos")]) == 0
     config = {"run": {**RUN, "name": "sft", "output_dir": str(tmp / "runs")}, "model": {"name_or_path": str(base)},
-              "algorithm": {"name": "sft"}, "vla": VLA, "logging": QUIET,
+              "algorithm": {"name": "sft"}, "vla": {key: VLA[key] for key in ("env", "bins")},  # (max_chunks: RL's)
+              "logging": QUIET,
               "data": {"train": [{"path": str(tmp / "demos"), "format": "lerobot"}], "max_length": 128,
                        "validation_fraction": 0},
               "train": {"max_steps": 40, "global_batch_size": 16, "micro_batch_size_per_device": 16,
