@@ -205,6 +205,7 @@ def compile_blocks(model) -> int:
     parts = [getattr(layer, name) for layer in layers for name in COMPILED_BLOCK_PARTS if hasattr(layer, name)]
     for part in parts:
         part.compile(dynamic=True)
+    logger.info("compiling %d MLP and norm modules of the decoder layers", len(parts))
     return len(parts)
 
 
@@ -334,7 +335,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
         logger.info("froze the vision tower and projector of %s (%.1fM parameters)", cfg.name_or_path,
                     freeze_vision_tower(model) / 1e6)
     if cfg.compile_blocks:
-        logger.info("compiling %d MLP and norm modules of the decoder layers", compile_blocks(model))
+        compile_blocks(model)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if lora is not None and lora.enabled:

@@ -14,15 +14,11 @@ the head: per-token scores [1, T, 1]) and gather each sequence's last non-pad po
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from oxrl.models.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
-
-logger = logging.getLogger(__name__)
 
 
 def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int):
@@ -48,7 +44,7 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
     )
     model.to(device)
     if cfg.compile_blocks:
-        logger.info("compiling %d MLP and norm modules of the decoder layers", compile_blocks(model))
+        compile_blocks(model)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     return model

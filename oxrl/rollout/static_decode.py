@@ -14,8 +14,8 @@ check that the logits are finite, EOS and stop strings ending a completion. What
 one shape for the whole call:
 
 * no row leaves the batch: a finished row decodes on until every row has finished or the token budget is spent,
-  which is checked every `round_tokens` steps (the engine's `ROUND_TOKENS`) (one host sync) together with the finite-logits flag; the engine
-  cuts each completion at its EOS or stop string, as it does for `generate`'s padded rows;
+  which is checked every `round_tokens` steps (the engine's `ROUND_TOKENS`: one host sync) together with the
+  finite-logits flag; the engine cuts each completion at its EOS or stop string, as it does for `generate`'s padded rows;
 * prompts are not prefilled once per prompt and repeated: every row runs its prompt (one forward; on a GPU the
   prefill is a small part of the call);
 * cache lengths are rounded up to `CACHE_BUCKET`, so that rollouts whose prompts differ by a few tokens reuse one
