@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from oxrl.config.schema import LoraConfig, ModelConfig
-from oxrl.models.load import ModelSource, from_pretrained_or_explain, load_model, load_tokenizer, resolve_source
+from oxrl.models.load import load_model, load_tokenizer
+from oxrl.models.source import ModelSource, from_pretrained_or_explain, resolve_source
 from oxrl.onboard_report import FAIL, PASS, WARN, CheckResult, OnboardReport, write_report
 from oxrl.onboard_template import (CONVERSATION, check_assistant_mask, check_eos_and_pad,
                                           check_generation_prompt, check_has_chat_template, check_prefix_stable,

@@ -30,7 +30,7 @@ def lora_first(cfg: Config) -> bool:
     """LoRA when a full fine-tune would not fit this machine and LoRA would (oxrl.models.fit.choose_lora).
     Only in one process: LoRA does not train sharded yet, and under torchrun the ranks share the memory."""
     from oxrl.models.fit import choose_lora, run_devices
-    from oxrl.models.load import ModelNotFoundError
+    from oxrl.models.source import ModelNotFoundError
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return False

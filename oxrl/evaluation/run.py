@@ -90,7 +90,7 @@ def model_location(name: str) -> tuple[str, Path | None]:
     outputs and no config.json: its `final/` model, else its latest complete checkpoint."""
     from oxrl.training.checkpoint import latest_checkpoint
     from oxrl.training.run_dir import holds_run
-    from oxrl.models.load import ModelNotFoundError
+    from oxrl.models.source import ModelNotFoundError
 
     path = Path(name).expanduser()
     if not path.is_dir() or (path / "config.json").is_file() or (path / "adapter_config.json").is_file() or not holds_run(path):
@@ -175,7 +175,7 @@ def evaluate_models(request: EvalRequest) -> EvalResult:
     """Check every input, then evaluate MODEL (and the baseline) on the same prompts; rows to `request.out`."""
     from oxrl.training.build import build_strategy
     from oxrl.loops.rl_setup import reward_function
-    from oxrl.models.load import resolve_source
+    from oxrl.models.source import resolve_source
     from oxrl.rollout.build import check_engine
 
     model_path, run_dir = model_location(request.model)

@@ -110,7 +110,8 @@ def rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: 
     an online algorithm the policy, its method (with the loss's reference) and the engine. Under Ray (`remote`)
     the engine is the rollout workers, shared by every rank."""
     from oxrl.loops.rl import RLHandles
-    from oxrl.models.load import load_model, resolve_source
+    from oxrl.models.load import load_model
+    from oxrl.models.source import resolve_source
     from oxrl.training.strategy import SingleDevice
 
     rl, device = cfg.rl, strategy.device

@@ -32,7 +32,7 @@ def model_shape(model: ModelConfig, registry_files: list[str] = ()) -> ModelShap
     config.json (downloaded: a few kB)."""
     from transformers import AutoConfig
 
-    from oxrl.models.load import from_pretrained_or_explain, resolve_source
+    from oxrl.models.source import from_pretrained_or_explain, resolve_source
 
     source = resolve_source(model.name_or_path)
     config = None
@@ -120,7 +120,7 @@ def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_
     """Before any model loads: the estimated peak per device, and a warning when it will not fit. A run whose
     static memory (STATIC_PARTS) is more than a device has cannot train at all: a ModelTooLargeError, unless
     `model.allow_oversized`; a `strategy.mesh.tp` the model cannot be split over: a ValueError naming why."""
-    from oxrl.models.load import ModelNotFoundError
+    from oxrl.models.source import ModelNotFoundError
 
     devices = run_devices(device, world_size)
     plan = training_plan(cfg, devices, row_tokens=row_tokens)

@@ -1,4 +1,5 @@
-"""Load a model and its tokenizer from a hub id, a local HF folder, a .gguf file or a bundled alias.
+"""Load a model and its tokenizer from a hub id, a local HF folder, a .gguf file or a bundled alias
+(oxrl/models/source.py tells which).
 
 A vision-language model (VLM: a vision tower and a projector feeding a causal language model) loads with
 `AutoModelForImageTextToText`, and its processor (image processor + tokenizer) with `load_processor`; every other
@@ -7,30 +8,15 @@ model is a causal LM (`AutoModelForCausalLM`)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from oxrl.models.model_inputs import PADDED_FAMILIES
 from oxrl.config.schema import LoraConfig, ModelConfig
-from oxrl.files import first_irregular
-from oxrl.dependencies import installed
-from oxrl.logging.quiet import no_progress_bars
-from oxrl.models.bundled import BUNDLED, resolve_bundled
 from oxrl.models.packed_attention import use_packed_attention
+from oxrl.models.source import from_pretrained_or_explain, resolve_source
 
 logger = logging.getLogger(__name__)
-
-
-class ModelNotFoundError(FileNotFoundError):
-    pass
-
-
-@dataclass
-class ModelSource:
-    path: str  # folder or hub id handed to from_pretrained
-    gguf_file: str | None = None
 
 
 def is_peft(model) -> bool:
@@ -38,56 +24,10 @@ def is_peft(model) -> bool:
     return hasattr(model, "peft_config")
 
 
-def resolve_source(name_or_path: str) -> ModelSource:
-    if name_or_path in BUNDLED:
-        return ModelSource(str(resolve_bundled(name_or_path)))
-    path = Path(name_or_path).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file not found: {path}")
-        return ModelSource(str(path.parent), path.name)
-    if path.is_dir():
-        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-            raise ModelNotFoundError(f"{path} is a folder but holds no config.json: not a Hugging Face model folder")
-        irregular = first_irregular(path, recursive=False)  # a FIFO tokenizer.json would hang its loader
-        if irregular is not None:
-            raise ModelNotFoundError(f"{path}: {irregular[0].name} {irregular[1]}: a model folder holds regular files")
-        return ModelSource(str(path))
-    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise ModelNotFoundError(f"model path not found: {path}")
-    return ModelSource(name_or_path)  # a hub id
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
-
-
-def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs):
-    """Call a transformers loader, turning 'not cached and no network' into a clear message. A load of
-    safetensors weights (`use_safetensors`) from a local folder checks them first (oxrl/models/weights.py): pickle
-    only, damaged or missing files are one line naming the file."""
-    from safetensors import SafetensorError
-
-    from oxrl.models.weights import ModelWeightsError, check_weights
-
-    if kwargs.get("use_safetensors") and Path(source.path).is_dir():
-        check_weights(Path(source.path))
-    try:
-        with no_progress_bars():  # transformers' "Loading weights" bar (a hub download keeps huggingface_hub's)
-            return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
-    except SafetensorError as error:  # a hub model's cached file
-        raise ModelWeightsError(f"{what} `{source.path}`: a damaged safetensors file ({error}): delete the model from "
-                                "the Hugging Face cache and download it again") from None
-    except OSError as error:
-        if Path(source.path).exists():
-            raise
-        raise ModelNotFoundError(
-            f"{what} `{source.path}` is not a local folder, file or bundled alias "
-            f"({', '.join(BUNDLED)}), and could not be fetched from the Hugging Face hub "
-            f"(not found locally, no network?): {error}"
-        ) from error
 
 
 def load_config(cfg: ModelConfig):
@@ -124,57 +64,18 @@ def load_tokenizer(cfg: ModelConfig):
     return tokenizer
 
 
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
-_TORCHVISION_HINT = ("; video processors (Qwen2-VL's among them) need torchvision: install the build that matches your "
-                     "torch, e.g. `pip install torchvision --index-url https://download.pytorch.org/whl/cpu` on a CPU")
-
-
-class ProcessorLoadError(ValueError):
-    """A vision-language model's processor cannot be loaded; one line saying why."""
-
-
-def _first_sentence(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
-def _needs_torchvision(error: BaseException) -> bool:
-    text = str(error).lower()
-    return not installed("torchvision") and ("torchvision" in text or "video processor" in text)
-
-
 def load_processor(cfg: ModelConfig, tokenizer=None):
-    """A vision-language model's processor (image processor + tokenizer), None for a text model.
+    """A vision-language model's processor (image processor + tokenizer, oxrl/models/processor.py), None for a text
+    model.
 
     It wraps `tokenizer` (by default `load_tokenizer(cfg)`'s, so the pad-token rule, `cfg.tokenizer` and
     `cfg.chat_template` apply), so that `processor.tokenizer is tokenizer`: nothing is loaded twice and the
-    processor and the rest of oxRL tokenize alike. The image processor comes from the model's own location."""
-    from transformers import AutoProcessor, ProcessorMixin
-
+    processor and the rest of oxRL tokenize alike."""
     if not is_vision_language(load_config(cfg)):
         return None
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    source = resolve_source(cfg.name_or_path)
-    try:
-        processor = from_pretrained_or_explain(AutoProcessor, source, "processor", tokenizer=tokenizer,
-                                               trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
-    except (ImportError, OSError) as error:
-        # A processor whose parts cannot be built here: most often a video processor (Qwen2-VL's), which needs
-        # torchvision even for image-only training. transformers' message is several lines; one is enough.
-        if isinstance(error, ModelNotFoundError):
-            raise
-        raise ProcessorLoadError(f"{cfg.name_or_path}: its processor cannot be loaded: {_first_sentence(error)}"
-                                 f"{_TORCHVISION_HINT if _needs_torchvision(error) else ''}") from error
-    if not isinstance(processor, ProcessorMixin):  # AutoProcessor falls back to a tokenizer or an image processor
-        present = [name for name in PROCESSOR_FILES if (Path(source.path) / name).is_file()]
-        raise ProcessorLoadError(
-            f"{cfg.name_or_path} is a vision-language model but AutoProcessor gave a {type(processor).__name__}, not a "
-            "processor: " + (f"{', '.join(present)} is there, but the processor it names could not be built (a missing "
-                             f"package?{_TORCHVISION_HINT if not installed('torchvision') else ''})" if present else
-                             f"the model holds none of {', '.join(PROCESSOR_FILES)}"))
-    if cfg.chat_template is not None:
-        processor.chat_template = cfg.chat_template
-    return processor
+    from oxrl.models.processor import vision_language_processor
+
+    return vision_language_processor(cfg, tokenizer if tokenizer is not None else load_tokenizer(cfg))
 
 
 PACKED_CHOICES = ("auto", "packed_sdpa")

@@ -26,8 +26,8 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
     so that the saved model scores padded batches (transformers needs it to find the last token)."""
     from transformers import AutoModelForSequenceClassification
 
-    from oxrl.models.load import (compile_blocks, enable_activation_checkpointing, from_pretrained_or_explain,
-                                  hf_attn_implementation, resolve_dtype, resolve_source)
+    from oxrl.models.load import compile_blocks, enable_activation_checkpointing, hf_attn_implementation, resolve_dtype
+    from oxrl.models.source import from_pretrained_or_explain, resolve_source
 
     source = resolve_source(cfg.name_or_path)
     model = from_pretrained_or_explain(

@@ -156,7 +156,7 @@ class _Scorer:
 
 def _scorer(path: str, device: str, dtype: str, trust_remote_code: bool) -> _Scorer:
     """The cached scorer of these settings (`auto` resolved first, so `auto` and `cuda` share one model)."""
-    from oxrl.models.load import ModelNotFoundError
+    from oxrl.models.source import ModelNotFoundError
 
     local = Path(path).expanduser()
     key_path = str(local.resolve()) if local.exists() else path
@@ -190,7 +190,8 @@ def _load_scorer(path: str, device_name: str, dtype: str, trust_remote_code: boo
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    from oxrl.models.load import from_pretrained_or_explain, resolve_dtype, resolve_source
+    from oxrl.models.load import resolve_dtype
+    from oxrl.models.source import from_pretrained_or_explain, resolve_source
 
     device = torch.device(device_name)
     source = resolve_source(path)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from oxrl.config.schema import ModelConfig
-from oxrl.models.load import ModelNotFoundError, enable_activation_checkpointing, load_model, load_tokenizer, resolve_source
+from oxrl.models.load import enable_activation_checkpointing, load_model, load_tokenizer
+from oxrl.models.source import ModelNotFoundError, resolve_source
 from tests.conftest import bundled_gguf, make_tiny_llama
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from oxrl.models.load import ModelNotFoundError
+from oxrl.models.source import ModelNotFoundError
 from oxrl.onboard import NotATextModelError, onboard, truncated_config
 from oxrl.onboard_template import check_eos_and_pad
 from oxrl.onboard_report import FAIL, PASS, WARN

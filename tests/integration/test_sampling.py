@@ -1,6 +1,5 @@
 """The `hf` engine's sampler (one uniform per row, inverse CDF) and its bf16 copy of the policy."""
 
-import copy
 import math
 from types import SimpleNamespace
 
