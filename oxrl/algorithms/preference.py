@@ -1,8 +1,8 @@
 """Offline pairwise preference losses: DPO, cDPO, rDPO, SLiC hinge, IPO, SimPO, ORPO.
 
-Every loss has the signature `(PreferenceInput, PreferenceParams) -> LossOutput` and is looked
-up by name in `PREFERENCE_LOSSES`; `NEEDS_REFERENCE[name]` tells the loop whether to build a
-frozen reference model at all (SimPO and ORPO are reference-free).
+Every loss has the signature `(PreferenceInput, its own params) -> LossOutput` and is looked up by
+name in `PREFERENCE_LOSSES`, with its parameter class (`DPOParams`, ...: what it reads, and nothing
+else) and whether it needs a frozen reference model at all (SimPO and ORPO are reference-free).
 
 Conventions (the caller, not this file, must honour them):
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -57,25 +57,57 @@ class PreferenceInput:
             raise ValueError("give both ref_chosen_logps and ref_rejected_logps, or neither")
 
 
+# Each loss's own hyper-parameters: the loss reads these and nothing else.
+
+
 @dataclass(frozen=True)
-class PreferenceParams:
-    # DPO/IPO/hinge: inverse temperature of the implicit reward (IPO's tau). SimPO's paper uses
-    # beta in [2, 2.5] on mean log-probs; DPO's default is 0.1. ORPO ignores beta.
+class BetaParams:
+    """hinge's, and the base of the others: beta, the inverse temperature of the implicit reward (IPO's tau; SimPO
+    scales mean token log-probs by it, its paper taking 2-2.5). DPO's default is 0.1."""
+
     beta: float = 0.1
-    label_smoothing: float = 0.0  # cDPO: assumed probability that a label is flipped (dpo only)
-    rdpo_epsilon: float = 0.1  # rDPO: known label-flip rate, in [0, 0.5)
-    simpo_gamma: float = 0.5  # SimPO target reward margin gamma (not gamma/beta)
-    orpo_lambda: float = 0.1  # ORPO weight of the odds-ratio term
-    # IPO on mean per-token log-probs (TRL's choice) instead of sums (the paper's). False = paper.
-    ipo_length_normalise: bool = False
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
+
+
+@dataclass(frozen=True)
+class DPOParams(BetaParams):
+    label_smoothing: float = 0.0  # cDPO: the assumed probability that a label is flipped
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.label_smoothing <= 0.5:
             raise ValueError(f"label_smoothing must be in [0, 0.5], got {self.label_smoothing}")
+
+
+@dataclass(frozen=True)
+class RDPOParams(BetaParams):
+    rdpo_epsilon: float = 0.1  # rDPO: the known label-flip rate
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.rdpo_epsilon < 0.5:
             raise ValueError(f"rdpo_epsilon must be in [0, 0.5) (1 - 2 eps divides the loss), got {self.rdpo_epsilon}")
+
+
+@dataclass(frozen=True)
+class IPOParams(BetaParams):
+    # IPO on mean per-token log-probs (TRL's choice) instead of sums (the paper's). False = paper.
+    ipo_length_normalise: bool = False
+
+
+@dataclass(frozen=True)
+class SimPOParams(BetaParams):
+    simpo_gamma: float = 0.5  # SimPO's target reward margin gamma (not gamma/beta)
+
+
+@dataclass(frozen=True)
+class ORPOParams:
+    orpo_lambda: float = 0.1  # ORPO's weight of the odds-ratio term (ORPO has no beta)
+
+    def __post_init__(self) -> None:
         if self.orpo_lambda < 0:
             raise ValueError(f"orpo_lambda must be >= 0, got {self.orpo_lambda}")
 
@@ -104,7 +136,7 @@ def _output(losses: Tensor, chosen_rewards: Tensor, rejected_rewards: Tensor, ba
     return LossOutput(losses.sum(), metrics)
 
 
-def dpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def dpo_loss(batch: PreferenceInput, params: DPOParams) -> LossOutput:
     """DPO (Rafailov et al. 2023, arXiv:2305.18290), with cDPO label smoothing.
 
     l = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
@@ -120,7 +152,7 @@ def dpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
     return _output(losses, params.beta * chosen_logratios, params.beta * rejected_logratios, batch)
 
 
-def rdpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def rdpo_loss(batch: PreferenceInput, params: RDPOParams) -> LossOutput:
     """Robust DPO (Chowdhury et al. 2024, arXiv:2403.00409).
 
     l = [(1 - eps) * -log sigmoid(beta h) - eps * -log sigmoid(-beta h)] / (1 - 2 eps)
@@ -136,7 +168,7 @@ def rdpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
     return _output(losses, params.beta * chosen_logratios, params.beta * rejected_logratios, batch)
 
 
-def hinge_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def hinge_loss(batch: PreferenceInput, params: BetaParams) -> LossOutput:
     """SLiC hinge (Zhao et al. 2023, arXiv:2305.10425) on the reference-normalised margin as in
     RSO (Liu et al. 2023, arXiv:2309.06657): l = max(0, 1 - beta h).
 
@@ -148,7 +180,7 @@ def hinge_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
     return _output(losses, params.beta * chosen_logratios, params.beta * rejected_logratios, batch)
 
 
-def ipo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def ipo_loss(batch: PreferenceInput, params: IPOParams) -> LossOutput:
     """IPO (Azar et al. 2023, arXiv:2310.12036): l = (h - 1/(2 beta))^2, beta = tau.
 
     The paper's h uses whole-sequence log-probs (sums). With `ipo_length_normalise` each
@@ -163,7 +195,7 @@ def ipo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
     return _output(losses, params.beta * chosen_logratios, params.beta * rejected_logratios, batch)
 
 
-def simpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def simpo_loss(batch: PreferenceInput, params: SimPOParams) -> LossOutput:
     """SimPO (Meng et al. 2024, arXiv:2405.14734), reference-free:
 
     r(y) = (beta / |y|) log pi(y|x)            (mean per-token log-prob, scaled)
@@ -188,7 +220,7 @@ def _log1mexp(x: Tensor) -> Tensor:
     return torch.where(near_zero, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(far_x)))
 
 
-def orpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
+def orpo_loss(batch: PreferenceInput, params: ORPOParams) -> LossOutput:
     """ORPO (Hong et al. 2024, arXiv:2403.07691), reference-free:
 
     m(y)   = (1/|y|) log pi(y|x)               (mean per-token log-prob; P(y|x) = exp m)
@@ -216,30 +248,29 @@ def orpo_loss(batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
     )
 
 
-PreferenceLoss = Callable[[PreferenceInput, PreferenceParams], LossOutput]
+class PreferenceLoss(NamedTuple):
+    loss: Callable[[PreferenceInput, Any], LossOutput]  # (PreferenceInput, an instance of `params`) -> LossOutput
+    params: type  # its hyper-parameters, read from the `preference` settings of the same names
+    needs_reference: bool  # whether it reads ref_*_logps: the loop builds (and runs) a reference model only if so
+
 
 PREFERENCE_LOSSES: dict[str, PreferenceLoss] = {
-    "dpo": dpo_loss,
-    "rdpo": rdpo_loss,
-    "hinge": hinge_loss,
-    "ipo": ipo_loss,
-    "simpo": simpo_loss,
-    "orpo": orpo_loss,
-}
-
-# Whether the loss reads ref_*_logps: the loop builds (and runs) a reference model only if True.
-NEEDS_REFERENCE: dict[str, bool] = {
-    "dpo": True,
-    "rdpo": True,
-    "hinge": True,
-    "ipo": True,
-    "simpo": False,
-    "orpo": False,
+    "dpo": PreferenceLoss(dpo_loss, DPOParams, needs_reference=True),
+    "rdpo": PreferenceLoss(rdpo_loss, RDPOParams, needs_reference=True),
+    "hinge": PreferenceLoss(hinge_loss, BetaParams, needs_reference=True),
+    "ipo": PreferenceLoss(ipo_loss, IPOParams, needs_reference=True),
+    "simpo": PreferenceLoss(simpo_loss, SimPOParams, needs_reference=False),
+    "orpo": PreferenceLoss(orpo_loss, ORPOParams, needs_reference=False),
 }
 
 
-def preference_loss(name: str, batch: PreferenceInput, params: PreferenceParams) -> LossOutput:
-    """Look up `name` in PREFERENCE_LOSSES and apply it; an unknown name lists the valid ones."""
+def preference_loss(name: str, batch: PreferenceInput, params=None) -> LossOutput:
+    """Look up `name` in PREFERENCE_LOSSES and apply it, with its own params (default: its defaults); an unknown
+    name lists the valid ones, and params of another loss's class are refused."""
     if name not in PREFERENCE_LOSSES:
         raise ValueError(f"unknown preference loss {name!r}; valid: {sorted(PREFERENCE_LOSSES)}")
-    return PREFERENCE_LOSSES[name](batch, params)
+    loss, params_class, _ = PREFERENCE_LOSSES[name]
+    params = params_class() if params is None else params
+    if type(params) is not params_class:
+        raise TypeError(f"preference loss {name!r} takes {params_class.__name__}, not {type(params).__name__}")
+    return loss(batch, params)

@@ -32,7 +32,6 @@ NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
         "unbiased_std": FIXED,  # Bessel-corrected group std, as TRL and verl use
         "group_baseline": FIXED,  # reinforce_pp subtracts the group mean (REINFORCE++-baseline)
     },
-    "PreferenceParams": {},
     "KTOParams": {
         "desirable_weight": lambda preference: preference.kto_desirable_weight,
         "undesirable_weight": lambda preference: preference.kto_undesirable_weight,

@@ -29,7 +29,7 @@ import torch
 from oxrl.algorithms.distill import DISTILL_LOSSES, DistillInput, DistillParams
 from oxrl.algorithms.kto import KTOInput, KTOParams, kto_loss
 from oxrl.models.logprobs import forward_logits, sequence_sums, token_logprobs
-from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, LossOutput, PreferenceInput, PreferenceParams
+from oxrl.algorithms.preference import PREFERENCE_LOSSES, LossOutput, PreferenceInput
 from oxrl.algorithms.reward_model import RewardModelInput, bradley_terry_loss
 from oxrl.config.params import params_from
 from oxrl.config.schema import PreferenceConfig
@@ -73,8 +73,9 @@ def _count_pairs(batch: PackedBatch) -> int:
     return batch.num_examples
 
 
-def _pairwise(name: str, params: PreferenceParams) -> Objective:
-    loss_fn, needs_reference = PREFERENCE_LOSSES[name], NEEDS_REFERENCE[name]
+def _pairwise(name: str, params) -> Objective:
+    """`name`'s pairwise loss with `params`, an instance of its own parameter class."""
+    loss_fn, _, needs_reference = PREFERENCE_LOSSES[name]
 
     def compute(model, batch: PackedBatch, normaliser: float, reference=None) -> LossOutput:
         logps = sequence_sums(token_logprobs(model, batch), batch)  # [S], one forward for both sides
@@ -166,7 +167,7 @@ def preference_objective(name: str, cfg: PreferenceConfig | None = None) -> Obje
     (default: the defaults) that its loss reads bound, and only those read."""
     cfg = cfg or PreferenceConfig()
     if name in PREFERENCE_LOSSES:
-        return _pairwise(name, params_from(PreferenceParams, cfg))
+        return _pairwise(name, params_from(PREFERENCE_LOSSES[name].params, cfg))
     if name == "kto":
         return _kto(params_from(KTOParams, cfg))
     if name == REWARD_MODEL_OBJECTIVE:

@@ -35,7 +35,6 @@ import torch
 
 from oxrl.algorithms.advantages import RolloutRewards, estimate_advantages, place_outcome_reward
 from oxrl.algorithms.kl import kl_penalty_rewards
-from oxrl.algorithms.pass_at_k import pass_at_k
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.sampler import StepSampler, balanced_split, split_for_rank
 from oxrl.data.types import RLPromptBatch
@@ -549,7 +548,9 @@ def summarise(completions: list[Completion], scored: RewardOutput) -> dict[str, 
         correct[completion.prompt_index] += is_correct
     prompts = sorted(samples)
     n, c = torch.tensor([samples[p] for p in prompts]), torch.tensor([correct[p] for p in prompts])
-    if int(n.min()) > 1:
+    if int(n.min()) > 1:  # several samples of each held-out prompt
+        from oxrl.algorithms.pass_at_k import pass_at_k
+
         for k in pass_ks(int(n.min())):
             metrics[f"pass@{k}"] = float(pass_at_k(n, c, k).mean())
     return metrics

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from oxrl.algorithms.preference import PreferenceInput, PreferenceParams, dpo_loss
+from oxrl.algorithms.preference import DPOParams, PreferenceInput, dpo_loss
 from oxrl.config.schema import Config, PreferenceConfig, rules_of
 from oxrl.data.types import Example, Sequence, pack
 from oxrl.training.strategy import SingleDevice
@@ -74,7 +74,7 @@ def test_packed_pair_in_one_forward_equals_two_separate_forwards():
     rejected = _padded_sequence_logps(separate_model, [e.sequences[1] for e in examples])
     ref = reference.sequence_logps(batch)
     tokens = torch.tensor([[float(sum(s.loss_mask)) for s in e.sequences] for e in examples])
-    expected = dpo_loss(PreferenceInput(chosen, rejected, tokens[:, 0], tokens[:, 1], ref[0::2], ref[1::2]), PreferenceParams())
+    expected = dpo_loss(PreferenceInput(chosen, rejected, tokens[:, 0], tokens[:, 1], ref[0::2], ref[1::2]), DPOParams())
     (expected.loss / 3.0).backward()
     torch.testing.assert_close(out.loss, expected.loss / 3.0, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(out.metrics["rewards/margins"], expected.metrics["rewards/margins"] / 3.0, atol=1e-6, rtol=1e-6)

@@ -121,15 +121,16 @@ def _params_classes():
     from oxrl.algorithms.distill import DistillParams
     from oxrl.algorithms.kto import KTOParams
     from oxrl.algorithms.policy_loss import PolicyLossParams
-    from oxrl.algorithms.preference import PreferenceParams
+    from oxrl.algorithms.preference import PREFERENCE_LOSSES
 
-    return [(PolicyLossParams, RLConfig), (AdvantageParams, RLConfig), (PreferenceParams, PreferenceConfig),
-            (KTOParams, PreferenceConfig), (DistillParams, PreferenceConfig)]
+    pairwise = sorted({loss.params for loss in PREFERENCE_LOSSES.values()}, key=lambda params: params.__name__)
+    return [(PolicyLossParams, RLConfig), (AdvantageParams, RLConfig), (KTOParams, PreferenceConfig),
+            (DistillParams, PreferenceConfig), *((params, PreferenceConfig) for params in pairwise)]
 
 
 @pytest.mark.parametrize("params_class, section", _params_classes(), ids=lambda c: c.__name__)
 def test_every_params_field_is_a_setting_of_the_same_name_or_listed(params_class, section):
-    special = NOT_BY_NAME[params_class.__name__]
+    special = NOT_BY_NAME.get(params_class.__name__, {})
     fields = {field.name: field for field in dataclasses.fields(params_class)}
     assert set(special) <= set(fields), "NOT_BY_NAME lists a field the dataclass does not have"
     for name, field in fields.items():
@@ -304,7 +305,7 @@ def test_loss_settings_are_read_exactly_where_their_rules_say(field, other):
 
 def test_preference_settings_are_read_exactly_where_their_rules_say():
     from oxrl.algorithms.distill import DISTILL_LOSSES, DistillInput, DistillParams
-    from oxrl.algorithms.preference import NEEDS_REFERENCE, PREFERENCE_LOSSES, PreferenceInput, PreferenceParams
+    from oxrl.algorithms.preference import PREFERENCE_LOSSES, PreferenceInput
     from oxrl.loops.objectives import all_objectives
     from oxrl.loops.preference_objectives import DISTILL_OBJECTIVES
 
@@ -313,10 +314,16 @@ def test_preference_settings_are_read_exactly_where_their_rules_say():
                             torch.tensor([4.0, 2, 6, 3]), -torch.rand(4) * 9, -torch.rand(4) * 9)
     others = {"beta": 0.5, "label_smoothing": 0.2, "rdpo_epsilon": 0.2, "simpo_gamma": 1.0, "orpo_lambda": 0.5,
               "ipo_length_normalise": True}
-    for field, other in others.items():
-        for name, loss in PREFERENCE_LOSSES.items():
-            moved = loss(pairs, PreferenceParams()).loss != loss(pairs, PreferenceParams(**{field: other})).loss
-            assert bool(moved) == (name in rules_of(PreferenceConfig, field)[0].by), (name, field)
+    declared = set()
+    for name, (loss, params_class, _) in PREFERENCE_LOSSES.items():
+        own = {field.name for field in dataclasses.fields(params_class)}
+        declared |= own
+        for field, other in others.items():
+            # A pairwise loss's parameter class holds exactly the settings whose rule names the loss ...
+            assert (field in own) == (name in rules_of(PreferenceConfig, field)[0].by), (name, field)
+            if field in own:  # ... and the loss really reads each of them
+                assert loss(pairs, params_class()).loss != loss(pairs, params_class(**{field: other})).loss, (name, field)
+    assert declared == set(others)
     logits = DistillInput(torch.randn(5, 7), torch.randn(5, 7), torch.ones(5, dtype=torch.bool))
     for field, other in {"temperature": 2.0, "jsd_beta": 0.2}.items():
         for name, loss_name in DISTILL_OBJECTIVES.items():
@@ -326,7 +333,8 @@ def test_preference_settings_are_read_exactly_where_their_rules_say():
     # The reference is built for exactly the objectives that compare against one (a KD teacher is not a reference).
     uses_reference = {name for name, objective in all_objectives().items() if objective.needs_reference}
     assert set(rules_of(PreferenceConfig, "reference")[0].by) == uses_reference - set(names.DISTILLATION)
-    assert set(rules_of(PreferenceConfig, "reference")[0].by) >= {name for name, needs in NEEDS_REFERENCE.items() if needs}
+    assert set(rules_of(PreferenceConfig, "reference")[0].by) >= {name for name, loss in PREFERENCE_LOSSES.items()
+                                                                   if loss.needs_reference}
 
 
 def test_the_reference_free_objectives_are_exactly_those_built_without_one():

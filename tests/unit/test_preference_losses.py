@@ -3,20 +3,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from oxrl.algorithms.preference import (
-    NEEDS_REFERENCE,
     PREFERENCE_LOSSES,
+    BetaParams,
+    DPOParams,
+    IPOParams,
+    ORPOParams,
     PreferenceInput,
-    PreferenceParams,
+    RDPOParams,
+    SimPOParams,
     preference_loss,
 )
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
+
+
+def params_for(name: str, **values):
+    """`name`'s own parameter class, with those of `values` it has (the others belong to other losses)."""
+    params_class = PREFERENCE_LOSSES[name].params
+    own = {field.name for field in dataclasses.fields(params_class)}
+    return params_class(**{key: value for key, value in values.items() if key in own})
 
 
 def t(values: list[float]) -> torch.Tensor:
@@ -42,7 +54,7 @@ PAIR_A_AND_B = dict(chosen=[-1.0, -2.0], ref_chosen=[-1.0 - 2 * LN3, -3.0], reje
 
 
 def test_dpo_hand_values_and_summed_metrics():
-    out = preference_loss("dpo", make_pairs(**PAIR_A_AND_B), PreferenceParams(beta=0.5))
+    out = preference_loss("dpo", make_pairs(**PAIR_A_AND_B), DPOParams(beta=0.5))
     # A: -log sigmoid(ln 3) = -log(3/4) = ln(4/3);  B: -log sigmoid(0) = ln 2.  Sum: ln(8/3).
     assert out.loss.item() == pytest.approx(math.log(8 / 3), abs=1e-12)
     m = out.metrics
@@ -62,14 +74,14 @@ def test_zero_margin_costs_log2_per_pair(name, beta):
     # Equal log-ratios (here 0.3 each) make h = 0: sigmoid(0) = 1/2 -> ln 2, for any smoothing.
     batch = make_pairs(chosen=[-2.0, -7.0, -1.0], ref_chosen=[-2.3, -7.3, -1.3], rejected=[-4.0, -1.0, -9.0], ref_rejected=[-4.3, -1.3, -9.3])
     for eps in (0.0, 0.2):
-        params = PreferenceParams(beta=beta, label_smoothing=eps, rdpo_epsilon=eps)
+        params = params_for(name, beta=beta, label_smoothing=eps, rdpo_epsilon=eps)
         assert preference_loss(name, batch, params).loss.item() == pytest.approx(3 * LN2, abs=1e-12)
 
 
 def test_cdpo_label_smoothing_is_the_soft_label_cross_entropy():
     # Pair A alone (beta h = ln 3) and its mirror (beta h = -ln 3), eps = 1/4.
     batch = make_pairs(chosen=[-1.0, -4.0], ref_chosen=[-1.0 - 2 * LN3, -4.0], rejected=[-4.0, -1.0], ref_rejected=[-4.0, -1.0 - 2 * LN3])
-    out = preference_loss("dpo", batch, PreferenceParams(beta=0.5, label_smoothing=0.25))
+    out = preference_loss("dpo", batch, DPOParams(beta=0.5, label_smoothing=0.25))
     # A: 3/4 * -log(3/4) + 1/4 * -log(1/4) = 3/4 ln(4/3) + 1/4 ln 4
     # mirror: 3/4 * -log(1/4) + 1/4 * -log(3/4) = 3/4 ln 4 + 1/4 ln(4/3)   -> sum ln(4/3) + ln 4
     assert out.loss.item() == pytest.approx(math.log(4 / 3) + math.log(4.0), abs=1e-12)
@@ -78,15 +90,15 @@ def test_cdpo_label_smoothing_is_the_soft_label_cross_entropy():
 def test_cdpo_with_zero_smoothing_and_rdpo_with_zero_epsilon_are_dpo():
     torch.manual_seed(0)
     batch = PreferenceInput(*(torch.randn(6, dtype=torch.float64) for _ in range(2)), torch.ones(6), torch.ones(6), *(torch.randn(6, dtype=torch.float64) for _ in range(2)))
-    dpo = preference_loss("dpo", batch, PreferenceParams(beta=0.3)).loss
-    cdpo = preference_loss("dpo", batch, PreferenceParams(beta=0.3, label_smoothing=0.0)).loss
-    rdpo = preference_loss("rdpo", batch, PreferenceParams(beta=0.3, rdpo_epsilon=0.0)).loss
+    dpo = preference_loss("dpo", batch, DPOParams(beta=0.3)).loss
+    cdpo = preference_loss("dpo", batch, DPOParams(beta=0.3, label_smoothing=0.0)).loss
+    rdpo = preference_loss("rdpo", batch, RDPOParams(beta=0.3, rdpo_epsilon=0.0)).loss
     assert torch.allclose(cdpo, dpo) and torch.allclose(rdpo, dpo)
 
 
 def test_rdpo_subtracts_the_flipped_term():
     batch = make_pairs(chosen=[-1.0], ref_chosen=[-1.0 - 2 * LN3], rejected=[-4.0], ref_rejected=[-4.0])  # beta h = ln 3
-    out = preference_loss("rdpo", batch, PreferenceParams(beta=0.5, rdpo_epsilon=0.25))
+    out = preference_loss("rdpo", batch, RDPOParams(beta=0.5, rdpo_epsilon=0.25))
     # [(3/4) * -log(3/4) - (1/4) * -log(1/4)] / (1 - 1/2) = 1.5 ln(4/3) - 0.5 ln 4 = ln((4/3)^1.5 / 2) ~ -0.2616
     # (adding the flipped term instead, as in cDPO, would give +1.8178).
     expected = 1.5 * math.log(4 / 3) - 0.5 * math.log(4.0)
@@ -97,7 +109,7 @@ def test_rdpo_subtracts_the_flipped_term():
 def test_rdpo_is_unbiased_under_known_label_noise():
     # rDPO's defining property: if the observed label is right with prob 1 - eps and flipped with
     # prob eps, the expected rDPO loss is the clean DPO loss.  Pair as observed, and swapped:
-    eps, params = 0.2, PreferenceParams(beta=0.5, rdpo_epsilon=0.2)
+    eps, params = 0.2, RDPOParams(beta=0.5, rdpo_epsilon=0.2)
     right = make_pairs(chosen=[-1.0], ref_chosen=[-1.0 - 2 * LN3], rejected=[-4.0], ref_rejected=[-4.0])
     flipped = make_pairs(chosen=[-4.0], ref_chosen=[-4.0], rejected=[-1.0], ref_rejected=[-1.0 - 2 * LN3])
     expected_loss = (1 - eps) * preference_loss("rdpo", right, params).loss + eps * preference_loss("rdpo", flipped, params).loss
@@ -108,7 +120,7 @@ def test_hinge_hand_values():
     # beta = 1/2.  A: log-ratios 0.5 and 0 -> beta h = 0.25 -> 1 - 0.25 = 0.75.
     # B: log-ratios -1 and 1 -> h = -2 -> beta h = -1 -> 2.  C: h = 6 -> beta h = 3 -> max(0, -2) = 0.
     batch = make_pairs(chosen=[-1.5, -3.0, -1.0], ref_chosen=[-2.0, -2.0, -4.0], rejected=[-2.0, -1.0, -5.0], ref_rejected=[-2.0, -2.0, -2.0])
-    out = preference_loss("hinge", batch, PreferenceParams(beta=0.5))
+    out = preference_loss("hinge", batch, BetaParams(beta=0.5))
     assert out.loss.item() == pytest.approx(2.75, abs=1e-12)
 
 
@@ -118,7 +130,7 @@ def test_ipo_sum_vs_length_normalised(normalise, expected, expected_chosen_rewar
     # rejected: -8 - (-4) = -4 over 4 tokens.
     # Paper (sums): h = 2 - (-4) = 6 -> (6 - 1)^2 = 25.  Normalised: h = 2/2 - (-4/4) = 2 -> (2 - 1)^2 = 1.
     batch = make_pairs(chosen=[-4.0], ref_chosen=[-6.0], rejected=[-8.0], ref_rejected=[-4.0], chosen_tokens=[2.0], rejected_tokens=[4.0])
-    out = preference_loss("ipo", batch, PreferenceParams(beta=0.5, ipo_length_normalise=normalise))
+    out = preference_loss("ipo", batch, IPOParams(beta=0.5, ipo_length_normalise=normalise))
     assert out.loss.item() == pytest.approx(expected, abs=1e-12)
     assert out.metrics["rewards/chosen"].item() == pytest.approx(expected_chosen_reward)  # 0.5 * 2 or 0.5 * 1
 
@@ -130,7 +142,7 @@ def test_simpo_hand_values_unequal_lengths():
     # B: chosen -2 over 2 -> -2; rejected -6 - 2 ln 3 over 4 -> 2 * (-1.5 - ln3 / 2) = -3 - ln 3;
     #    logit -2 + 3 + ln 3 - 1 = ln 3 -> ln(4/3).   Sum: ln(8/3).
     batch = make_pairs(chosen=[-3.0, -2.0], rejected=[-3.0, -6.0 - 2 * LN3], chosen_tokens=[3.0, 2.0], rejected_tokens=[2.0, 4.0])
-    out = preference_loss("simpo", batch, PreferenceParams(beta=2.0, simpo_gamma=1.0))
+    out = preference_loss("simpo", batch, SimPOParams(beta=2.0, simpo_gamma=1.0))
     assert out.loss.item() == pytest.approx(math.log(8 / 3), abs=1e-12)
     assert out.metrics["rewards/chosen"].item() == pytest.approx(-4.0)
     assert out.metrics["rewards/rejected"].item() == pytest.approx(-6.0 - LN3)
@@ -151,7 +163,7 @@ def test_orpo_hand_values():
         rejected_tokens=[3.0, 1.0],
         chosen_nll=[2 * LN2, 6.0],
     )
-    out = preference_loss("orpo", batch, PreferenceParams(orpo_lambda=0.5))
+    out = preference_loss("orpo", batch, ORPOParams(orpo_lambda=0.5))
     assert out.loss.item() == pytest.approx(LN2 + 0.5 * math.log(4 / 3) + 1.5 + 0.5 * LN2, abs=1e-12)
     m = out.metrics
     assert m["orpo/log_odds_ratio"].item() == pytest.approx(LN3, abs=1e-12)
@@ -168,13 +180,13 @@ def test_orpo_log_odds_are_accurate_near_probability_one_and_finite_at_it():
         chosen_logps=torch.tensor([-1e-6]), rejected_logps=torch.tensor([math.log(0.5)]),
         chosen_tokens=torch.tensor([1.0]), rejected_tokens=torch.tensor([1.0]),
     )
-    out = preference_loss("orpo", batch, PreferenceParams())
+    out = preference_loss("orpo", batch, ORPOParams())
     assert out.metrics["orpo/log_odds_ratio"].item() == pytest.approx(math.log(1e6) - 5e-7, abs=1e-4)
     # P = 1 exactly (m = 0) and a very unlikely rejected response: still finite, no NaN gradient.
     chosen = torch.tensor([0.0, -3.0], requires_grad=True)
     rejected = torch.tensor([-200.0, -1e-30], requires_grad=True)
     batch = PreferenceInput(chosen, rejected, torch.tensor([4.0, 3.0]), torch.tensor([2.0, 1.0]))
-    out = preference_loss("orpo", batch, PreferenceParams())
+    out = preference_loss("orpo", batch, ORPOParams())
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
 
@@ -184,7 +196,7 @@ def test_dpo_gradient_hand_value_at_zero_margin():
     chosen = torch.tensor([-3.0], dtype=torch.float64, requires_grad=True)
     rejected = torch.tensor([-5.0], dtype=torch.float64, requires_grad=True)
     batch = PreferenceInput(chosen, rejected, t([1.0]), t([1.0]), t([-3.0]), t([-5.0]))
-    preference_loss("dpo", batch, PreferenceParams(beta=0.4)).loss.backward()
+    preference_loss("dpo", batch, DPOParams(beta=0.4)).loss.backward()
     assert chosen.grad.item() == pytest.approx(-0.2) and rejected.grad.item() == pytest.approx(0.2)
 
 
@@ -195,7 +207,7 @@ def test_gradient_descent_raises_chosen_and_lowers_rejected(name):
     chosen = torch.tensor([-3.0, -6.0], dtype=torch.float64, requires_grad=True)
     rejected = torch.tensor([-3.0, -2.0], dtype=torch.float64, requires_grad=True)
     batch = PreferenceInput(chosen, rejected, t([3.0, 6.0]), t([3.0, 2.0]), t([-3.0, -6.0]), t([-3.0, -2.0]))
-    preference_loss(name, batch, PreferenceParams(beta=0.5)).loss.backward()
+    preference_loss(name, batch, params_for(name, beta=0.5)).loss.backward()
     assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
 
 
@@ -208,7 +220,7 @@ def test_batch_equals_sum_of_single_pairs(name):
     chosen, rejected = -torch.rand(n, dtype=torch.float64) * 10, -torch.rand(n, dtype=torch.float64) * 10
     tokens_c, tokens_r = torch.randint(1, 20, (n,)).double(), torch.randint(1, 20, (n,)).double()
     ref_c, ref_r = chosen + torch.randn(n, dtype=torch.float64), rejected + torch.randn(n, dtype=torch.float64)
-    params = PreferenceParams(beta=0.7, label_smoothing=0.1, rdpo_epsilon=0.15, ipo_length_normalise=True)
+    params = params_for(name, beta=0.7, label_smoothing=0.1, rdpo_epsilon=0.15, ipo_length_normalise=True)
     whole = preference_loss(name, PreferenceInput(chosen, rejected, tokens_c, tokens_r, ref_c, ref_r), params)
     parts = [preference_loss(name, PreferenceInput(chosen[i : i + 1], rejected[i : i + 1], tokens_c[i : i + 1], tokens_r[i : i + 1], ref_c[i : i + 1], ref_r[i : i + 1]), params) for i in range(n)]
     assert torch.allclose(whole.loss, sum(p.loss for p in parts))
@@ -217,20 +229,20 @@ def test_batch_equals_sum_of_single_pairs(name):
 
 
 def test_reference_free_losses_need_no_reference_and_the_others_refuse_to_run_without():
-    assert set(NEEDS_REFERENCE) == set(PREFERENCE_LOSSES)
-    assert not NEEDS_REFERENCE["simpo"] and not NEEDS_REFERENCE["orpo"] and NEEDS_REFERENCE["dpo"]
+    needs = {name: loss.needs_reference for name, loss in PREFERENCE_LOSSES.items()}
+    assert not needs["simpo"] and not needs["orpo"] and needs["dpo"]
     batch = make_pairs(chosen=[-1.0], rejected=[-2.0])
-    for name, needs in NEEDS_REFERENCE.items():
-        if needs:
+    for name, needs_reference in needs.items():
+        if needs_reference:
             with pytest.raises(ValueError, match="reference"):
-                preference_loss(name, batch, PreferenceParams())
+                preference_loss(name, batch)
         else:
-            assert torch.isfinite(preference_loss(name, batch, PreferenceParams()).loss)
+            assert torch.isfinite(preference_loss(name, batch).loss)
 
 
 def test_unknown_loss_lists_valid_names():
     with pytest.raises(ValueError, match="valid: .*'dpo'.*'simpo'"):
-        preference_loss("dpoo", make_pairs(chosen=[-1.0], rejected=[-2.0]), PreferenceParams())
+        preference_loss("dpoo", make_pairs(chosen=[-1.0], rejected=[-2.0]))
 
 
 def test_bad_inputs_and_params_are_rejected():
@@ -239,6 +251,18 @@ def test_bad_inputs_and_params_are_rejected():
     with pytest.raises(ValueError, match="both"):
         PreferenceInput(t([-1.0]), t([-1.0]), t([1.0]), t([1.0]), ref_chosen_logps=t([-1.0]))
     with pytest.raises(ValueError, match="rdpo_epsilon"):
-        PreferenceParams(rdpo_epsilon=0.5)
+        RDPOParams(rdpo_epsilon=0.5)
     with pytest.raises(ValueError, match="label_smoothing"):
-        PreferenceParams(label_smoothing=0.7)
+        DPOParams(label_smoothing=0.7)
+    with pytest.raises(ValueError, match="beta"):
+        SimPOParams(beta=0.0)
+    with pytest.raises(ValueError, match="orpo_lambda"):
+        ORPOParams(orpo_lambda=-0.1)
+
+
+def test_a_loss_takes_its_own_params_only():
+    batch = make_pairs(chosen=[-1.0], rejected=[-2.0], ref_chosen=[-1.5], ref_rejected=[-1.5])
+    with pytest.raises(TypeError, match="'hinge' takes BetaParams, not DPOParams"):
+        preference_loss("hinge", batch, DPOParams())  # a subclass's extra field would be silently ignored
+    with pytest.raises(TypeError, match="'orpo' takes ORPOParams, not BetaParams"):
+        preference_loss("orpo", batch, BetaParams(beta=0.5))
