@@ -75,12 +75,12 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from oxrl.loops.objectives import get_objective
-    from oxrl.models.bundled import resolve_bundled
     from oxrl.models.packed_attention import PACKED_ATTENTION, use_packed_attention
+    from oxrl.models.source import resolve_source
 
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(resolve_bundled(MODEL))
+    config = AutoConfig.from_pretrained(resolve_source(MODEL).path)
     if args.layers is not None:
         config.num_hidden_layers = args.layers
     torch.manual_seed(args.seed)

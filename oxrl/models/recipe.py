@@ -20,7 +20,7 @@ from oxrl.config.presets import task_preset
 from oxrl.config.rl_presets import is_rl
 from oxrl.config.schema import mesh_refusal
 from oxrl.models.fit import HEADROOM, describe_fit, fits, model_shape, training_plan
-from oxrl.models.bundled import BUNDLED
+from oxrl.models.source import BUNDLED
 from oxrl.models.hardware import Devices
 from oxrl.models.memory import MemoryEstimate, estimate_memory, gib
 from oxrl.models.registry import RegistryError, find_model, load_registry

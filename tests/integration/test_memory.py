@@ -113,11 +113,11 @@ def measured_peak(tokens: int, lora: bool, checkpointing: bool) -> dict:
 def test_smollm2_peak_on_this_cpu_is_within_25_percent_of_the_estimate(lora, checkpointing):
     from transformers import AutoConfig
 
-    from oxrl.models.bundled import resolve_bundled
+    from oxrl.models.source import resolve_source
 
     tokens = 1024
     measured = measured_peak(tokens, lora, checkpointing)
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(resolve_bundled("smollm2-135m-instruct")))
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(resolve_source("smollm2-135m-instruct").path))
     plan = TrainingPlan(tokens_per_micro_batch=tokens, logit_tokens=measured["trained_tokens"], lora=lora,
                         gradient_checkpointing=checkpointing)
     estimate = estimate_memory(shape, plan).total
