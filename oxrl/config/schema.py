@@ -8,6 +8,7 @@ closest valid key. Batch sizes name their scope and are never rewritten after va
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -871,9 +872,10 @@ class LoggingConfig(Section):
         return names
 
 
-def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Dotted key -> value of every setting under `prefix` that differs from `default`'s, nested sections followed;
-    `skip`: fields of this level left out."""
+def changed_settings(value: BaseModel, default: BaseModel, prefix: str,
+                     skip: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (value, default) of every setting under `prefix` that differs from `default`'s, nested sections
+    followed; `skip`: fields of this level left out."""
     changed = {}
     for name in type(value).model_fields:
         mine, theirs = getattr(value, name), getattr(default, name)
@@ -882,13 +884,15 @@ def changed_settings(value: BaseModel, default: BaseModel, prefix: str, skip: tu
         if isinstance(mine, BaseModel) and type(mine) is type(theirs):
             changed.update(changed_settings(mine, theirs, f"{prefix}.{name}"))
         elif mine != theirs:
-            changed[f"{prefix}.{name}"] = mine
+            changed[f"{prefix}.{name}"] = (mine, theirs)
     return changed
 
 
-# Sections and settings read only when a choice elsewhere names them: (a section or one setting, the fields of a
-# section read regardless, who reads it, whether this run does). A setting that differs from its default in a run
-# that does not read it is an error naming its reader.
+def as_yaml(value: Any) -> str:
+    """A setting's value as a YAML file or a `key=value` override writes it (`null`, `false`, `[]`, `{}`)."""
+    return json.dumps(as_written(value))
+
+
 def as_written(value: Any) -> Any:
     """A setting as a config writes it: a section (or a list of them, e.g. `data.train`) by its keys that are set."""
     if isinstance(value, BaseModel):
@@ -1015,8 +1019,8 @@ class Config(Section):
         """A setting changed from its default that this run does not read names who reads it (`ReadOnly`). The
         first model validator: the others may assume every setting they see is read."""
         unread = unread_settings(self)
-        if unread:
-            raise ValueError("; ".join(unread))
+        if unread:  # one line each, listed as the config's other errors are (oxrl/config/explain.py)
+            raise ValueError("\n  - ".join(unread))
         return self
 
     @model_validator(mode="after")
@@ -1237,14 +1241,15 @@ def unread_settings(cfg: Config) -> list[str]:
                 if isinstance(value, BaseModel) and type(value) is type(default):
                     changed = changed_settings(value, default, key, skip=rule.keep)
                 else:
-                    changed = {key: value} if value != default else {}
+                    changed = {key: (value, default)} if value != default else {}
                 shown = {path: functools.reduce(getattr, path.split("."), cfg) for path in rule.shows}
                 if None in shown.values():  # no preset filled them: an online run, which has no such update
                     shown = {}
                 deciding = "; ".join(f"{path} is {as_written(decider)!r}" for path, decider in shown.items())
                 lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
-                             f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}"
-                             for setting, setting_value in changed.items())
+                             f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}. Remove it, or "
+                             f"set it to its default, {as_yaml(setting_default)}"
+                             for setting, (setting_value, setting_default) in changed.items())
                 if isinstance(value, BaseModel) and rule.keep:  # the fields it keeps answer to their own rules
                     visit(value, f"{key}.", only=rule.keep)
             elif isinstance(value, BaseModel):

@@ -227,7 +227,8 @@ def test_a_rule_names_each_changed_setting_and_a_section_keeps_its_own_switch():
     sft = config("sft")
     assert unread_settings(sft) == []
     lines = unread_settings(sft.model_copy(update={"lora": sft.lora.model_copy(update={"rank": 8})}))
-    assert lines == ["lora.rank = 8 is not read by `sft`: it is read only with lora.enabled: true"]
+    assert lines == ["lora.rank = 8 is not read by `sft`: it is read only with lora.enabled: true. Remove it, or set it "
+                     "to its default, 16"]
     assert unread_settings(sft.model_copy(update={"lora": sft.lora.model_copy(update={"enabled": True})})) == []
 
 
