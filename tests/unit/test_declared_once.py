@@ -232,6 +232,18 @@ def test_a_rule_names_each_changed_setting_and_a_section_keeps_its_own_switch():
     assert unread_settings(sft.model_copy(update={"lora": sft.lora.model_copy(update={"enabled": True})})) == []
 
 
+def test_the_fix_an_unread_setting_is_told_loads():
+    # Settings of several types, each unread by `sft`: an int, a string, a list, a float, a section set where its
+    # default is null. The refusal gives, for each, the default to set; set as the message writes it, it loads.
+    unread = ["lora.rank=4", "lora.target_modules=[q_proj]", "checkpoint.keep_last=5", "rl.rollout.n=2",
+              "rl.kl_coef=0.1", "rl.env={path: env.py}", "preference.reference=precomputed"]
+    with pytest.raises(ConfigError) as refused:
+        config("sft", *unread)
+    told = re.findall(r"- (\S+) = .*? is not read by `sft`: .*?Remove it, or set it to its default, (.+)", str(refused.value))
+    assert sorted(key for key, _ in told) == sorted(setting.split("=")[0] for setting in unread)
+    assert config("sft", *unread, *(f"{key}={default}" for key, default in told)) == config("sft")
+
+
 @pytest.mark.parametrize("name", names.ALL_ALGORITHMS)
 def test_a_saved_config_loads_again_and_resolving_twice_changes_nothing(name, tmp_path):
     overrides = ["preference.teacher=t"] if name.startswith("kd_") else []
