@@ -32,9 +32,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:
-    from oxrl.config.reference import config_reference
+    from oxrl.config.load import load_config
+    from oxrl.config.reference import config_reference, run_reference
+    from oxrl.logging.redaction import redact
 
-    sys.stdout.write(config_reference())
+    if args.config is not None and "=" in args.config and not Path(args.config).exists():
+        args.overrides, args.config = [args.config, *args.overrides], None  # `--algorithm dpo key=value`: no CONFIG
+    if args.config is None and args.algorithm is None:
+        if args.overrides:
+            raise ValueError("config-reference takes overrides only with a CONFIG or --algorithm: they change a run")
+        sys.stdout.write(config_reference())
+        return 0
+    if args.config is not None:
+        if args.algorithm is not None:
+            raise ValueError(f"give a CONFIG or --algorithm, not both (set algorithm.name={args.algorithm} to change "
+                             f"{args.config}'s)")
+        cfg, source = load_config(args.config, args.overrides), args.config
+    else:  # the algorithm at its defaults: the model is the one setting with none
+        cfg = load_config(None, ["model.name_or_path=<your model>", f"algorithm.name={args.algorithm}",
+                                 *args.overrides])
+        source = f"--algorithm {args.algorithm}"
+    sys.stdout.write(redact(run_reference(cfg, source)))  # a value may hold a secret (a URL's token, say)
     return 0
 
 
@@ -105,8 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides such as train.optim.lr=1e-6 data.max_length=512")
     train.set_defaults(func=_cmd_train)
     add_eval_parser(sub)
-    ref = sub.add_parser("config-reference", help="print the reference of every config field (markdown)",
-                         description="Print the reference of every config field, generated from the schema.")
+    ref = sub.add_parser("config-reference", help="print the reference of every config field, or of those one run "
+                         "reads (markdown)", description="Print the reference of every config field, generated from "
+                         "the schema; with a CONFIG (or --algorithm), only the settings that run reads, with their "
+                         "values.")
+    ref.add_argument("config", nargs="?", help="a YAML config: list only what its run reads")
+    ref.add_argument("overrides", nargs="*", help="dotted overrides, as `oxrl train` takes them")
+    ref.add_argument("--algorithm", help="an algorithm at its defaults, e.g. dapo: list only what its run reads")
     ref.set_defaults(func=_cmd_config_reference)
     report = sub.add_parser("report", help="write a bug report of a run (Markdown, to paste into an issue)",
                             description="Write <run dir>/bug_report.md: versions, hardware, the run's config, its last "

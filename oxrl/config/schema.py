@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from oxrl.config.names import (
     ACTION_BINNINGS, ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
@@ -1222,6 +1223,36 @@ def rules_of(section: type[BaseModel], field: str) -> list[ReadOnly]:
     return [rule for rule in section.model_fields[field].metadata if isinstance(rule, ReadOnly)]
 
 
+class Setting(NamedTuple):
+    """One setting of a config as the rules see it (`settings`)."""
+
+    key: str  # dotted: `rl.rollout.n`
+    value: Any
+    field: FieldInfo  # its declaration: type, default, description
+    unread: ReadOnly | None  # the first of its rules (or of its section's) that does not hold; None: the run reads it
+
+
+def settings(cfg: Config) -> Iterator[Setting]:
+    """Every setting of `cfg` with whether its run reads it: each one the run reads, and each setting or whole section
+    whose `ReadOnly` rule does not hold (the fields such a section keeps, e.g. `lora.enabled`, answer to their own
+    rules). A section the run reads is walked into; a list of sections (`data.train`) is one setting."""
+
+    def visit(section: BaseModel, prefix: str, only: tuple[str, ...] | None = None) -> Iterator[Setting]:
+        for field, info in type(section).model_fields.items():
+            if only is not None and field not in only:
+                continue
+            value, key = getattr(section, field), f"{prefix}{field}"
+            rule = next((rule for rule in rules_of(type(section), field) if not rule.reads(cfg)), None)
+            if rule is None and isinstance(value, BaseModel):
+                yield from visit(value, f"{key}.")
+                continue
+            yield Setting(key, value, info, rule)
+            if rule is not None and isinstance(value, BaseModel) and rule.keep:
+                yield from visit(value, f"{key}.", only=rule.keep)
+
+    return visit(cfg, "")
+
+
 def unread_settings(cfg: Config) -> list[str]:
     """One line per setting changed from its default that `cfg`'s run does not read: the `ReadOnly` declared beside
     the setting, or beside a section holding it, does not hold. A saved config.yaml lists every key, at its default
@@ -1229,31 +1260,20 @@ def unread_settings(cfg: Config) -> list[str]:
     name, trained = cfg.algorithm.name, cfg.trained_objective
     called = f"`{name}`" if trained == name else f"`{name}` (its loss `{trained}`)"
     lines = []
-
-    def visit(section: BaseModel, prefix: str, only: tuple[str, ...] | None = None) -> None:
-        for field, info in type(section).model_fields.items():
-            if only is not None and field not in only:
-                continue
-            value, key = getattr(section, field), f"{prefix}{field}"
-            rule = next((rule for rule in rules_of(type(section), field) if not rule.reads(cfg)), None)
-            if rule is not None:
-                default = info.get_default(call_default_factory=True)
-                if isinstance(value, BaseModel) and type(value) is type(default):
-                    changed = changed_settings(value, default, key, skip=rule.keep)
-                else:
-                    changed = {key: (value, default)} if value != default else {}
-                shown = {path: functools.reduce(getattr, path.split("."), cfg) for path in rule.shows}
-                if None in shown.values():  # no preset filled them: an online run, which has no such update
-                    shown = {}
-                deciding = "; ".join(f"{path} is {as_written(decider)!r}" for path, decider in shown.items())
-                lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
-                             f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}. Remove it, or "
-                             f"set it to its default, {as_yaml(setting_default)}"
-                             for setting, (setting_value, setting_default) in changed.items())
-                if isinstance(value, BaseModel) and rule.keep:  # the fields it keeps answer to their own rules
-                    visit(value, f"{key}.", only=rule.keep)
-            elif isinstance(value, BaseModel):
-                visit(value, f"{key}.")
-
-    visit(cfg, "")
+    for key, value, info, rule in settings(cfg):
+        if rule is None:
+            continue
+        default = info.get_default(call_default_factory=True)
+        if isinstance(value, BaseModel) and type(value) is type(default):
+            changed = changed_settings(value, default, key, skip=rule.keep)
+        else:
+            changed = {key: (value, default)} if value != default else {}
+        shown = {path: functools.reduce(getattr, path.split("."), cfg) for path in rule.shows}
+        if None in shown.values():  # no preset filled them: an online run, which has no such update
+            shown = {}
+        deciding = "; ".join(f"{path} is {as_written(decider)!r}" for path, decider in shown.items())
+        lines.extend(f"{setting} = {as_written(setting_value)!r} is not read by {called}"
+                     f"{f' ({deciding})' if deciding else ''}: it is read only {rule.reader}. Remove it, or "
+                     f"set it to its default, {as_yaml(setting_default)}"
+                     for setting, (setting_value, setting_default) in changed.items())
     return lines

@@ -78,6 +78,54 @@ def test_reference_covers_every_field():
         assert f"`{key}`" in text
 
 
+def _rows(text: str) -> dict[str, list[str]]:
+    """A run reference's table rows by key: [value, default, description]."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            key, *cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+            rows[key.strip("`")] = cells
+    return rows
+
+
+def test_the_reference_of_a_run_lists_what_it_reads_with_its_values():
+    from oxrl.config.reference import run_reference
+
+    sft = _rows(run_reference(load_config(None, ["model.name_or_path=m", "algorithm.name=sft"]), "test"))
+    assert {"train.optim.lr", "data.max_length", "lora.enabled", "model.name_or_path"} <= set(sft)
+    assert not {"lora.rank", "rl.rollout.n", "preference.beta", "online.loss", "checkpoint.keep_last"} & set(sft)
+    assert sft["model.name_or_path"][:2] == ["`\"m\"`", "**required**"]
+    assert sft["train.optim.lr"][1] == ""  # at its default: no default column
+    dpo = _rows(run_reference(load_config(None, ["model.name_or_path=m", "algorithm.name=dpo", "lora.enabled=true",
+                                                 "preference.beta=0.3"]), "test"))
+    assert {"preference.beta", "preference.label_smoothing", "lora.rank"} <= set(dpo)
+    assert not {"preference.simpo_gamma", "preference.orpo_lambda", "rl.eps_high"} & set(dpo)
+    assert dpo["preference.beta"][:2] == ["`0.3`", "`0.1`"]
+    dapo = _rows(run_reference(load_config(None, ["model.name_or_path=m", "algorithm.name=dapo"]), "test"))
+    assert dapo["rl.eps_high"][:2] == ["`0.28`", "`null`"]  # the preset's value; the schema's own default is unset
+    assert "rl.gamma" not in dapo and "rl.dual_clip" in dapo  # GAE's, not read; the ppo loss's, read
+    # What it leaves out is refused when set, naming who reads it.
+    with pytest.raises(ConfigError, match="lora.rank = 8 is not read by `sft`"):
+        load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "lora.rank=8"])
+
+
+def test_config_reference_of_one_run_from_the_command_line(tmp_path, capsys, monkeypatch):
+    assert main(["config-reference", "--algorithm", "simpo", "preference.simpo_gamma=2"]) == 0
+    assert _rows(capsys.readouterr().out)["preference.simpo_gamma"][:2] == ["`2.0`", "`0.5`"]
+    assert main(["config-reference", "--algorithm", "dpo", "preference.simpo_gamma=2"]) == 2  # not read by dpo
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {name_or_path: m}\ndata: {train: [{path: a.jsonl}]}\nalgorithm: {name: orpo}\n")
+    assert main(["config-reference", str(path), "preference.orpo_lambda=0.3"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["preference.orpo_lambda"][0] == "`0.3`" and "preference.beta" not in rows  # ORPO has no beta
+    assert main(["config-reference", str(path), "--algorithm", "dpo"]) == 2  # one run or the other
+    assert main(["config-reference", "train.max_steps=3"]) == 2  # an override of no run
+    monkeypatch.setenv("OXRL_TEST_SECRET_TOKEN", "s3cr3t-value")  # a secret's value, by its variable's name
+    assert main(["config-reference", "--algorithm", "sft", "model.name_or_path=s3cr3t-value"]) == 0
+    printed = capsys.readouterr().out
+    assert "s3cr3t-value" not in printed and "`\"***\"`" in printed
+
+
 def test_docs_reference_is_up_to_date():
     from pathlib import Path
 
