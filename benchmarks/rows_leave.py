@@ -68,7 +68,7 @@ def main() -> None:
     train, validation = load_prompts(cfg, cfg.rl)
     held_out = encode_prompts(validation, tokenizer).prompt_ids
     step = encode_prompts(train[: cfg.rl.prompts_per_step], tokenizer).prompt_ids
-    copy = samples_from_bf16_copy(cfg.rl.engine_precision, "cpu", shards_parameters=False)
+    copy = samples_from_bf16_copy(cfg.engine_precision, "cpu", shards_parameters=False)
     engine = HFEngine(model, tokenizer, max_batch_size=cfg.rl.rollout.max_batch_size, sample_in_bf16=copy)
     print("machine:", machine_summary())
     shapes = (("held-out, greedy, fp32", held_out, sampling_params(cfg.rl, greedy=True)),

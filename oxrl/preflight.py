@@ -32,7 +32,7 @@ def missing_for(cfg: Config) -> list[str]:
         if gym_task:
             needs.append(("reasoning_gym", "reasoning-gym", f"rl.task `{cfg.rl.task}` (a reasoning-gym dataset)"))
         # A reasoning-gym task's default reward is reasoning-gym's own scorer, named above already.
-        if cfg.rl.env is None and (cfg.rl.rewards or not gym_task):
+        if cfg.environment is None and (cfg.rl.rewards or not gym_task):
             for spec in reward_specs(cfg, cfg.rl):
                 if spec.name in REWARD_PACKAGES:
                     module, package = REWARD_PACKAGES[spec.name]

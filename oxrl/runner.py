@@ -164,7 +164,7 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     try:
         answers["before"] = answer_samples(cfg, model, tokenizer)
         trained = job.train(run_dir)
-        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save_mode) if cfg.checkpoint.save_final else None
         answers["after"] = answer_samples(cfg, model, tokenizer)
     finally:
         job.close()

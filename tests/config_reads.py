@@ -1,10 +1,15 @@
-"""What a run reads of its config, and the check that every setting it does not read is refused.
+"""What a run reads of its config, checked against the `ReadOnly` rules both ways.
 
-`recording_reads` records every read of a config field made by the run's code (the `config_reads` fixture of
-tests/conftest.py); `check_unread_settings_refused` then sets each scalar setting the run never read, one at a time,
-to a valid value other than its default, and asserts the config is refused, naming who reads the setting, before
-anything loads. Used by tests/integration/test_unread_settings.py (a run of each kind) and test_examples.py (every
-example).
+`recording_reads` records every read of a config field made by the run's code, and where (the `config_reads` fixture
+of tests/conftest.py). `check_reads_against_rules` then checks, after the run:
+
+- every setting the run read is one its rules say it reads (`schema.settings`): none of the settings the config
+  refuses, which hold their defaults, is looked at by the run's code either;
+- each scalar setting the run never read, set one at a time to a valid value other than its default, is refused,
+  naming who reads the setting, before anything loads.
+
+So the rules are exactly the code's reads, for the runs tested. Used by tests/integration/test_unread_settings.py (a
+run of each kind) and test_examples.py (every example).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oxrl.config.load import ConfigError
-from oxrl.config.schema import Config, Section
+from oxrl.config.schema import Config, Section, settings
 
 # The config's own code (validation, presets, rules, the reference) reads settings for every run; a read counts when
 # the first caller outside it is the run's code. So a property such as `Config.trained_objective` (online.loss),
@@ -26,25 +31,28 @@ PACKAGE = str(Path(__file__).resolve().parents[1] / "oxrl") + "/"
 CONFIG_OWN = tuple(f"{PACKAGE}config/{name}.py" for name in ("schema", "load", "rl_presets", "explain", "reference", "names"))
 
 
-def _read_by_the_run(recorder) -> bool:
-    """Whether the attribute read that `recorder` (the recording `__getattribute__`'s code) is handling was made by
-    the run's code. A property (`trained_objective`) runs under the recorder's own frame, which is skipped too."""
+def _reader(recorder) -> str | None:
+    """`file:line` of the run's code making the attribute read that `recorder` (the recording `__getattribute__`'s
+    code) is handling; None when the config's own code makes it. A property (`trained_objective`) runs under the
+    recorder's own frame, which is skipped too; a read under pydantic is a section being validated or dumped (a
+    validator in schema.py reads it, or `model_dump` builds a default section to compare with)."""
     frame = sys._getframe(2)  # the caller of the attribute read
-    while frame is not None and (frame.f_code.co_filename.startswith(CONFIG_OWN) or frame.f_code is recorder
-                                 or "/pydantic/" in frame.f_code.co_filename):
+    while frame is not None and (frame.f_code.co_filename.startswith(CONFIG_OWN) or frame.f_code is recorder):
         frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename.startswith(PACKAGE)
+    if frame is None or not frame.f_code.co_filename.startswith(PACKAGE):
+        return None
+    return f"{frame.f_code.co_filename.removeprefix(PACKAGE)}:{frame.f_lineno}"
 
 
-def recording_reads(monkeypatch) -> set[tuple[str, str]]:
-    """(section class, field) of every config field the run's code reads from now until the test ends."""
-    seen: set[tuple[str, str]] = set()
+def recording_reads(monkeypatch) -> dict[tuple[str, str], set[str]]:
+    """(section class, field) -> where, of every config field the run's code reads from now until the test ends."""
+    seen: dict[tuple[str, str], set[str]] = {}
     original = Section.__getattribute__
 
     def recording(self, name):
         cls = type(self)
-        if name in cls.model_fields and _read_by_the_run(recording.__code__):
-            seen.add((cls.__name__, name))
+        if name in cls.model_fields and (where := _reader(recording.__code__)) is not None:
+            seen.setdefault((cls.__name__, name), set()).add(where)
         return original(self, name)
 
     monkeypatch.setattr(Section, "__getattribute__", recording)
@@ -112,10 +120,34 @@ def _refused(load: Callable[[list[str]], Config], key: str, value: str) -> bool 
     return False
 
 
-def check_unread_settings_refused(cfg: Config, reads: set[tuple[str, str]], load: Callable[[list[str]], Config]) -> int:
-    """After `cfg`'s run: each scalar setting it never read, set by `load(overrides)` (the run's config with the
-    overrides) to a value other than its default, is refused. Returns how many were."""
+def _refused_settings(cfg: Config) -> set[str]:
+    """The dotted keys of every setting `cfg`'s rules refuse when set: a refused section's settings, save those it
+    keeps (`lora.enabled`)."""
+    refused, kept = set(), set()
+    for setting in settings(cfg):
+        if setting.unread is None:
+            kept.add(setting.key)
+            continue
+        refused.add(setting.key)
+        if isinstance(setting.value, Section):
+            refused |= {f"{setting.key}.{key}" for key, *_ in _leaves(setting.value)}
+    return refused - kept
+
+
+def check_reads_against_rules(cfg: Config, reads: dict[tuple[str, str], set[str]],
+                              load: Callable[[list[str]], Config]) -> int:
+    """After `cfg`'s run: no setting it read is one its rules refuse; each scalar setting it never read, set by
+    `load(overrides)` (the run's config with the overrides) to a value other than its default, is refused. Returns
+    how many were."""
     assert ("RunConfig", "seed") in reads and ("OptimConfig", "lr") in reads  # the recording sees the run's reads
+    refused = _refused_settings(cfg)
+    if cfg.vla is not None:
+        # Read, then replaced: a `vla` run's episodes sample one action chunk a turn (oxrl/vla/episodes.py), after the
+        # sampling parameters, the memory estimate and the prompt budget have read these at their defaults.
+        refused -= {"rl.rollout.max_new_tokens", "rl.rollout.stop"}
+    read_anyway = {key: sorted(reads[section, field]) for key, section, field, *_ in _leaves(cfg)
+                   if key in refused and (section, field) in reads}
+    assert not read_anyway, f"read by the run although the config refuses them when set (key: where): {read_anyway}"
     tested, accepted = 0, []
     for key, section, field, default, annotation in _leaves(cfg):
         if (section, field) in reads or isinstance(default, list) or _holds_a_section(annotation):

@@ -112,8 +112,9 @@ def write_chat_rows(path: Path, count: int) -> Path:
 
 
 @pytest.fixture
-def config_reads(monkeypatch) -> set[tuple[str, str]]:
-    """(section class, field) of every config field the run's code reads during the test (tests/config_reads.py)."""
+def config_reads(monkeypatch) -> dict[tuple[str, str], set[str]]:
+    """(section class, field) -> where, of every config field the run's code reads during the test
+    (tests/config_reads.py)."""
     from tests.config_reads import recording_reads
 
     return recording_reads(monkeypatch)

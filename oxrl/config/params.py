@@ -2,8 +2,10 @@
 
 Each field of a `*Params` dataclass (oxrl/algorithms) is filled from the same-named setting of its
 config section, so a hyper-parameter is named once, in the dataclass and in the config, and not mapped
-by hand. The few fields that are not a setting of that name are listed in `NOT_BY_NAME`, the one place
-that says where each comes from; a field in neither place is an error, and tests/test_declared_once.py
+by hand. A setting the run does not read (a `ReadOnly` rule of it does not hold, so the config refuses it
+when set) is not read here either: its field keeps the dataclass's default, which is the setting's. The
+few fields that are not a setting of that name are listed in `NOT_BY_NAME`, the one place that says
+where each comes from; a field in neither place is an error, and tests/test_declared_once.py
 checks every such field is exposed (with the dataclass's default) or listed. Each loop names its own
 (`loss_params` in oxrl/loops/rl_update.py), so this module imports no algorithm.
 """
@@ -15,6 +17,8 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
+from oxrl.config.schema import ReadOnly, rules_of
+
 P = TypeVar("P")
 
 # Keeps the dataclass's default: an implementation constant, not a setting.
@@ -25,7 +29,7 @@ FIXED = None
 NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
     "PolicyLossParams": {
         "max_len": lambda rl: rl.rollout.max_new_tokens,  # seq_mean_token_sum_norm's constant (Dr. GRPO)
-        "kl_coef": lambda rl: 0.0 if rl.kl_in_reward else rl.kl_coef,  # kl_in_reward: a reward penalty, no loss term
+        "kl_coef": lambda rl: 0.0 if rl.kl_coef > 0 and rl.kl_in_reward else rl.kl_coef,  # then a reward penalty
     },
     "AdvantageParams": {
         "eps": FIXED,  # added to the std before dividing
@@ -40,8 +44,9 @@ NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
 }
 
 
-def params_from(params_class: type[P], section: BaseModel) -> P:
-    """`params_class` with each field from `section`'s same-named setting, or as `NOT_BY_NAME` says."""
+def params_from(params_class: type[P], section: BaseModel, holds: Callable[[ReadOnly], bool] = lambda rule: True) -> P:
+    """`params_class` with each field from `section`'s same-named setting, or as `NOT_BY_NAME` says. `holds`: whether
+    one of the setting's `ReadOnly` rules holds for the run; a setting whose rules do not all hold is not read."""
     special = NOT_BY_NAME.get(params_class.__name__, {})
     values = {}
     for field in dataclasses.fields(params_class):
@@ -49,7 +54,8 @@ def params_from(params_class: type[P], section: BaseModel) -> P:
             if special[field.name] is not FIXED:
                 values[field.name] = special[field.name](section)
         elif field.name in type(section).model_fields:
-            values[field.name] = getattr(section, field.name)
+            if all(holds(rule) for rule in rules_of(type(section), field.name)):
+                values[field.name] = getattr(section, field.name)
         else:
             raise TypeError(f"{params_class.__name__}.{field.name} is neither a setting of {type(section).__name__} "
                             "nor listed in oxrl.config.params.NOT_BY_NAME: expose it in the config, or list it")

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from oxrl.config.names import (
     ACTION_BINNINGS, ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
+    NEEDS_VALUES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
@@ -137,8 +138,6 @@ _OFFLINE_BATCH = ReadOnly("by offline objectives; an RL step trains on rl.prompt
                           "set those", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
 _OFFLINE_EVAL = ReadOnly("by offline objectives; RL validates on its held-out prompts every rl.validation_every steps: "
                          "use rl.validation_every", lambda cfg: cfg.algorithm.name not in SAMPLING_ALGORITHMS)
-_NOT_SPIN = ReadOnly("by the algorithms other than `spin`, whose opponent answers every prompt of an iteration and "
-                     "becomes the policy only at the iteration's end", lambda cfg: cfg.algorithm.name != "spin")
 _NO_EPISODES = ReadOnly("without a `vla` section: its episodes start from the simulator's initial states "
                         "(rl.task_size, rl.validation_size) and reward themselves (vla.reward)",
                         lambda cfg: cfg.vla is None or cfg.algorithm.name not in SAMPLING_ALGORITHMS)
@@ -280,6 +279,11 @@ class LoraConfig(Section):
     """Module names to adapt, or `all-linear`."""
     save: Literal[LORA_SAVE_MODES] = "merged"
     """`merged` saves a plain HF model; `adapter` saves only the peft adapter."""
+
+    @property
+    def save_mode(self) -> str:
+        """How a model is saved: `save` with LoRA on, `merged` (a plain HF model: there is no adapter) without."""
+        return self.save if self.enabled else "merged"
 
 
 # Row formats: offline objectives read the first (oxrl/data/formats.py), RL the prompt formats (oxrl/data/rl_prompts.py).
@@ -631,12 +635,12 @@ class RLConfig(Section):
     `on_policy_tolerance`) and the first ratio is 1."""
     on_policy_tolerance: Annotated[float, _STRICT] = Field(1e-3, gt=0)
     """The tolerance of `strict_on_policy` (mean absolute log-prob difference)."""
-    max_staleness: Annotated[int, _NOT_SPIN] = Field(0, ge=0)
+    max_staleness: int = Field(0, ge=0)
     """Pipelined RL: the samples of step t come from the policy of step max(0, t - max_staleness), a schedule fixed by
     the step number, so every sample's version lag is known in advance and a run reproduces and resumes exactly. 0:
     sample, then train (the synchronous loop). k >= 1: under `run.launcher: ray` the rollout workers sample step t +
     k while the trainers update step t; in one process the same schedule runs in turn. A policy-gradient algorithm
-    then needs `off_policy_correction` (or `accept_uncorrected`). docs/async.md."""
+    then needs `off_policy_correction` (or `accept_uncorrected`). 0 under `spin`. docs/async.md."""
     off_policy_correction: Annotated[Literal[OFF_POLICY_CORRECTIONS], _IN_UPDATE] = "none"
     """Correct for samples drawn by a behaviour policy other than the one the update's ratio starts from (a stale
     version under `max_staleness`, or the engine's own precision or kernels), with w = pi_old / pi_behaviour per
@@ -715,11 +719,6 @@ class RLConfig(Section):
             raise ValueError(f"rl.strict_on_policy refuses samples not drawn by the policy being trained, and "
                              f"rl.max_staleness = {self.max_staleness} trains on such samples by design: choose one")
         return self
-
-    @property
-    def engine_precision(self) -> str:
-        """`rollout.precision` as the engine takes it: `auto` samples from the trained weights under strict_on_policy."""
-        return "trainer" if self.strict_on_policy and self.rollout.precision == "auto" else self.rollout.precision
 
 
 class OnlineConfig(Section):
@@ -1063,6 +1062,28 @@ class Config(Section):
             return self.online.loss
         return "sft" if name == "rft" else name
 
+    @property
+    def critic(self) -> str | None:
+        """PPO's critic as the run trains it: rl.critic_backbone (`separate`, a model of its own, or `shared`, a value
+        head on the policy) where an RL update estimates advantages from values (rl.advantage `gae`), else None."""
+        if self.algorithm.name not in RL_ALGORITHMS or self.rl.advantage not in NEEDS_VALUES:
+            return None
+        return self.rl.critic_backbone
+
+    @property
+    def environment(self) -> EnvConfig | None:
+        """rl.env, the multi-turn environment of an RL run; None for the online algorithms, which read none, and with
+        a `vla` section, whose simulator runs the episodes."""
+        return self.rl.env if self.algorithm.name in RL_ALGORITHMS and self.vla is None else None
+
+    @property
+    def engine_precision(self) -> str:
+        """`rl.rollout.precision` as the engine takes it: `auto` samples from the trained weights under
+        rl.strict_on_policy, which the online algorithms do not read (they run no policy-gradient update)."""
+        precision = self.rl.rollout.precision
+        strict = precision == "auto" and self.algorithm.name in RL_ALGORITHMS and self.rl.strict_on_policy
+        return "trainer" if strict else precision
+
     @model_validator(mode="after")
     def _online_settings_fit(self) -> "Config":
         """`online` settings only under the algorithms that read them; each online algorithm's own needs; the
@@ -1079,6 +1100,10 @@ class Config(Section):
         if name == "spin" and self.preference.reference != "frozen_copy":
             raise ValueError("`spin`'s reference is the opponent, the policy of the iteration's start, which the base "
                              "model under LoRA is not after the first iteration: keep preference.reference frozen_copy")
+        if name == "spin" and self.rl.max_staleness:
+            raise ValueError(f"`spin` samples with its opponent, which answers every prompt of an iteration and "
+                             f"becomes the policy only at the iteration's end: rl.max_staleness must be 0 (it is "
+                             f"{self.rl.max_staleness})")
         if name == "spin" and self.strategy.name in ("fsdp2", "deepspeed"):
             raise ValueError("`spin` runs in one process for now (strategy.name single or auto): its opponent is "
                              "refreshed from the policy's full weights at each iteration's end")

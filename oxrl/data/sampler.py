@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import random
 
+from oxrl.config.schema import TrainConfig
+
 
 class StepSampler:
     def __init__(self, num_examples: int, global_batch_size: int, seed: int, shuffle: bool = True):
@@ -29,10 +31,11 @@ class StepSampler:
             self._epochs = {epoch: order}  # keep one epoch: steps only move forward
         return self._epochs[epoch]
 
-    def total_steps(self, epochs: float, max_steps: int | None) -> int:
-        if max_steps is not None:
-            return max_steps
-        return max(1, math.floor(epochs * self.num_examples / self.global_batch_size))
+    def total_steps(self, train: TrainConfig) -> int:
+        """`train.max_steps`, else `train.epochs` passes over the examples (read only then, as the config says)."""
+        if train.max_steps is not None:
+            return train.max_steps
+        return max(1, math.floor(train.epochs * self.num_examples / self.global_batch_size))
 
     def step_indices(self, step: int) -> list[int]:
         start = step * self.global_batch_size

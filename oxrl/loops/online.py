@@ -161,11 +161,15 @@ def build_online(cfg: Config, model, tokenizer, strategy, train_prompts: int) ->
     return method(cfg, objective, reference), model
 
 
-def spin_iteration_steps(cfg: Config, train_prompts: int) -> int:
-    """SPIN's steps per iteration; a checkpoint or a validation inside an iteration is refused (before the model
-    loads): the opponent is not saved, so a run resumes, and is validated, at an iteration's end only."""
+def spin_iteration_steps(cfg: Config, train_prompts: int, validating: bool = False) -> int:
+    """SPIN's steps per iteration; a checkpoint, or with held-out prompts (`validating`) a validation, inside an
+    iteration is refused (before the model loads): the opponent is not saved, so a run resumes, and is validated, at
+    an iteration's end only."""
     steps = cfg.online.iteration_steps or math.ceil(train_prompts / cfg.rl.prompts_per_step)
-    for key, every in (("checkpoint.every", cfg.checkpoint.every), ("rl.validation_every", cfg.rl.validation_every)):
+    periods = [("checkpoint.every", cfg.checkpoint.every)]
+    if validating:
+        periods.append(("rl.validation_every", cfg.rl.validation_every))
+    for key, every in periods:
         if every and every % steps:
             raise ValueError(f"`spin`: {key} ({every}) must be a multiple of the iteration's {steps} steps "
                              "(online.iteration_steps, null: one pass over the prompts)")

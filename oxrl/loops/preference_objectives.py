@@ -172,4 +172,4 @@ def preference_objective(name: str, cfg: PreferenceConfig | None = None) -> Obje
         return _kto(params_from(KTOParams, cfg))
     if name == REWARD_MODEL_OBJECTIVE:
         return _reward_model(cfg.rm_margin_field)
-    return _distill(name, params_from(DistillParams, cfg))
+    return _distill(name, params_from(DistillParams, cfg, lambda rule: name in rule.by))  # jsd_beta: kd_jsd's only

@@ -180,7 +180,7 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict 
 def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Path) -> RLResult:
     cfg, rl, strategy = h.cfg, h.cfg.rl, h.strategy
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
-    total_steps = sampler.total_steps(cfg.train.epochs, cfg.train.max_steps)
+    total_steps = sampler.total_steps(cfg.train)
     if rl.prompts_per_step % strategy.data_size:
         raise ValueError(f"rl.prompts_per_step ({rl.prompts_per_step}) must be a multiple of the data-parallel ranks "
                          f"({strategy.data_size}): each samples whole groups")
@@ -199,7 +199,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
         schedule.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
     log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
                         config=cfg)
-    validating = rl.validation_every is not None and bool(val.prompt_ids)
+    validating = bool(val.prompt_ids) and rl.validation_every is not None
     before = evaluate(h, val) if validating and start_step == 0 else {}
     if before:
         log.log(start_step, before, advance=False)
@@ -228,7 +228,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
                 schedule.settle()  # the steps sampled ahead are part of the checkpoint
                 strategy.save_checkpoint(run_dir, done, h.tokenizer, strategy.nonfinite.state_dict(),
-                                         cfg.checkpoint.keep_last, cfg.lora.save,
+                                         cfg.checkpoint.keep_last, cfg.lora.save_mode,
                                          rank_state={"pipeline": schedule.state_dict()} if rl.max_staleness else None)
     finally:
         log.close()
@@ -395,7 +395,7 @@ def score(h, rollout: Rollout) -> dict[str, float]:
     if head is not None:  # one pass of the policy: old log-probs and values together
         rollout.old_logprobs, rollout.values = score_logprobs_and_values(h.policy, rollout.completions, micro,
                                                                          temperature, head)
-    elif not single_on_policy_update(rl):
+    elif not single_on_policy_update(h.cfg):
         rollout.old_logprobs = score_logprobs(h.policy, rollout.completions, micro, temperature)
     if h.reference is not None:
         with h.reference.active():  # e.g. LoRA: the policy with its adapters off
@@ -412,7 +412,7 @@ def estimate(h, rollout: Rollout) -> None:
     whitening and GAE's token whitening need the global batch, so gathering makes each estimator
     exactly what one process holding the whole step computes; each rank keeps its own rows."""
     rl = h.cfg.rl
-    if rollout.ref_logprobs is not None and rl.kl_in_reward:
+    if rollout.ref_logprobs is not None and rl.kl_coef > 0 and rl.kl_in_reward:
         # k1 penalty per token: r_t - beta * (log pi_old - log pi_ref); summed, r - beta * KL of the sequence.
         rollout.token_rewards = [kl_penalty_rewards(r, o, f, rl.kl_coef) for r, o, f in
                                  zip(rollout.token_rewards, rollout.old_logprobs, rollout.ref_logprobs)]
@@ -429,7 +429,7 @@ def estimate(h, rollout: Rollout) -> None:
     width = max((r.numel() for r in rows), default=0)
     inp = RolloutRewards(pad_rows(rows, width), pad_rows([torch.ones(r.numel()) for r in rows], width).bool(),
                          torch.cat(groups), pad_rows(values, width) if rollout.values is not None else None)
-    out = estimate_advantages(rl.advantage, inp, advantage_params(rl))
+    out = estimate_advantages(rl.advantage, inp, advantage_params(h.cfg))
     mine_only = range(first, first + len(rollout.completions))
     rollout.advantages = [out.advantages[i, : rows[i].numel()] for i in mine_only]
     if out.returns is not None:

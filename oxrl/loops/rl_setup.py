@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from oxrl.config.names import NEEDS_VALUES, ONLINE
+from oxrl.config.names import ONLINE
 from oxrl.config.schema import Config, RLConfig
 from oxrl.data.rl_tasks import RLPrompt, default_rewards, task_prompts
 from oxrl.rewards.combine import CombinedReward, RewardSpec, build_reward_fn
@@ -33,16 +33,17 @@ def reward_specs(cfg: Config, rl: RLConfig) -> list[RewardSpec]:
     if cfg.algorithm.name == "spin" and not rl.rewards and rl.task is None:
         return []
     entries = rl.rewards
-    if not entries:  # prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward
+    if not entries and rl.task is not None:
+        entries = default_rewards(rl.task, rl.answer_format)
+    elif not entries:  # prompt files: the math reward, unless a dataset declares rl2 rows, which name no reward
         formats = {spec.format for spec in cfg.data.train + cfg.data.validation}
-        entries = default_rewards(rl.task if rl.task is not None else ("rl2" if "rl2" in formats else "gsm8k"),
-                                  rl.answer_format)
+        entries = default_rewards("rl2" if "rl2" in formats else "gsm8k", rl.answer_format)
     return [RewardSpec(s.name, s.weight, dict(s.kwargs), on_error=rl.on_reward_error, timeout_s=rl.reward_timeout_s)
             for s in entries]
 
 
 def reward_function(cfg: Config, rl: RLConfig):
-    if cfg.vla is not None or rl.env is not None:
+    if cfg.vla is not None or cfg.environment is not None:
         return None  # episodes reward themselves
     specs = reward_specs(cfg, rl)
     if not specs:
@@ -59,12 +60,11 @@ def environment(cfg: Config, tokenizer, processor=None):
         from oxrl.vla.build import episode_runner
 
         return episode_runner(cfg, tokenizer, processor)
-    rl = cfg.rl
-    if rl.env is None:
+    if cfg.environment is None:
         return None
     from oxrl.loops.multiturn import load_environment
 
-    env = load_environment(rl.env.path, rl.env.max_turns, tokenizer)
+    env = load_environment(cfg.environment.path, cfg.environment.max_turns, tokenizer)
     logger.info("environment: %s, at most %d turns per episode", env.reference, env.max_turns)
     return env
 
@@ -76,7 +76,7 @@ def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
     from oxrl.data.rl_tasks import encode_prompts
 
     rl = cfg.rl
-    if processor is not None and rl.advantage in NEEDS_VALUES and rl.critic_backbone == "separate":
+    if processor is not None and cfg.critic == "separate":
         raise ValueError("rl.critic_backbone `separate` loads the critic as a text model (a token classifier), "
                          "which cannot read a vision-language policy's images; use rl.critic_backbone: shared (a "
                          "value head on the policy's own hidden states) or an advantage estimator without a critic "
@@ -92,13 +92,14 @@ def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
     budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
               "processor": processor}
     train, validation = encode_prompts(train, tokenizer, **budget), encode_prompts(validation, tokenizer, **budget)
-    if rl.env is not None and (train.vision or validation.vision):
+    if cfg.environment is not None and (train.vision or validation.vision):
         raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")
     logger.info("RL prompts: %d train / %d validation", len(train.prompt_ids), len(validation.prompt_ids))
     if cfg.algorithm.name == "spin":
         from oxrl.loops.online import spin_iteration_steps
 
-        spin_iteration_steps(cfg, len(train.prompt_ids))  # iteration ends fit, or refused now
+        # iteration ends fit, or refused now
+        spin_iteration_steps(cfg, len(train.prompt_ids), validating=bool(validation.prompt_ids))
     # A micro-batch packs completions of the longest prompt at most (an episode's turns: unknown, the worst case).
     longest = max((len(ids) for ids in train.prompt_ids + validation.prompt_ids), default=0)
     row_tokens = None if env is not None else cfg.train.micro_batch_size_per_device * (longest + rl.rollout.max_new_tokens)
@@ -115,7 +116,7 @@ def rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: 
     from oxrl.training.strategy import SingleDevice
 
     rl, device = cfg.rl, strategy.device
-    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
+    shared_head = cfg.critic == "shared"
     if shared_head and not isinstance(strategy, SingleDevice):
         raise ValueError("rl.critic_backbone `shared` trains in one process only for now (strategy `single`): the value "
                          "head is not sharded with the policy under fsdp2/deepspeed. Use rl.critic_backbone: separate")
@@ -141,7 +142,7 @@ def rl_handles(cfg: Config, strategy, tokenizer, reward_fn, env, train_prompts: 
 
         critic = SharedValueHead(attach_value_head(model, resolve_source(cfg.model.name_or_path).path), rl.value_coef,
                                  rl.value_clip)
-    elif rl.advantage in NEEDS_VALUES:  # PPO's critic as a model of its own
+    elif cfg.critic == "separate":  # PPO's critic as a model of its own
         from oxrl.loops.critic import Critic
         from oxrl.models.critic import load_critic
 
@@ -167,7 +168,7 @@ def _rollout_engine(cfg: Config, model, tokenizer, strategy, remote, processor=N
     from oxrl.rollout.build import build_engine
 
     if remote is None:
-        rollout = cfg.rl.rollout.model_copy(update={"precision": cfg.rl.engine_precision})
+        rollout = cfg.rl.rollout.model_copy(update={"precision": cfg.engine_precision})
         return build_engine(rollout, model, tokenizer, strategy, cfg.run.seed, processor)
     from oxrl.models.precision import uses_bf16
 

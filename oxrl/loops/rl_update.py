@@ -43,11 +43,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from oxrl.algorithms.advantages import AdvantageParams
-from oxrl.config.names import NEEDS_VALUES
 from oxrl.algorithms.kl import k3
 from oxrl.algorithms.policy_loss import PolicyLossInput, PolicyLossParams, local_normaliser, policy_loss
 from oxrl.config.params import params_from
-from oxrl.config.schema import RLConfig
+from oxrl.config.schema import Config
 from oxrl.data.sampler import micro_batches
 from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.models.logprobs import token_logprobs
@@ -58,21 +57,22 @@ if TYPE_CHECKING:
     from oxrl.algorithms.value_loss import ValueLossInput
 
 
-def loss_params(rl: RLConfig) -> PolicyLossParams:
-    return params_from(PolicyLossParams, rl)
+def loss_params(cfg: Config) -> PolicyLossParams:
+    return params_from(PolicyLossParams, cfg.rl, lambda rule: rule.reads(cfg))
 
 
-def advantage_params(rl: RLConfig) -> AdvantageParams:
-    return params_from(AdvantageParams, rl)
+def advantage_params(cfg: Config) -> AdvantageParams:
+    return params_from(AdvantageParams, cfg.rl, lambda rule: rule.reads(cfg))
 
 
-def single_on_policy_update(rl: RLConfig) -> bool:
+def single_on_policy_update(cfg: Config) -> bool:
     """One optimizer step per rollout, on the policy that sampled it: pi_old IS the policy at update time, so the
     update's own log-probs (detached) are the old ones and no separate no-grad pass is needed (TRL and verl skip
     it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update, nor with a
     shared value head, whose values GAE needs before the update: the pass that gives them gives the old log-probs."""
-    shared_head = rl.advantage in NEEDS_VALUES and rl.critic_backbone == "shared"
-    return rl.epochs == 1 and rl.mini_batches == 1 and not (rl.kl_in_reward and rl.kl_coef > 0) and not shared_head
+    rl = cfg.rl
+    kl_penalty = rl.kl_coef > 0 and rl.kl_in_reward
+    return rl.epochs == 1 and rl.mini_batches == 1 and not kl_penalty and cfg.critic != "shared"
 
 
 def shared_value_head(h) -> torch.nn.Module | None:
@@ -83,7 +83,7 @@ def shared_value_head(h) -> torch.nn.Module | None:
 def update(h, rollout, step: int, train_policy: bool = True) -> dict[str, float]:
     """The step's optimizer steps; returns their metrics averaged over them. `step` names the step in messages."""
     rl = h.cfg.rl
-    params = loss_params(rl)
+    params = loss_params(h.cfg)
     order = list(range(len(rollout.completions)))
     per_mini = math.ceil(len(order) / rl.mini_batches)
     totals: dict[str, float] = {}

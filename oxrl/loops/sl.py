@@ -109,7 +109,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
             f"({tc.micro_batch_size_per_device}) x data-parallel ranks ({world})"
         )
     sampler = StepSampler(len(train_set), tc.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
-    total_steps = sampler.total_steps(tc.epochs, tc.max_steps)
+    total_steps = sampler.total_steps(tc)
     optimizer = build_optimizer(model, tc.optim, fused=strategy.fused_optimizer)
     scheduler = build_scheduler(optimizer, total_steps, tc.optim)
     model = strategy.prepare(model, optimizer, scheduler)  # the object to call (a DeepSpeed engine wraps it)
@@ -159,5 +159,5 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
 def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy) -> None:
     # Every rank: sharded strategies write their shards from each process, the HF folder from rank 0.
     strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen, **strategy.nonfinite.state_dict()},
-                             keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save)
+                             keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save_mode)
 

@@ -65,7 +65,6 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
     """What `cfg` would do on `devices` (one process per device), in the estimate's terms. `row_tokens`: the
     longest packed micro-batch the data can make, once it is known; without it every sequence is taken to be
     `data.max_length` long (the worst case)."""
-    from oxrl.config.names import NEEDS_VALUES
     from oxrl.config.rl_presets import is_rl
     from oxrl.models.load import resolve_dtype
 
@@ -75,23 +74,34 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
     rl = is_rl(cfg.algorithm.name)
     sequences = 2 if cfg.algorithm.name in PAIRED or cfg.trained_objective in PAIRED else 1
     vllm = rl and cfg.rl.rollout.engine == "vllm" and on_gpu
+    lora = cfg.lora.enabled if lora is None else lora
+    # Each setting is read only where the run reads it (the config refuses it elsewhere); the plan's defaults stand in.
+    own = {}
+    if strategy == "deepspeed":
+        own["zero_stage"] = cfg.strategy.zero_stage
+    if cfg.strategy.name != "single":
+        own["cpu_offload"] = cfg.strategy.cpu_offload
+    if lora:
+        targets = cfg.lora.target_modules
+        own.update(lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
+    if vllm:
+        own.update(vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total),
+                   vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases)
+    if rl:
+        own.update(logit_tokens=micro * cfg.rl.rollout.max_new_tokens,
+                   critic=cfg.critic == "separate",
+                   rollout_copy=cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
+                       cfg.engine_precision, devices.kind, weights_sharded(strategy, own.get("zero_stage", 3))))
+    if cfg.strategy.name in ("fsdp2", "auto"):
+        own.update(tp=cfg.strategy.mesh.tp, cp=cfg.strategy.mesh.cp)
     return TrainingPlan(
         tokens_per_micro_batch=row_tokens or micro * sequences * cfg.data.max_length,
-        logit_tokens=micro * cfg.rl.rollout.max_new_tokens if rl else None,
         dtype=str(resolve_dtype(cfg.model.dtype, torch.device("cuda" if on_gpu else "cpu"))).removeprefix("torch."),
         bf16_autocast=uses_bf16(cfg.train.mixed_precision, devices.kind),
-        strategy=strategy, zero_stage=cfg.strategy.zero_stage, devices=devices.count,
-        cpu_offload=cfg.strategy.cpu_offload, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        lora=cfg.lora.enabled if lora is None else lora, lora_rank=cfg.lora.rank,
-        lora_targets=cfg.lora.target_modules if isinstance(cfg.lora.target_modules, str) else tuple(cfg.lora.target_modules),
+        strategy=strategy, devices=devices.count, gradient_checkpointing=cfg.model.gradient_checkpointing, lora=lora,
         # (context parallel runs oxRL's packed kernel, which builds no mask)
-        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2" and cfg.strategy.mesh.cp == 1,
-        reference=needs_reference(cfg),
-        critic=rl and cfg.rl.advantage in NEEDS_VALUES and cfg.rl.critic_backbone == "separate",
-        vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total) if vllm else 0,
-        vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases, tp=cfg.strategy.mesh.tp, cp=cfg.strategy.mesh.cp,
-        rollout_copy=rl and cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
-            cfg.rl.engine_precision, devices.kind, weights_sharded(strategy, cfg.strategy.zero_stage)))
+        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2" and own.get("cp", 1) == 1,
+        reference=needs_reference(cfg), **own)
 
 
 def fits(estimate: MemoryEstimate, devices: Devices) -> bool:

@@ -27,13 +27,15 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fused: bool = Fals
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     """Multiplier of the peak lr for optimizer step `step` (0-based)."""
     warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
-    schedule, floor = cfg.schedule, cfg.min_lr_ratio  # read at every step, warming up or not: the whole schedule
+    decay = DECAYS.get(cfg.schedule)  # None: constant
+    # The whole schedule is read at every step, warming up or not, and the floor only where the lr decays to it.
+    floor = cfg.min_lr_ratio if decay is not None else 1.0
     if step < warmup:
         return (step + 1) / warmup
-    if schedule == "constant":
+    if decay is None:
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    return floor + (1.0 - floor) * DECAYS[schedule](progress)
+    return floor + (1.0 - floor) * decay(progress)
 
 
 # After warmup the lr falls from `lr` (progress 0) to `min_lr_ratio * lr` (progress 1) along one of these;

@@ -69,7 +69,7 @@ def test_an_advantage_estimator_with_its_own_parameter_reads_it_from_the_config(
     from oxrl.loops.rl_update import advantage_params
 
     cfg = _config("median_baseline.py", advantage="median_baseline", advantage_params={"clip": 2.0})
-    params = advantage_params(cfg.rl)
+    params = advantage_params(cfg)
     assert params.advantage_params == {"clip": 2.0}
     rewards = torch.zeros(6, 3)
     rewards[:, 1] = torch.tensor([1.0, 0.0, 0.0, 5.0, 2.0, 2.0])
@@ -98,7 +98,7 @@ def test_a_policy_loss_with_its_own_parameter_reads_it_from_the_config(registrie
                           advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2), normaliser=2.0)
     from oxrl.loops.rl_update import loss_params
 
-    params = loss_params(cfg.rl)
+    params = loss_params(cfg)
     assert params.policy_loss_params == {"max_weight": 2.0}
     loss, metrics = POLICY_LOSSES["capped_reinforce"](inp, PolicyLossParams(policy_loss_params={"max_weight": 2.0}))
     # token_mean over 2 tokens: (-2 * 1 * log 0.5 + -1 * -1 * log 0.5) / 2 = -log(0.5) / 2

@@ -84,7 +84,7 @@ def config(algorithm: str, tmp_path=None, **sections) -> Config:
     ("spin", {"strategy": {"name": "fsdp2"}}, "`spin` runs in one process"),
     ("online_dpo", {"rl": {"off_policy_correction": "tis"}},
      "rl.off_policy_correction = 'tis' is not read by `online_dpo`"),
-    ("spin", {"rl": {"max_staleness": 1}}, "rl.max_staleness = 1 is not read by `spin`"),
+    ("spin", {"rl": {"max_staleness": 1}}, "iteration's end: rl.max_staleness must be 0 (it is 1)"),
     ("rlhf", {}, "add {name: reward_model"),
     ("rlaif", {"rl": {"rewards": [{"name": "math"}]}}, "add {name: judge"),
 ])
@@ -102,6 +102,10 @@ def test_spin_checkpoints_and_validates_at_iteration_ends_only():
     cfg = config("spin", online={"iteration_steps": 4}, checkpoint={"every": 6})
     with pytest.raises(ValueError, match=r"checkpoint.every \(6\) must be a multiple of the iteration's 4 steps"):
         spin_iteration_steps(cfg, train_prompts=100)
+    cfg = config("spin", online={"iteration_steps": 4}, rl={"validation_every": 6, "rewards": [{"name": "math"}]})
+    with pytest.raises(ValueError, match=r"rl.validation_every \(6\) must be a multiple of the iteration's 4 steps"):
+        spin_iteration_steps(cfg, train_prompts=100, validating=True)
+    assert spin_iteration_steps(cfg, train_prompts=100) == 4  # no held-out prompts: nothing validates
     assert spin_iteration_steps(config("spin", checkpoint={"every": 4}), train_prompts=16) == 4  # 16 prompts / 4 a step
 
 

@@ -123,7 +123,7 @@ def test_single_update_uses_its_own_logprobs_as_old_exactly_like_a_separate_pass
     torch.manual_seed(0)
     reward = build_reward_fn([{"name": "tests.integration.test_rl_loop:share_of_sevens"}])
     h = rl_handles(cfg, model, HFEngine(model, TinyTokenizer()), reward, critic_model=critic)
-    assert single_on_policy_update(h.cfg.rl)
+    assert single_on_policy_update(h.cfg)
     h.policy = model
     rollout, _ = sample(h, prompts(4), 1)
     score(h, rollout)

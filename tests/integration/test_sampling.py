@@ -188,9 +188,10 @@ def test_bf16_with_sharded_weights_is_refused():
 
 
 def test_strict_on_policy_samples_from_the_trained_weights():
-    from oxrl.config.schema import RLConfig
+    from oxrl.config.schema import Config, RLConfig
 
-    assert RLConfig(strict_on_policy=True).engine_precision == "trainer"  # auto gives way
-    assert RLConfig().engine_precision == "auto"
+    grpo = {"model": {"name_or_path": "m"}, "algorithm": {"name": "grpo"}}
+    assert Config(**grpo, rl={"strict_on_policy": True}).engine_precision == "trainer"  # auto gives way
+    assert Config(**grpo).engine_precision == "auto"
     with pytest.raises(ValueError, match="strict_on_policy.*bf16"):
         RLConfig(strict_on_policy=True, rollout={"precision": "bf16"})

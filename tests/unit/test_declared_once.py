@@ -152,11 +152,29 @@ def test_a_params_field_that_is_neither_exposed_nor_listed_is_an_error():
         params_from(unexposed, PreferenceConfig())
 
 
+def test_a_setting_whose_rule_does_not_hold_is_not_read_into_its_field():
+    from oxrl.algorithms.distill import DistillParams
+    from oxrl.algorithms.policy_loss import PolicyLossParams
+
+    # grpo's resolved section holding a value its rules refuse (no KL term): params_from alone cannot tell
+    section = config("grpo").rl.model_copy(update={"kl_estimator": "k1", "eps_high": 0.3})
+    assert params_from(PolicyLossParams, section).kl_estimator == "k1"
+    skipped = params_from(PolicyLossParams, section, lambda rule: "rl.kl_coef" not in rule.shows)
+    assert skipped.kl_estimator == "k3" and skipped.eps_high == 0.3  # the KL term's rule fails; eps_high's hold
+    # A run reads through its own config: grpo has no KL term, so its estimator is never read.
+    assert loss_params(config("grpo")).kl_estimator == "k3"
+    assert loss_params(config("grpo", "rl.kl_coef=0.1", "rl.kl_estimator=k1")).kl_estimator == "k1"
+    # kd_forward does not read kd_jsd's jsd_beta.
+    jsd = PreferenceConfig(jsd_beta=0.9)
+    assert params_from(DistillParams, jsd, lambda rule: "kd_forward" in rule.by).jsd_beta == 0.5
+    assert params_from(DistillParams, jsd, lambda rule: "kd_jsd" in rule.by).jsd_beta == 0.9
+
+
 def test_derived_values_come_from_the_listed_settings():
     cfg = config("grpo", "rl.rollout.max_new_tokens=77", "rl.kl_coef=0.1", "rl.kl_in_reward=true")
-    params = loss_params(cfg.rl)
+    params = loss_params(cfg)
     assert params.max_len == 77 and params.kl_coef == 0.0  # a reward penalty: no loss term
-    assert loss_params(config("grpo", "rl.kl_coef=0.1").rl).kl_coef == 0.1
+    assert loss_params(config("grpo", "rl.kl_coef=0.1")).kl_coef == 0.1
     assert NOT_BY_NAME[type(params).__name__]["max_len"] is not FIXED
 
 
@@ -170,9 +188,9 @@ def config(name: str, *overrides: str) -> Config:
 @pytest.mark.parametrize("name, low, high", [("grpo", 0.2, 0.2), ("dapo", 0.2, 0.28), ("cispo", 1.0, 4.0),
                                              ("gspo", 3e-4, 4e-4)])
 def test_eps_are_the_clip_bounds_of_whichever_loss_with_the_presets_defaults(name, low, high):
-    params = loss_params(config(name).rl)
+    params = loss_params(config(name))
     assert (params.eps_low, params.eps_high) == (low, high)
-    params = loss_params(config(name, "rl.eps_low=0.5", "rl.eps_high=2.0").rl)
+    params = loss_params(config(name, "rl.eps_low=0.5", "rl.eps_high=2.0"))
     assert (params.eps_low, params.eps_high) == (0.5, 2.0)  # the user's setting wins, under cispo and gspo too
 
 
