@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from oxrl.config.schema import Config, ReadOnly, as_yaml, rules_of, section_in, settings
 
@@ -18,12 +17,11 @@ def _type_name(annotation: Any) -> str:
 
 
 def _default(field) -> str:
-    if field.default is PydanticUndefined and field.default_factory is None:
+    """A field's default as a YAML file or a `key=value` override writes it, as `run_reference` writes values."""
+    if field.is_required():
         return "**required**"
-    if field.default_factory is not None:
-        value = field.default_factory()
-        return "(section)" if isinstance(value, BaseModel) else f"`{value!r}`"
-    return f"`{field.default!r}`"
+    value = field.get_default(call_default_factory=True)
+    return "(section)" if isinstance(value, BaseModel) else f"`{_cell(as_yaml(value))}`"
 
 
 def _read_only(rules: Sequence[ReadOnly]) -> str:
