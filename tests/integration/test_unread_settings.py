@@ -58,6 +58,14 @@ RUNS = {
     "ppo-shared": ("ppo", "task", {"rl": {"critic_backbone": "shared"}}),
     "online_dpo": ("online_dpo", "task", {}),
     "rft": ("rft", "task", {}),
+    # Switches that make other settings read: a KL reward penalty, pipelined RL with its correction, the on-policy
+    # check, held-out prompts; a LoRA run that checkpoints its adapter every step on a constant schedule.
+    "grpo-kl-reward": ("grpo", "task", {"rl": {"kl_coef": 0.1, "kl_in_reward": True}}),
+    "grpo-pipelined": ("grpo", "task", {"rl": {"max_staleness": 1, "off_policy_correction": "tis"}}),
+    "grpo-strict": ("grpo", "task", {"rl": {"strict_on_policy": True}}),
+    "grpo-held-out": ("grpo", "task", {"rl": {"validation_size": 2, "validation_every": 1}}),
+    "sft-lora-checkpoints": ("sft", "chat", {"lora": {"enabled": True, "save": "adapter"}, "checkpoint": {"every": 1},
+                                             "train": {"optim": {"schedule": "constant"}}}),
 }
 
 
