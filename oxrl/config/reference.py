@@ -83,11 +83,8 @@ def run_reference(cfg: Config, source: str) -> str:
     for key, value, field, unread in settings(cfg):
         if unread is not None:
             continue
-        if field.is_required():
-            default = "**required**"
-        else:
-            default = field.get_default(call_default_factory=True)
-            default = "" if default == value else f"`{_cell(as_yaml(default))}`"
+        at_default = not field.is_required() and field.get_default(call_default_factory=True) == value
+        default = "" if at_default else _default(field)
         described = " ".join((field.description or "").split())
         row = f"| `{key}` | `{_cell(as_yaml(value))}` | {default} | {described} |"
         tables.setdefault(key.split(".")[0], []).append(row)

@@ -19,7 +19,6 @@ from pydantic.fields import FieldInfo
 from oxrl.config.names import (
     ACTION_BINNINGS, ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, ANSWER_FORMATS, ATTN_IMPLEMENTATIONS, CRITIC_BACKBONES,
     DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
-    NEEDS_VALUES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
     RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
@@ -1062,27 +1061,36 @@ class Config(Section):
             return self.online.loss
         return "sft" if name == "rft" else name
 
+    def read(self, key: str, otherwise: Any = None) -> Any:
+        """The setting at dotted `key` where this run reads it (the `ReadOnly` rules beside it, and beside each section
+        holding it, hold), else `otherwise`. Code that needs a setting in some runs only asks this, so that it reads no
+        setting the config refuses, and says when by the same rules."""
+        value, parts = self, key.split(".")
+        for depth, part in enumerate(parts):
+            child = parts[depth + 1] if depth + 1 < len(parts) else None  # a section's `keep` fields stay read
+            if any(not rule.reads(self) and child not in rule.keep for rule in rules_of(type(value), part)):
+                return otherwise
+            value = getattr(value, part)
+        return value
+
     @property
     def critic(self) -> str | None:
         """PPO's critic as the run trains it: rl.critic_backbone (`separate`, a model of its own, or `shared`, a value
         head on the policy) where an RL update estimates advantages from values (rl.advantage `gae`), else None."""
-        if self.algorithm.name not in RL_ALGORITHMS or self.rl.advantage not in NEEDS_VALUES:
-            return None
-        return self.rl.critic_backbone
+        return self.read("rl.critic_backbone")
 
     @property
     def environment(self) -> EnvConfig | None:
         """rl.env, the multi-turn environment of an RL run; None for the online algorithms, which read none, and with
         a `vla` section, whose simulator runs the episodes."""
-        return self.rl.env if self.algorithm.name in RL_ALGORITHMS and self.vla is None else None
+        return self.read("rl.env")
 
     @property
     def engine_precision(self) -> str:
         """`rl.rollout.precision` as the engine takes it: `auto` samples from the trained weights under
         rl.strict_on_policy, which the online algorithms do not read (they run no policy-gradient update)."""
         precision = self.rl.rollout.precision
-        strict = precision == "auto" and self.algorithm.name in RL_ALGORITHMS and self.rl.strict_on_policy
-        return "trainer" if strict else precision
+        return "trainer" if precision == "auto" and self.read("rl.strict_on_policy", False) else precision
 
     @model_validator(mode="after")
     def _online_settings_fit(self) -> "Config":

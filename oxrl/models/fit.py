@@ -76,12 +76,12 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
     vllm = rl and cfg.rl.rollout.engine == "vllm" and on_gpu
     lora = cfg.lora.enabled if lora is None else lora
     # Each setting is read only where the run reads it (the config refuses it elsewhere); the plan's defaults stand in.
-    own = {}
-    if strategy == "deepspeed":
-        own["zero_stage"] = cfg.strategy.zero_stage
-    if cfg.strategy.name != "single":
-        own["cpu_offload"] = cfg.strategy.cpu_offload
-    if lora:
+    own = {name: value for name, value in (("zero_stage", cfg.read("strategy.zero_stage")),
+                                           ("cpu_offload", cfg.read("strategy.cpu_offload"))) if value is not None}
+    mesh = cfg.read("strategy.mesh")
+    if mesh is not None:
+        own.update(tp=mesh.tp, cp=mesh.cp)
+    if lora:  # (the Python API asks what LoRA would take before it is on: lora.enabled is not what decides here)
         targets = cfg.lora.target_modules
         own.update(lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
     if vllm:
@@ -91,9 +91,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         own.update(logit_tokens=micro * cfg.rl.rollout.max_new_tokens,
                    critic=cfg.critic == "separate",
                    rollout_copy=cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
-                       cfg.engine_precision, devices.kind, weights_sharded(strategy, own.get("zero_stage", 3))))
-    if cfg.strategy.name in ("fsdp2", "auto"):
-        own.update(tp=cfg.strategy.mesh.tp, cp=cfg.strategy.mesh.cp)
+                       cfg.engine_precision, devices.kind, weights_sharded(strategy, own.get("zero_stage"))))
     return TrainingPlan(
         tokens_per_micro_batch=row_tokens or micro * sequences * cfg.data.max_length,
         dtype=str(resolve_dtype(cfg.model.dtype, torch.device("cuda" if on_gpu else "cpu"))).removeprefix("torch."),

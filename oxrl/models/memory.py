@@ -78,8 +78,9 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SHARDING_STRATEGIES = ("fsdp2", "deepspeed")
 
 
-def weights_sharded(strategy: str, zero_stage: int) -> bool:
-    """Whether `strategy` keeps only a shard of the weights on each rank (FSDP2, ZeRO-3), gathering them per layer."""
+def weights_sharded(strategy: str, zero_stage: int | None) -> bool:
+    """Whether `strategy` keeps only a shard of the weights on each rank (FSDP2, ZeRO-3), gathering them per layer
+    (`zero_stage`: deepspeed's; None for another strategy)."""
     return strategy == "fsdp2" or (strategy == "deepspeed" and zero_stage == 3)
 
 

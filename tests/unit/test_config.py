@@ -363,3 +363,19 @@ def test_a_sharding_setting_in_one_process_is_refused_before_anything_loads():
     cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=sft", "strategy.mesh.tp=2"])
     with pytest.raises(ValueError, match=r"strategy.mesh = \{'tp': 2\} \(read by fsdp2\): not read in one process"):
         build_strategy(cfg)
+
+
+def test_a_setting_is_read_through_its_rules():
+    """`Config.read` answers a setting only where the run reads it, by the rules beside it and its sections."""
+    def cfg(*overrides):
+        return load_config(None, ["model.name_or_path=m", *overrides])
+
+    sft, ppo = cfg("algorithm.name=sft"), cfg("algorithm.name=ppo")
+    assert sft.read("lora.rank") is None and sft.read("lora.rank", 0) == 0  # LoRA off
+    assert sft.read("lora.enabled") is False  # the field the lora section keeps is read either way
+    assert cfg("algorithm.name=sft", "lora.enabled=true", "lora.rank=8").read("lora.rank") == 8
+    assert sft.read("rl.critic_backbone") is None and sft.read("strategy.zero_stage") is None  # rl: not read by sft
+    assert ppo.read("rl.critic_backbone") == "separate" == ppo.critic and sft.critic is None
+    assert cfg("algorithm.name=grpo").critic is None  # no critic without gae
+    deepspeed = cfg("algorithm.name=sft", "strategy.name=deepspeed", "strategy.zero_stage=2")
+    assert deepspeed.read("strategy.zero_stage") == 2 and deepspeed.read("strategy.mesh") is None
