@@ -141,10 +141,6 @@ def check_reads_against_rules(cfg: Config, reads: dict[tuple[str, str], set[str]
     how many were."""
     assert ("RunConfig", "seed") in reads and ("OptimConfig", "lr") in reads  # the recording sees the run's reads
     refused = _refused_settings(cfg)
-    if cfg.vla is not None:
-        # Read, then replaced: a `vla` run's episodes sample one action chunk a turn (oxrl/vla/episodes.py), after the
-        # sampling parameters, the memory estimate and the prompt budget have read these at their defaults.
-        refused -= {"rl.rollout.max_new_tokens", "rl.rollout.stop"}
     read_anyway = {key: sorted(reads[section, field]) for key, section, field, *_ in _leaves(cfg)
                    if key in refused and (section, field) in reads}
     assert not read_anyway, f"read by the run although the config refuses them when set (key: where): {read_anyway}"

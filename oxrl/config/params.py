@@ -23,13 +23,15 @@ P = TypeVar("P")
 
 # Keeps the dataclass's default: an implementation constant, not a setting.
 FIXED = None
+# Given by the caller (`params_from(..., field=value)`): a value the run derives from settings outside the section.
+GIVEN = "given by the caller"
 
 # Params class name -> {field: how it is derived from the section, or FIXED}, for the fields that are not a
 # same-named setting of the section.
 NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
     "PolicyLossParams": {
-        "max_len": lambda rl: rl.rollout.max_new_tokens,  # seq_mean_token_sum_norm's constant (Dr. GRPO)
-        "kl_coef": lambda rl: 0.0 if rl.kl_coef > 0 and rl.kl_in_reward else rl.kl_coef,  # then a reward penalty
+        "max_len": GIVEN,  # seq_mean_token_sum_norm's constant (Dr. GRPO): Config.completion_tokens
+        "kl_coef": lambda rl: 0.0 if rl.kl_penalty_in_reward else rl.kl_coef,  # then a reward penalty
     },
     "AdvantageParams": {
         "eps": FIXED,  # added to the std before dividing
@@ -44,13 +46,19 @@ NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
 }
 
 
-def params_from(params_class: type[P], section: BaseModel, holds: Callable[[ReadOnly], bool] = lambda rule: True) -> P:
+def params_from(params_class: type[P], section: BaseModel, holds: Callable[[ReadOnly], bool] = lambda rule: True,
+                **given: Any) -> P:
     """`params_class` with each field from `section`'s same-named setting, or as `NOT_BY_NAME` says. `holds`: whether
-    one of the setting's `ReadOnly` rules holds for the run; a setting whose rules do not all hold is not read."""
+    one of the setting's `ReadOnly` rules holds for the run; a setting whose rules do not all hold is not read.
+    `given`: the fields `NOT_BY_NAME` marks GIVEN."""
     special = NOT_BY_NAME.get(params_class.__name__, {})
     values = {}
     for field in dataclasses.fields(params_class):
-        if field.name in special:
+        if special.get(field.name) is GIVEN:
+            if field.name not in given:
+                raise TypeError(f"{params_class.__name__}.{field.name} is given by the caller: pass {field.name}=")
+            values[field.name] = given.pop(field.name)
+        elif field.name in special:
             if special[field.name] is not FIXED:
                 values[field.name] = special[field.name](section)
         elif field.name in type(section).model_fields:
@@ -59,5 +67,7 @@ def params_from(params_class: type[P], section: BaseModel, holds: Callable[[Read
         else:
             raise TypeError(f"{params_class.__name__}.{field.name} is neither a setting of {type(section).__name__} "
                             "nor listed in oxrl.config.params.NOT_BY_NAME: expose it in the config, or list it")
+    if given:
+        raise TypeError(f"{params_class.__name__}: {', '.join(given)} not marked GIVEN in oxrl.config.params.NOT_BY_NAME")
     return params_class(**values)
 

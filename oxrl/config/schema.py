@@ -666,6 +666,12 @@ class RLConfig(Section):
     task_config: Annotated[dict, _TASK] = Field(default_factory=dict)
     """Options of the generated task (e.g. `max_operand: 20`)."""
 
+    @property
+    def kl_penalty_in_reward(self) -> bool:
+        """The KL to the reference is a k1 penalty on the token rewards, not a loss term (`kl_in_reward`, read only
+        with a KL: `kl_coef` > 0)."""
+        return self.kl_coef > 0 and self.kl_in_reward
+
     @model_validator(mode="before")
     @classmethod
     def _tis_cap_moved(cls, data):
@@ -1092,6 +1098,14 @@ class Config(Section):
         precision = self.rl.rollout.precision
         return "trainer" if precision == "auto" and self.read("rl.strict_on_policy", False) else precision
 
+    @property
+    def completion_tokens(self) -> int:
+        """The most tokens one sample's completion holds, as the memory estimate and Dr. GRPO's constant count them:
+        rl.rollout.max_new_tokens (a turn's, with rl.env). Under a `vla` section each turn samples one action chunk,
+        whose length the environment's action space sets (oxrl/vla/episodes.py): an episode's actions over all its
+        turns, which a row holds, so at most data.max_length."""
+        return self.read("rl.rollout.max_new_tokens", self.data.max_length)
+
     @model_validator(mode="after")
     def _online_settings_fit(self) -> "Config":
         """`online` settings only under the algorithms that read them; each online algorithm's own needs; the
@@ -1231,7 +1245,7 @@ class Config(Section):
                                      f"rows: use one of {', '.join(OFFLINE_FORMATS)} (or `auto`)")
         if not is_rl:
             return self
-        if self.data.max_length <= self.rl.rollout.max_new_tokens:
+        if self.data.max_length <= self.read("rl.rollout.max_new_tokens", 0):  # (under `vla`: one action chunk)
             raise ValueError(f"data.max_length ({self.data.max_length}) must exceed rl.rollout.max_new_tokens "
                              f"({self.rl.rollout.max_new_tokens}): a prompt gets the tokens the completion leaves")
         if self.rl.task is None and self.data.validation_fraction and self.rl.validation_size is not None:

@@ -17,7 +17,7 @@ they mean in training, and the RL loop's own functions do the work:
   `--limit N` keeps the first N;
 - rewards: `rl.rewards` (`--reward`), else the task's default (`reward_function`); the first reward
   decides correctness (oxrl/loops/rl.py);
-- a greedy pass (T = 0, one sample per prompt, `sampling_params(rl, greedy=True)`: what the RL loop's
+- a greedy pass (T = 0, one sample per prompt, `sampling_params(cfg, greedy=True)`: what the RL loop's
   `evaluate` runs) and, with `--n K` > 1, a sampled pass of K samples per prompt at
   `rl.rollout.temperature` for pass@k. Each pass is `sample_and_reward` then `summarise`, as in the
   loop, so `greedy/accuracy` is the `val/accuracy` a training run logs for the same model and prompts.
@@ -220,9 +220,9 @@ def _evaluate_model(label: str, cfg: Config, prompts: list[RLPrompt], reward_fn,
     batch = encode_prompts(prompts, tokenizer, processor=processor)
     model = load_model(cfg.model, strategy.device).requires_grad_(False)
     engine = build_engine(cfg.rl.rollout, model, tokenizer, strategy, cfg.run.seed, processor)
-    passes = {"greedy": sampling_params(cfg.rl, greedy=True)}
+    passes = {"greedy": sampling_params(cfg, greedy=True)}
     if cfg.rl.rollout.n > 1:
-        passes["sampled"] = sampling_params(cfg.rl)
+        passes["sampled"] = sampling_params(cfg)
     metrics: dict[str, float] = {}
     try:
         for name, params in passes.items():

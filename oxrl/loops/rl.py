@@ -35,7 +35,7 @@ import torch
 
 from oxrl.algorithms.advantages import RolloutRewards, estimate_advantages, place_outcome_reward
 from oxrl.algorithms.kl import kl_penalty_rewards
-from oxrl.config.schema import Config, RLConfig
+from oxrl.config.schema import Config
 from oxrl.data.sampler import StepSampler, balanced_split, split_for_rank
 from oxrl.data.types import RLPromptBatch
 from oxrl.errors import UserError
@@ -267,12 +267,14 @@ def one_step(h: RLHandles, sampled: Sampled, step: int) -> tuple[dict[str, float
 # ---- sample -------------------------------------------------------------------------------------------------------
 
 
-def sampling_params(rl: RLConfig, greedy: bool = False) -> SamplingParams:
-    r = rl.rollout
+def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:
+    """The rollout settings as the engine takes them; under `vla` the episode runner sets the length (one action
+    chunk) and the stop strings (none)."""
+    r = cfg.rl.rollout
+    length = {key: value for key in ("max_new_tokens", "stop") if (value := cfg.read(f"rl.rollout.{key}")) is not None}
     if greedy:
-        return SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens, stop=r.stop)
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=r.stop)
+        return SamplingParams(n=1, temperature=0.0, **length)
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, **length)
 
 
 @dataclass
@@ -338,7 +340,7 @@ def sample_and_reward(engine, reward_fn, env, batch: RLPromptBatch,
 def start_sample(h, batch: RLPromptBatch, step: int) -> Sampling:
     """Stage 1, begun: ask for the step's completions. With shared rollouts (Ray rollout workers) every rank
     holds the whole step's prompts: all are sampled once, seeded by the step."""
-    params = sampling_params(h.cfg.rl)
+    params = sampling_params(h.cfg)
     if h.shared_rollouts:
         params.seed = sampling_seed(h.cfg.run.seed, step)
     with naming_step(step):  # e.g. sampling from weights that diverged in the last update
@@ -412,7 +414,7 @@ def estimate(h, rollout: Rollout) -> None:
     whitening and GAE's token whitening need the global batch, so gathering makes each estimator
     exactly what one process holding the whole step computes; each rank keeps its own rows."""
     rl = h.cfg.rl
-    if rollout.ref_logprobs is not None and rl.kl_coef > 0 and rl.kl_in_reward:
+    if rollout.ref_logprobs is not None and rl.kl_penalty_in_reward:
         # k1 penalty per token: r_t - beta * (log pi_old - log pi_ref); summed, r - beta * KL of the sequence.
         rollout.token_rewards = [kl_penalty_rewards(r, o, f, rl.kl_coef) for r, o, f in
                                  zip(rollout.token_rewards, rollout.old_logprobs, rollout.ref_logprobs)]
@@ -495,7 +497,7 @@ def evaluate(h: RLHandles, batch: RLPromptBatch) -> dict[str, float]:
     greedy pass is these same calls (oxrl/evaluation/run.py), so the two report the same numbers."""
     if not batch.prompt_ids:
         return {}
-    completions, scored, _ = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg.rl, greedy=True))
+    completions, scored, _ = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg, greedy=True))
     summary = summarise(completions, scored)
     return {"val/accuracy": summary["accuracy"], "val/reward": summary["reward/mean"]}
 

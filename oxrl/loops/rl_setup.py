@@ -89,7 +89,8 @@ def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
                          "strategy.name `deepspeed` with zero_stage 2, or one process")
     train, validation = load_prompts(cfg, rl)
     # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
-    budget = {"max_tokens": cfg.data.max_length - rl.rollout.max_new_tokens, "truncation": cfg.data.truncation,
+    first_turn = cfg.read("rl.rollout.max_new_tokens") or env.turn_tokens  # under `vla`: one action chunk
+    budget = {"max_tokens": cfg.data.max_length - first_turn, "truncation": cfg.data.truncation,
               "processor": processor}
     train, validation = encode_prompts(train, tokenizer, **budget), encode_prompts(validation, tokenizer, **budget)
     if cfg.environment is not None and (train.vision or validation.vision):

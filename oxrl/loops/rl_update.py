@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 
 def loss_params(cfg: Config) -> PolicyLossParams:
-    return params_from(PolicyLossParams, cfg.rl, lambda rule: rule.reads(cfg))
+    return params_from(PolicyLossParams, cfg.rl, lambda rule: rule.reads(cfg), max_len=cfg.completion_tokens)
 
 
 def advantage_params(cfg: Config) -> AdvantageParams:
@@ -71,8 +71,7 @@ def single_on_policy_update(cfg: Config) -> bool:
     it too). Not with a KL reward penalty, whose old log-probs shape the rewards before the update, nor with a
     shared value head, whose values GAE needs before the update: the pass that gives them gives the old log-probs."""
     rl = cfg.rl
-    kl_penalty = rl.kl_coef > 0 and rl.kl_in_reward
-    return rl.epochs == 1 and rl.mini_batches == 1 and not kl_penalty and cfg.critic != "shared"
+    return rl.epochs == 1 and rl.mini_batches == 1 and not rl.kl_penalty_in_reward and cfg.critic != "shared"
 
 
 def shared_value_head(h) -> torch.nn.Module | None:

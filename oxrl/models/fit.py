@@ -88,7 +88,7 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         own.update(vllm_share_bytes=int(cfg.rl.rollout.vllm.gpu_memory_utilization * devices.total),
                    vllm_sleeps=cfg.rl.rollout.vllm.sleep_between_phases)
     if rl:
-        own.update(logit_tokens=micro * cfg.rl.rollout.max_new_tokens,
+        own.update(logit_tokens=micro * cfg.completion_tokens,
                    critic=cfg.critic == "separate",
                    rollout_copy=cfg.rl.rollout.engine == "hf" and samples_from_bf16_copy(
                        cfg.engine_precision, devices.kind, weights_sharded(strategy, own.get("zero_stage"))))

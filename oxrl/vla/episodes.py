@@ -103,9 +103,14 @@ class VLAEpisodes:
     def reference(self) -> str:
         return f"vla.env {self.env_name}"
 
+    @property
+    def turn_tokens(self) -> int:
+        """What a turn samples: one action chunk (rl.rollout.max_new_tokens and stop are not read under `vla`)."""
+        return self.tokens.tokens_per_chunk
+
     def params(self, params: SamplingParams) -> SamplingParams:
         """Sampling of one action chunk: exactly its tokens, from the action tokens only."""
-        return replace(params, max_new_tokens=self.tokens.tokens_per_chunk, stop=[],
+        return replace(params, max_new_tokens=self.turn_tokens, stop=[],
                        allowed_token_ids=self.tokens.token_ids)
 
     def run(self, engine, batch: RLPromptBatch, params: SamplingParams) -> Episodes:

@@ -16,7 +16,7 @@ import torch
 
 from oxrl.config import names
 from oxrl.config.load import ConfigError, load_config, save_config
-from oxrl.config.params import FIXED, NOT_BY_NAME, params_from
+from oxrl.config.params import GIVEN, NOT_BY_NAME, params_from
 from oxrl.loops.rl_update import loss_params
 from oxrl.config.rl_presets import PRESETS, resolve
 from oxrl.config.schema import (AlgorithmConfig, Config, ModelConfig, OnlineConfig, PreferenceConfig, RLConfig,
@@ -158,8 +158,8 @@ def test_a_setting_whose_rule_does_not_hold_is_not_read_into_its_field():
 
     # grpo's resolved section holding a value its rules refuse (no KL term): params_from alone cannot tell
     section = config("grpo").rl.model_copy(update={"kl_estimator": "k1", "eps_high": 0.3})
-    assert params_from(PolicyLossParams, section).kl_estimator == "k1"
-    skipped = params_from(PolicyLossParams, section, lambda rule: "rl.kl_coef" not in rule.shows)
+    assert params_from(PolicyLossParams, section, max_len=8).kl_estimator == "k1"
+    skipped = params_from(PolicyLossParams, section, lambda rule: "rl.kl_coef" not in rule.shows, max_len=8)
     assert skipped.kl_estimator == "k3" and skipped.eps_high == 0.3  # the KL term's rule fails; eps_high's hold
     # A run reads through its own config: grpo has no KL term, so its estimator is never read.
     assert loss_params(config("grpo")).kl_estimator == "k3"
@@ -171,11 +171,18 @@ def test_a_setting_whose_rule_does_not_hold_is_not_read_into_its_field():
 
 
 def test_derived_values_come_from_the_listed_settings():
+    from oxrl.algorithms.policy_loss import PolicyLossParams
+
     cfg = config("grpo", "rl.rollout.max_new_tokens=77", "rl.kl_coef=0.1", "rl.kl_in_reward=true")
     params = loss_params(cfg)
     assert params.max_len == 77 and params.kl_coef == 0.0  # a reward penalty: no loss term
+    assert cfg.rl.kl_penalty_in_reward and not config("grpo", "rl.kl_coef=0.1").rl.kl_penalty_in_reward
     assert loss_params(config("grpo", "rl.kl_coef=0.1")).kl_coef == 0.1
-    assert NOT_BY_NAME[type(params).__name__]["max_len"] is not FIXED
+    assert NOT_BY_NAME[type(params).__name__]["max_len"] is GIVEN
+    with pytest.raises(TypeError, match="PolicyLossParams.max_len is given by the caller"):
+        params_from(PolicyLossParams, cfg.rl)
+    with pytest.raises(TypeError, match="eps_low not marked GIVEN"):
+        params_from(PolicyLossParams, cfg.rl, max_len=8, eps_low=0.1)
 
 
 # ----------------------------------------------------------------------------- clip bounds of every loss
@@ -373,3 +380,16 @@ def test_the_reference_free_objectives_are_exactly_those_built_without_one():
 
     assert {name for name, objective in all_objectives().items() if not objective.needs_reference} == set(
         names.REFERENCE_FREE)
+
+
+def test_the_completion_budget_under_vla_is_a_row_not_the_unread_max_new_tokens():
+    # Each turn of a `vla` episode samples one action chunk, so rl.rollout.max_new_tokens is refused there, and a row
+    # shorter than its default (256) is accepted: the episode's actions are bounded by the row (data.max_length).
+    cfg = config("grpo", "vla.env=reach", "data.max_length=128")
+    assert cfg.completion_tokens == 128 and loss_params(cfg).max_len == 128
+    with pytest.raises(ConfigError, match="rl.rollout.max_new_tokens"):
+        config("grpo", "vla.env=reach", "rl.rollout.max_new_tokens=8")
+    text = config("grpo", "rl.rollout.max_new_tokens=77", "data.max_length=128")
+    assert text.completion_tokens == 77 and loss_params(text).max_len == 77
+    with pytest.raises(ConfigError, match=r"data.max_length \(64\) must exceed rl.rollout.max_new_tokens \(77\)"):
+        config("grpo", "rl.rollout.max_new_tokens=77", "data.max_length=64")
