@@ -9,7 +9,8 @@ the `math` reward, and SFT on 24 chat rows, every other setting at its default (
 report and curves, which `logging.plot` turns on, are not). A file counts when any of its code ran, its import included,
 and it holds code (an empty `__init__.py` has nothing to read); "code lines" are its lines that are not
 blank, comments or docstrings, whether they ran or not (what a reader of that file reads);
-"statements run" is what coverage saw execute.
+"statements run" is what coverage saw execute. The last number leaves out the code lines of every function and method
+whose body did not run: the least the run's files could hold if all code it never calls moved elsewhere.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import io
 import subprocess
 import sys
 import tempfile
+import textwrap
 import tokenize
 from pathlib import Path
 
@@ -52,6 +54,26 @@ def code_lines(source: str) -> int:
             continue
         lines.update(range(tok.start[0], tok.end[0] + 1))
     return len(lines - docstrings)
+
+
+def uncalled_lines(source: str, ran: set[int]) -> int:
+    """Code lines of the functions and methods whose bodies did not run (the outermost such, nested ones inside it):
+    what moving every function the run never calls into other files would take off its path."""
+    lines = source.splitlines()
+    total = 0
+
+    def visit(node: ast.AST) -> None:
+        nonlocal total
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    not ran & set(range(child.body[0].lineno, child.end_lineno + 1)):
+                first = min([child.lineno, *(decorator.lineno for decorator in child.decorator_list)])
+                total += code_lines(textwrap.dedent("\n".join(lines[first - 1:child.end_lineno])))
+            else:
+                visit(child)
+
+    visit(ast.parse(source))
+    return total
 
 
 def configs(folder: Path) -> dict[str, Path]:
@@ -99,10 +121,12 @@ def measure(config: Path, data_file: Path) -> list[dict]:
     rows = []
     for path in data.measured_files():
         ran = data.lines(path) or []
-        code = code_lines(Path(path).read_text())
+        source = Path(path).read_text()
+        code = code_lines(source)
         if not ran or not code:
             continue
-        rows.append({"file": str(Path(path).resolve().relative_to(ROOT)), "ran": len(ran), "code": code})
+        rows.append({"file": str(Path(path).resolve().relative_to(ROOT)), "ran": len(ran), "code": code,
+                     "uncalled": uncalled_lines(source, set(ran))})
     return sorted(rows, key=lambda r: -r["code"])
 
 
@@ -114,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(tmp)
         for name, config in configs(tmp).items():
             rows = measure(config, tmp / f".coverage-{name}")
-            print(f"{name}: {len(rows)} files, {sum(r['code'] for r in rows)} code lines, "
-                  f"{sum(r['ran'] for r in rows)} statements run")
+            code = sum(r["code"] for r in rows)
+            print(f"{name}: {len(rows)} files, {code} code lines, {sum(r['ran'] for r in rows)} statements run; "
+                  f"{code - sum(r['uncalled'] for r in rows)} code lines outside the functions it never calls")
             if args.files:
                 for r in rows:
                     print(f"  {r['code']:5d} {r['ran']:5d}  {r['file']}")

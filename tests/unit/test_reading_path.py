@@ -33,12 +33,29 @@ class Section:
 '''
 
 
-def test_code_lines_counts_code_and_skips_comments_and_every_kind_of_docstring():
+def _script():
     spec = importlib.util.spec_from_file_location("reading_path", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_code_lines_counts_code_and_skips_comments_and_every_kind_of_docstring():
+    module = _script()
     # By hand: `import os`, `class Section:`, `size: int = 3`, `name = "x"`, `def method(self):`, `os.getcwd()`,
     # the bare string after it, `return ...` and its continuation line.
     assert module.code_lines(SOURCE) == 9
     # The class's docstring replaced by an assignment: one more line of code.
     assert module.code_lines(SOURCE.replace('"""Class docstring."""', 'x = 1')) == 10
+
+
+def test_uncalled_lines_are_the_functions_whose_bodies_did_not_run():
+    module = _script()
+    lines = SOURCE.splitlines()
+    body = next(n for n, line in enumerate(lines, 1) if "os.getcwd()" in line)
+    # Only the class body ran (the import): `method` was never called, so its 5 code lines (`def`, the call, the
+    # bare string, `return` and its continuation) could go elsewhere; its docstring and comment are not code.
+    assert module.uncalled_lines(SOURCE, {4, 7, 10, 13}) == 5
+    assert module.uncalled_lines(SOURCE, {4, 7, 10, 13, body}) == 0  # called: it stays
+    decorated = SOURCE.replace("    def method(self):", "    @staticmethod\n    def method(self):")
+    assert module.uncalled_lines(decorated, {4, 7, 10, 13}) == 6  # its decorator goes with it
