@@ -26,9 +26,9 @@ FIXED = None
 # Given by the caller (`params_from(..., field=value)`): a value the run derives from settings outside the section.
 GIVEN = "given by the caller"
 
-# Params class name -> {field: how it is derived from the section, or FIXED}, for the fields that are not a
+# Params class name -> {field: how it is derived from the section, FIXED or GIVEN}, for the fields that are not a
 # same-named setting of the section.
-NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | None]] = {
+NOT_BY_NAME: dict[str, dict[str, Callable[[Any], Any] | str | None]] = {
     "PolicyLossParams": {
         "max_len": GIVEN,  # seq_mean_token_sum_norm's constant (Dr. GRPO): Config.completion_tokens
         "kl_coef": lambda rl: 0.0 if rl.kl_penalty_in_reward else rl.kl_coef,  # then a reward penalty
