@@ -71,8 +71,8 @@ def main() -> None:
     copy = samples_from_bf16_copy(cfg.engine_precision, "cpu", shards_parameters=False)
     engine = HFEngine(model, tokenizer, max_batch_size=cfg.rl.rollout.max_batch_size, sample_in_bf16=copy)
     print("machine:", machine_summary())
-    shapes = (("held-out, greedy, fp32", held_out, sampling_params(cfg.rl, greedy=True)),
-              (f"one step's samples, {'bf16 copy' if copy else 'fp32'}", step, sampling_params(cfg.rl)))
+    shapes = (("held-out, greedy, fp32", held_out, sampling_params(cfg, greedy=True)),
+              (f"one step's samples, {'bf16 copy' if copy else 'fp32'}", step, sampling_params(cfg)))
     rows = []
     for name, ids, params in shapes:
         results = {}

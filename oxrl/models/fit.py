@@ -98,7 +98,8 @@ def training_plan(cfg: Config, devices: Devices, lora: bool | None = None, row_t
         bf16_autocast=uses_bf16(cfg.train.mixed_precision, devices.kind),
         strategy=strategy, devices=devices.count, gradient_checkpointing=cfg.model.gradient_checkpointing, lora=lora,
         # (context parallel runs oxRL's packed kernel, which builds no mask)
-        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2" and own.get("cp", 1) == 1,
+        dense_attention_mask=on_gpu and cfg.model.attn_implementation != "flash_attention_2"
+        and (mesh is None or mesh.cp == 1),
         reference=needs_reference(cfg), **own)
 
 
