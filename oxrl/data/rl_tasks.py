@@ -208,11 +208,13 @@ def plain_text(messages: list[dict[str, Any]]) -> str:
 
 
 def encode_prompts(
-    prompts: list[RLPrompt], tokenizer, *, max_tokens: int | None = None, truncation: str = "error", processor=None
+    prompts: list[RLPrompt], tokenizer, *, max_tokens: int | None = None, truncation: str = "error", processor=None,
+    completion: str = "rl.rollout.max_new_tokens",
 ) -> RLPromptBatch:
     """Token ids of each prompt, ready for generation (chat template + generation header).
 
-    With `max_tokens` (`data.max_length - rl.rollout.max_new_tokens`), a longer prompt is fitted by
+    With `max_tokens` (`data.max_length` less the completion, which `completion` names in messages), a longer
+    prompt is fitted by
     `truncation` (`data.truncation`): cut at its start (`left`, see `fit_prompt`), left out (`drop`,
     counted and logged), or a DataError naming its file, row and column (`error`, and `right`, which
     would cut the question and the generation header).
@@ -225,7 +227,7 @@ def encode_prompts(
         else:
             (rendered, text), vision = _render(prompt, tokenizer), None
         if max_tokens is not None and len(rendered) > max_tokens:
-            fitted = fit_prompt(prompt, tokenizer, max_tokens, truncation, len(rendered))
+            fitted = fit_prompt(prompt, tokenizer, max_tokens, truncation, len(rendered), completion)
             if fitted is None:
                 dropped += 1
                 continue
@@ -240,8 +242,8 @@ def encode_prompts(
     if dropped:
         logger.warning("dropped %d of %d prompts longer than %d tokens (data.truncation=drop)", dropped, len(prompts), max_tokens)
         if not kept:
-            raise ValueError(f"every prompt is longer than {max_tokens} tokens (data.max_length - rl.rollout.max_new_tokens) "
-                             "and was dropped: raise data.max_length or lower rl.rollout.max_new_tokens")
+            raise ValueError(f"every prompt is longer than {max_tokens} tokens (data.max_length less the completion, "
+                             f"{completion}) and was dropped: raise data.max_length or shorten the completion")
     return RLPromptBatch(ids, texts, [p.fields for p in kept], [p.origin for p in kept],
                          visions if any(v is not None for v in visions) else None)
 
@@ -272,7 +274,8 @@ def _render(prompt: RLPrompt, tokenizer) -> tuple[list[int], str]:
 
 
 def fit_prompt(
-    prompt: RLPrompt, tokenizer, max_tokens: int, truncation: str, length: int
+    prompt: RLPrompt, tokenizer, max_tokens: int, truncation: str, length: int,
+    completion: str = "rl.rollout.max_new_tokens",
 ) -> tuple[RLPrompt, list[int], str] | None:
     """A prompt of `length` > `max_tokens` tokens fitted by `truncation`: (the cut prompt, its ids, its text), or
     None to drop it.
@@ -287,9 +290,9 @@ def fit_prompt(
     where = (prompt.source, prompt.row, prompt.column)
     if prompt.images:
         raise DataError(*where, f"{length} tokens with its images, more than the {max_tokens} that data.max_length "
-                        "leaves after rl.rollout.max_new_tokens; a prompt with images is never cut: set "
+                        f"leaves after the completion ({completion}); a prompt with images is never cut: set "
                         "data.truncation to drop, raise data.max_length, or lower data.max_image_pixels")
-    over = f"{length} tokens, more than the {max_tokens} that data.max_length leaves after rl.rollout.max_new_tokens"
+    over = f"{length} tokens, more than the {max_tokens} that data.max_length leaves after the completion ({completion})"
     if truncation in ("error", "right"):
         fix = "set data.truncation to left (cut its start) or drop, or raise data.max_length"
         if truncation == "right":

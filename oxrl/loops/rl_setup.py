@@ -89,9 +89,15 @@ def read_prompts(cfg: Config, strategy, tokenizer, processor=None):
                          "strategy.name `deepspeed` with zero_stage 2, or one process")
     train, validation = load_prompts(cfg, rl)
     # A prompt leaves room for its completion within data.max_length; a longer one follows data.truncation.
-    first_turn = cfg.read("rl.rollout.max_new_tokens") or env.turn_tokens  # under `vla`: one action chunk
+    first_turn, completion = cfg.read("rl.rollout.max_new_tokens"), "rl.rollout.max_new_tokens"
+    if first_turn is None:  # under `vla` a turn samples one action chunk, whose length the environment sets
+        first_turn = env.turn_tokens
+        completion = f"an action chunk's {first_turn} tokens, vla.chunk x the action's dimensions"
+        if cfg.data.max_length <= first_turn:  # (the config checks rl.rollout.max_new_tokens itself)
+            raise ValueError(f"data.max_length ({cfg.data.max_length}) must exceed {completion}: a prompt gets the "
+                             "tokens the completion leaves")
     budget = {"max_tokens": cfg.data.max_length - first_turn, "truncation": cfg.data.truncation,
-              "processor": processor}
+              "processor": processor, "completion": completion}
     train, validation = encode_prompts(train, tokenizer, **budget), encode_prompts(validation, tokenizer, **budget)
     if cfg.environment is not None and (train.vision or validation.vision):
         raise ValueError("rl.env (multi-turn episodes) takes text prompts only; these prompts have images")

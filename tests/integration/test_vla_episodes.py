@@ -193,3 +193,29 @@ def test_every_camera_of_an_observation_is_in_the_prompt_and_scored(vlm):
     for completion, trainer in zip(episodes.completions, score_logprobs(model, episodes.completions, 4, 1.0)):
         assert all(len(vision.images) == 2 for vision in completion.context_vision)
         assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-5)
+
+
+def test_a_first_prompt_leaves_one_action_chunk_of_the_row_and_a_row_that_cannot_hold_one_is_refused(vlm):
+    from types import SimpleNamespace
+
+    from oxrl.config.load import load_config
+    from oxrl.data.errors import DataError
+    from oxrl.loops.rl_setup import read_prompts
+
+    _, processor = vlm
+    one_process = SimpleNamespace(shards_parameters=False, world_size=1)
+
+    def read(max_length: int):
+        cfg = load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=reach", f"vla.bins={BINS}",
+                                 "rl.task_size=2", "rl.validation_size=0", f"data.max_length={max_length}"])
+        return read_prompts(cfg, one_process, processor.tokenizer, processor)
+
+    env, train, _, _ = read(2048)
+    chunk, longest = env.turn_tokens, max(len(ids) for ids in train.prompt_ids)
+    assert chunk == 2  # reach's two joints, one action a chunk: not rl.rollout.max_new_tokens, which is not read
+    assert read(longest + chunk)[1].prompt_ids == train.prompt_ids  # the row holds the prompt and one chunk
+    with pytest.raises(DataError, match=rf"more than the {longest - 1} that data.max_length leaves after the "
+                                        rf"completion \(an action chunk's {chunk} tokens"):
+        read(longest + chunk - 1)
+    with pytest.raises(ValueError, match=rf"data.max_length \({chunk}\) must exceed an action chunk's {chunk} tokens"):
+        read(chunk)
