@@ -14,7 +14,7 @@ GRPO step time with the `hf` engine. The default is the whole prepared run (abou
   to 1e-4, and in bf16 (varlen FlashAttention) within bf16's rounding; the bf16 gradients of the packed kernel and of
   transformers' sdpa on the same row point the same way (cosine). Then the `hf` engine's compiled static-cache
   decoding against `generate` at temperature 0 on 16 left-padded rows: fp32 (TF32 off) tokens equal and log-probs
-  to 1e-4 (in bf16 the GRPO part reports the engine/trainer log-prob mismatch). `tests/test_gpu.py` asserts the
+  to 1e-4 (in bf16 the GRPO part reports the engine/trainer log-prob mismatch). `tests/system/test_gpu.py` asserts the
   same functions.
 
 What is measured. A randomly initialised model of the shape of Qwen/Qwen2.5-0.5B-Instruct (the shape

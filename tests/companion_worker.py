@@ -1,5 +1,5 @@
 """A policy and its companion (a tiny critic) trained together, under `torchrun --nproc_per_node 2` (gloo, CPU)
-for tests/test_companion_strategy.py, and in the test process on one device for the baseline.
+for tests/system/test_companion_strategy.py, and in the test process on one device for the baseline.
 
     torchrun --nproc_per_node 2 -m tests.companion_worker SCENARIO OUT_DIR
 

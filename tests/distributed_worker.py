@@ -1,4 +1,4 @@
-"""Scenarios that tests/test_distributed.py runs under `torchrun --nproc_per_node 2` (gloo, CPU).
+"""Scenarios that tests/system/test_distributed.py runs under `torchrun --nproc_per_node 2` (gloo, CPU).
 
     torchrun --nproc_per_node 2 -m tests.distributed_worker SCENARIO OUT_DIR
 

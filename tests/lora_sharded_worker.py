@@ -1,4 +1,4 @@
-"""LoRA scenarios that tests/test_lora_sharded.py runs under `torchrun --nproc_per_node 2` (gloo, CPU).
+"""LoRA scenarios that tests/system/test_lora_sharded.py runs under `torchrun --nproc_per_node 2` (gloo, CPU).
 
     torchrun --nproc_per_node 2 -m tests.lora_sharded_worker SCENARIO OUT_DIR
 

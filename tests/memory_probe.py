@@ -1,6 +1,6 @@
 """Measure the peak memory of a few SmolLM2 training steps on the CPU, in a process of its own.
 
-Run by tests/test_memory.py as `python -m tests.memory_probe TOKENS LORA CHECKPOINTING`; prints one JSON line
+Run by tests/integration/test_memory.py as `python -m tests.memory_probe TOKENS LORA CHECKPOINTING`; prints one JSON line
 with the peak resident memory above what the process held before the model loaded. The caller sets
 MALLOC_MMAP_THRESHOLD_ so that glibc hands large freed blocks back to the system: resident memory then
 follows the live tensors, which is what the estimate counts (glibc's default keeps freed blocks in its heap

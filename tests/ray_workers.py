@@ -1,4 +1,4 @@
-"""Stand-ins for tests/test_ray.py, imported inside Ray actors (so in a module of their own)."""
+"""Stand-ins for tests/system/test_ray.py, imported inside Ray actors (so in a module of their own)."""
 
 from __future__ import annotations
 

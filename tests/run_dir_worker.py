@@ -1,4 +1,4 @@
-"""Run-directory claims under `torchrun --nproc_per_node 2` (gloo, CPU), for tests/test_run_dir.py.
+"""Run-directory claims under `torchrun --nproc_per_node 2` (gloo, CPU), for tests/integration/test_run_dir.py.
 
     torchrun --nproc_per_node 2 -m tests.run_dir_worker OUT_DIR
 

@@ -2,7 +2,7 @@
 choices of every other field that names an implementation (an advantage estimator, a strategy...).
 
 The config checks names here when it loads (no torch import needed): the schema's `Literal`s are
-built from these tuples. tests/test_declared_once.py checks that the registries that implement them
+built from these tuples. tests/unit/test_declared_once.py checks that the registries that implement them
 (`oxrl.loops.objectives`, `oxrl.config.rl_presets`, `oxrl.algorithms.*`, ...) implement exactly these
 names, so a name cannot be valid in one place only. The four kinds an extension may add to
 (oxrl/extensions.py) also accept the names registered at run time (`REGISTERED`, `choices`).

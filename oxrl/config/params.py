@@ -5,7 +5,7 @@ config section, so a hyper-parameter is named once, in the dataclass and in the 
 by hand. A setting the run does not read (a `ReadOnly` rule of it does not hold, so the config refuses it
 when set) is not read here either: its field keeps the dataclass's default, which is the setting's. The
 few fields that are not a setting of that name are listed in `NOT_BY_NAME`, the one place that says
-where each comes from; a field in neither place is an error, and tests/test_declared_once.py
+where each comes from; a field in neither place is an error, and tests/unit/test_declared_once.py
 checks every such field is exposed (with the dataclass's default) or listed. Each loop names its own
 (`loss_params` in oxrl/loops/rl_update.py), so this module imports no algorithm.
 """

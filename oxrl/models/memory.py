@@ -62,7 +62,7 @@ weights; `single` shards nothing):
 
 The formula leaves out the framework itself (CUDA context and kernels, ~0.5-1 GiB per GPU; the Python
 process and its libraries on CPU) and allocator fragmentation; `fits` keeps a margin for them.
-tests/test_memory.py measures SmolLM2-135M's real peak on the CPU against it.
+tests/integration/test_memory.py measures SmolLM2-135M's real peak on the CPU against it.
 """
 
 from __future__ import annotations

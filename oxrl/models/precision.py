@@ -6,7 +6,7 @@
           extension); fp32 on any other CPU
 
 On such a CPU bf16 is the faster choice (SmolLM2-135M forward+backward on 2,048 tokens: 13-15 s against 21-26 s
-in fp32 on 2 cores), a short run's loss curve stays within 2% of fp32's (tests/test_precision.py), and the GRPO
+in fp32 on 2 cores), a short run's loss curve stays within 2% of fp32's (tests/integration/test_precision.py), and the GRPO
 demo learns as much: over six seeds its trained models average 55.8% on a common set of 256 held-out prompts
 against 56.1% in fp32 (each scored in its own precision; scoring in bf16 reads ~1.5 points higher), while the
 seed moves either by over 20 points (docs/benchmarks.md, "bf16 by default on CPUs with native bf16"). The

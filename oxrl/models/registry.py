@@ -26,7 +26,7 @@ class RegistryEntry(BaseModel):
     params_b: float = Field(gt=0, description="Parameters, in billions.")
     context: int = Field(gt=0, description="Context length in tokens.")
     modality: Literal[MODALITIES] = "text"
-    tested: bool = Field(False, description="The family is in oxRL's architecture matrix (tests/test_architectures.py).")
+    tested: bool = Field(False, description="The family is in oxRL's architecture matrix (tests/integration/test_architectures.py).")
     chat_template: str = Field("", description="What the chat template does that a trainer must know.")
     lora_targets: list[str] = Field(default_factory=list, description="Default LoRA target modules.")
     note: str = ""

@@ -4,7 +4,7 @@ The head is a `torch.nn.Linear(hidden_size, 1)` set as the submodule `value_head
 attribute assignment on the instance, no transformers code patched), so the policy's optimizer, strategy and
 checkpoints carry it like any other parameter. It reads the final hidden state, the one the LM head reads:
 `output_hidden_states=True` -> `hidden_states[-1]`, which transformers gives AFTER the final norm (checked
-for Llama in transformers 5.x by tests/test_shared_value_head.py: it equals the backbone's
+for Llama in transformers 5.x by tests/integration/test_shared_value_head.py: it equals the backbone's
 `last_hidden_state` and the LM head on it gives the logits). The values are computed in the same forward
 as the log-probs (`oxrl.models.logprobs.token_logprobs(value_head=...)`).
 

@@ -1,6 +1,6 @@
 """A run keeps its log; a failed one keeps its traceback and says how to report it; `oxrl report` turns both,
 with versions, hardware and the config, into a Markdown bug report. None of them, nor the console, holds a
-secret (the judge's key end to end: tests/test_judge_hostile.py)."""
+secret (the judge's key end to end: tests/integration/test_judge_hostile.py)."""
 
 from __future__ import annotations
 

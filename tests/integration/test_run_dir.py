@@ -1,6 +1,6 @@
 """The run directory: one run at a time, no silent clobbering, honest resume, one-line write errors.
 
-Runs go through `oxrl train` (tests/test_runner.py's tiny model and chat file: ~2 s a run).
+Runs go through `oxrl train` (tests/integration/test_runner.py's tiny model and chat file: ~2 s a run).
 """
 
 import errno

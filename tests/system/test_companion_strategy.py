@@ -3,7 +3,7 @@ schedule and non-finite count, checkpointed in `<checkpoint>/critic/` with the p
 on one device and under torchrun (FSDP2, DeepSpeed ZeRO-3) where 1 rank == 2 ranks.
 
 The torchrun runs are scenarios of tests/companion_worker.py, compared with the same training in
-this process on one device (tolerances as in tests/test_distributed.py: 1e-5 between 1 and 2 ranks,
+this process on one device (tolerances as in tests/system/test_distributed.py: 1e-5 between 1 and 2 ranks,
 which differ in summation order only; 1e-6 between a resumed run and the uninterrupted one).
 """
 

@@ -1,7 +1,7 @@
 """LoRA under FSDP2 and DeepSpeed ZeRO: 2 ranks == 1 rank, and the saved folders are the trained policy.
 
 Each `distributed` test reads a scenario of tests/lora_sharded_worker.py, launched once per module
-under `torchrun --nproc_per_node 2` (gloo, CPU, as in tests/test_distributed.py), and compares it
+under `torchrun --nproc_per_node 2` (gloo, CPU, as in tests/system/test_distributed.py), and compares it
 with the same LoRA run on one device in this process. Tolerance 1e-5 absolute (fp32; the runs differ
 in summation order only).
 """

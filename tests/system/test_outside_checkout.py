@@ -3,7 +3,7 @@ built from the checkout, installed in a fresh virtual environment, runs `oxrl do
 from another directory, and refuses a run whose optional package is missing in one line, before the model loads.
 
 The fresh environment reuses this one's installed packages (a folder of links to them, minus oxRL itself and
-math-verify) instead of downloading them: the test runs offline in about half a minute. tests/test_wheel.py
+math-verify) instead of downloading them: the test runs offline in about half a minute. tests/system/test_wheel.py
 (slow) installs the wheel with its dependencies from the package index.
 """
 

@@ -38,7 +38,7 @@ def head(tmp_path_factory):
     ray_cli = Path(sys.executable).parent / "ray"
     port = free_port()
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in _env().items():  # also for the drivers tests/test_rl_resume.py starts
+        for key, value in _env().items():  # also for the drivers tests/system/test_rl_resume.py starts
             patch.setenv(key, value)
         subprocess.run([str(ray_cli), "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false",
                         "--disable-usage-stats"], check=True, capture_output=True, timeout=120)

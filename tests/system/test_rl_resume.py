@@ -58,7 +58,7 @@ def checkpointed_every_2_steps(cfg, resume: str | bool):
 
 def train_tiny_grpo(tmp_path: Path, run_name: str, resume: str | bool = False, algorithm: str = "grpo"):
     """GRPO (or PPO, whose critic is checkpointed too) on the tiny model and the `share_of_sevens` reward of
-    tests/test_rl_loop.py, in this process."""
+    tests/integration/test_rl_loop.py, in this process."""
     import torch
 
     from oxrl.training.strategy import SingleDevice

@@ -1,4 +1,4 @@
-"""Metrics go to metrics.jsonl and a PNG plot (trackers: tests/test_trackers.py)."""
+"""Metrics go to metrics.jsonl and a PNG plot (trackers: tests/integration/test_trackers.py)."""
 
 import pytest
 

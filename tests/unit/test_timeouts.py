@@ -1,5 +1,5 @@
 """A user reward that hangs is cut off by `rl.reward_timeout_s` with an error naming it; the run stops.
-(Collective timeouts across ranks: tests/test_distributed.py, `test_a_lost_rank_...`.)"""
+(Collective timeouts across ranks: tests/system/test_distributed.py, `test_a_lost_rank_...`.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 vLLM's CPU attention needs a head size it has kernels for (32, 64, ...), so the model is 2 heads of 32.
 The tokenizer is a real `tokenizers` word-level one over the numbers 4..127 ("7 12 7"), so vLLM can
-detokenize for stop strings and rewards can read words, as in tests/test_rl_loop.py.
+detokenize for stop strings and rewards can read words, as in tests/integration/test_rl_loop.py.
 
 Tests re-point the shared engine at their own model with `engine.sync_weights(model)`: a sync writes
 every weight, so any model of this architecture (plain or LoRA) can be loaded into it.

@@ -1,0 +1,63 @@
+"""Every test file (and `path.py::name` test id) that the docs or the code cite exists.
+
+Tests moved into tiers (tests/unit, tests/integration, tests/system) once and left 29 citations pointing at
+files that were gone; a reader who follows one finds nothing. This reads every place a citation can sit.
+"""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Where citations live: the README, the docs pages, the package (code, registry YAML), benchmarks, examples,
+# scripts and the tests' own docstrings and comments.
+CITING = ("README.md", "docs/*.md", "oxrl/**/*", "benchmarks/*.py", "examples/**/*", "scripts/*", "tests/**/*.py")
+TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".sh", ".toml", ".txt", ".json", ".jsonl", ""}
+
+# A path starts at `tests/` (not inside a longer path such as `foo/tests/`) and ends in `.py`, with an optional
+# pytest id after `::`.
+CITATION = re.compile(r"(?<![\w/.-])(tests/[\w/.-]+?\.py)(?!\w)(?:::(\w+))?")
+
+
+def citations(text: str) -> list[tuple[str, str | None]]:
+    """(path, test name or None) for each test file cited in `text`."""
+    return [(match.group(1), match.group(2)) for match in CITATION.finditer(text)]
+
+
+def defines(source: str, name: str) -> bool:
+    """Whether a test module defines a function or class called `name` at its top level."""
+    return re.search(rf"^(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", source, re.MULTILINE) is not None
+
+
+def citing_files() -> list[Path]:
+    found = set()
+    for pattern in CITING:
+        for path in ROOT.glob(pattern):
+            # This file's own sample citations are made up on purpose.
+            if path == Path(__file__).resolve() or "__pycache__" in path.parts:
+                continue
+            if path.is_file() and path.suffix in TEXT_SUFFIXES:
+                found.add(path)
+    return sorted(found)
+
+
+def test_citation_pattern_finds_paths_and_ids():
+    text = "see tests/unit/test_a.py and `tests/system/test_b.py::test_c`, not src/tests/test_d.py or tests/x.pyc"
+    assert citations(text) == [("tests/unit/test_a.py", None), ("tests/system/test_b.py", "test_c")]
+
+
+def test_every_cited_test_path_exists():
+    missing = []
+    scanned = citing_files()
+    assert ROOT / "README.md" in scanned and ROOT / "oxrl" / "models" / "registry.yaml" in scanned
+    for path in scanned:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            for cited, name in citations(line):
+                where = f"{path.relative_to(ROOT)}:{line_number}"
+                target = ROOT / cited
+                if not target.is_file():
+                    missing.append(f"{where}: {cited} does not exist")
+                elif name is not None and not defines(target.read_text(encoding="utf-8"), name):
+                    missing.append(f"{where}: {cited} has no test {name}")
+    assert not missing, "cited test paths that do not exist:\n" + "\n".join(missing)
