@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 def lora_first(cfg: Config) -> bool:
     """LoRA when a full fine-tune would not fit this machine and LoRA would (oxrl.models.fit.choose_lora).
-    Only in one process: LoRA does not train sharded yet, and under torchrun the ranks share the memory."""
+    Only in one process: under torchrun the ranks share the machine's memory, which this one-device estimate does
+    not weigh (LoRA itself trains sharded: docs/distributed.md)."""
     from oxrl.models.fit import choose_lora, run_devices
     from oxrl.models.source import ModelNotFoundError
 

@@ -44,7 +44,7 @@ def format_catalog(registry_files: list[str] = ()) -> str:
         "",
         f"SFT columns: the first layout that fits, from the memory estimate (oxrl/models/memory.py) for the `{CATALOG_TASK}` "
         "task's micro-batch (halved until it fits), bf16: full = full fine-tune, +ckpt = activation checkpointing, "
-        "no = does not fit. 8x80GB shards with FSDP2 (LoRA trains in one process only so far).",
+        "no = does not fit. 8x80GB shards with FSDP2, full fine-tunes only (LoRA trains sharded too, but is not picked there yet).",
         "matrix: the family is in oxRL's architecture matrix (tests/integration/test_architectures.py).",
         "No recipe: " + "; ".join(f"{e.name}: {e.unsupported}" for e in entries if e.unsupported),
         "A ready config: oxrl recipe MODEL --task math --gpus 8x80GB.  A new model: oxrl onboard MODEL.",

@@ -78,7 +78,7 @@ def layouts(tree: dict, shape: ModelShape, devices: Devices, lora_targets: list[
     micro_batch = load_config(None, base=tree).train.micro_batch_size_per_device
     for lora, checkpointing in LAYOUTS:
         if lora and devices.count > 1:
-            continue  # LoRA trains in one process only so far (oxrl/training/build.py refuses it sharded)
+            continue  # LoRA trains sharded (tests/system/test_lora_sharded.py), but recipes do not pick it there yet
         for micro in _halvings(micro_batch):
             candidate = copy.deepcopy(tree)
             apply_override(candidate, ["train", "micro_batch_size_per_device"], micro)

@@ -84,7 +84,7 @@ class RewardLoadError(ValueError):
 
 
 class RewardTimeoutError(RewardError):
-    """A reward call ran past its time limit. It always stops the run (`on_error` does not apply): the
+    """A reward call ran past its time limit. It always stops the run (`rl.on_reward_error` does not apply): the
     call cannot be stopped, only abandoned, and it keeps its thread and CPU."""
 
 

@@ -304,7 +304,7 @@ class BoundReward:
         if isinstance(error, ImportError):
             advice = "install the missing package"
         else:
-            advice = "fix the reward or the data; with `on_error: zero` such samples score 0 and are counted instead"
+            advice = "fix the reward or the data; with `rl.on_reward_error: zero` such samples score 0 and are counted instead"
         return (
             f"reward {self.label!r} failed on {where}{origin}: {cause}; "
             f"prompt {_excerpt(batch.prompts[index])!r}, completion {_excerpt(batch.completions[index])!r}, "

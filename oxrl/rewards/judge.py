@@ -28,11 +28,11 @@ which helps and guarantees nothing (docs/rewards.md).
 
 A reply that does not parse is never scored 0 silently: the whole batch is judged first (every reply
 that parses is cached), then `JudgeParseError` is raised with the reply and the sample. `oxrl.rewards.combine`
-then scores the batch one sample at a time, and stops the run or counts the failures (`on_error`); the judge
+then scores the batch one sample at a time, and stops the run or counts the failures (`rl.on_reward_error`); the judge
 decodes greedily, so a reply that did not parse is remembered (in memory, never in the cache file) and not asked
 again. When more than `max_unparsed_fraction` of a batch's judgements do not parse (default: half), the judge does
 not follow its rubric and no later batch would do better: `JudgeUnusableError` stops the run at once, naming the
-judge and its first reply, whatever `on_error` says. Every setting is checked by `preflight`, when the reward is built, and the
+judge and its first reply, whatever `rl.on_reward_error` says. Every setting is checked by `preflight`, when the reward is built, and the
 local model loads there, before the policy does; `judge_for` keeps one judge per settings for the process.
 
 The settings and default rubrics are in `oxrl.rewards.judge_settings`, the backends in

@@ -75,9 +75,9 @@ class JudgeSettings:
     concurrency: int = 8  # HTTP requests in flight
     max_reply_bytes: int = MAX_REPLY_BYTES  # a larger HTTP reply is refused (an error), never read whole
     cache_path: str | None = None  # JSONL of judgements, read at start and appended to
-    # A batch in which a larger share of the judgements do not parse stops the run at once, whatever `on_error`
+    # A batch in which a larger share of the judgements do not parse stops the run at once, whatever `rl.on_reward_error`
     # says: the judge does not follow its rubric (too small a model, too few tokens), and every later batch would fail
-    # alike. 1.0: never (each failure is then handled by `on_error`).
+    # alike. 1.0: never (each failure is then handled by `rl.on_reward_error`).
     max_unparsed_fraction: float = 0.5
 
     @classmethod

@@ -105,6 +105,19 @@ def test_a_raising_reward_stops_the_run_and_shows_the_sample():
     assert "What is 1/0?" in message and "infinity" in message and "answer='0'" in message
 
 
+def test_a_raising_rewards_advice_names_the_setting_a_config_can_set():
+    import re
+
+    from oxrl.config.load import load_config
+
+    with pytest.raises(RewardError) as caught:
+        build_reward_fn(["tests.unit.test_rewards_combine:divide"])(["p"], ["c"], [{"answer": "0"}])
+    [(section, key, value)] = re.findall(r"with `(\w+)\.(\w+): (\w+)` such samples score 0", str(caught.value))
+    # The advice is followed as written: the key it names loads, and with that value.
+    tree = {"model": {"name_or_path": "m"}, "algorithm": {"name": "grpo"}, section: {key: value}}
+    assert getattr(getattr(load_config(None, base=tree), section), key) == value == "zero"
+
+
 def test_on_error_zero_scores_zero_counts_and_logs(caplog):
     reward_fn = build_reward_fn([RewardSpec("tests.unit.test_rewards_combine:divide", on_error="zero")])
     with caplog.at_level(logging.WARNING):
