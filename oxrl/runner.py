@@ -87,17 +87,22 @@ def write_config(cfg: Config, run_dir: Path, is_main: bool) -> None:
 
 def config_summary(cfg: Config, run_dir: Path) -> str:
     """Two lines: where the run and its whole config are, and what it runs with the settings that differ from
-    the defaults (a whole config is some 180 lines, too many to read at every start)."""
+    the defaults (a whole config is some 180 lines, too many to read at every start). A `vla` run gets a third, its
+    whole `vla` section: the section's defaults (bins, chunk, reward) shape the run as much as what was changed."""
     from oxrl.config.load import model_name, non_default_settings
 
     skipped = {"run.name", "run.output_dir", "algorithm.name", "model.name_or_path"}  # said on the first line
-    changed = ", ".join(f"{key}={_short(value)}" for key, value, _ in non_default_settings(cfg) if key not in skipped)
+    changed = ", ".join(f"{key}={_short(value)}" for key, value, _ in non_default_settings(cfg)
+                        if key not in skipped and key.split(".")[0] != "vla")
+    vla = "\n  vla: " + ", ".join(f"{k}={_short(v)}" for k, v in cfg.vla.model_dump(mode="json").items()) if cfg.vla else ""
     return (f"run directory {run_dir} (the whole config: {run_dir / 'config.yaml'})\n"
-            f"  {cfg.algorithm.name} on {model_name(cfg)}; changed from the defaults: {changed or 'nothing'}")
+            f"  {cfg.algorithm.name} on {model_name(cfg)}; changed from the defaults: {changed or 'nothing'}{vla}")
 
 
 def _short(value, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    """At most `limit` characters on one line: a string's newlines and other control characters (a prompt
+    template's) are escaped as JSON escapes them (`\\n`), its quotes dropped."""
+    text = json.dumps(value, ensure_ascii=False)[1:-1] if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
