@@ -24,13 +24,22 @@ Anything else is a ValueError when the row is parsed (stdin/stdout tests cover o
 a test mean, in order: what the test imports or binds itself (comprehension variables, lambda
 arguments, `:=`), a builtin, a standard-library module used as `module.attr` (`math.isclose` works
 without an import), else a name of the program. So a program that defines its own `sum` does not turn
-the test's `sum(...)` into a call to it. A probe cannot use a name the test binds itself
+the test's `sum(...)` into a call to it. Two exceptions close the tests that any program would pass:
+a test that names nothing of the program but calls builtins (`assert max([1, 5, 3]) == 5`, the task
+being "write max") takes each builtin it calls as the program's function of that name: the probe is
+the outermost such call, evaluated in the program's namespace, and it fails unless the program itself
+defines the name (so `isinstance(max(x), int)` would need the program's `isinstance`: compare the value
+instead). A test that calls nothing of the program even so (its names are its imports, standard-library
+modules or builtins it does not call: `from math import gcd; assert gcd(4, 6) == 2`) is a ValueError,
+unless every assert is the literal `assert True`. A program name passed as it is to a call of the
+test's (`list(map(square, xs))`, `sorted(xs, key=k)`) is a ValueError too: a function cannot cross as
+plain data. A probe cannot use a name the test binds itself
 (`all(f(i) == i * i for i in range(5))` would need the test's values in the program's process): that
 is a ValueError too; write one assert per case. Phase 1 evaluates every probe of a test, also those
 that `and`/`or` would have skipped. A probe whose value is not plain data (an object of the program's
 class, a numpy array, a function), or whose encoding exceeds the sandbox's output limit
-(`max_output_bytes`), fails, as does a test whose assert needs it. A test without probes (`assert True`)
-passes when the program runs to its end.
+(`max_output_bytes`), fails, as does a test whose assert needs it. A test of only `assert True` passes when
+the program runs to its end.
 
 What it does not change: a probe's value is whatever the program makes it, method calls on what it
 returns included, so `assert is_valid(x)` or `assert f(x).startswith("a")` is won by anything that
@@ -71,6 +80,9 @@ class AssertTest:
     program_imports: str  # run in the program's namespace before the probes
     checks: tuple[str, ...]  # each assert's condition, probe k replaced by `_oxrl_probe(k)` (phase 2)
     checker_imports: str  # run in the checker's namespace before the checks
+    # Per probe: the builtin name it calls that the program must define itself (a test of a task that
+    # shadows a builtin: `assert max([1, 5]) == 5`), or None.
+    own_names: tuple[str | None, ...]
 
 
 def stopped_by_limit(result: SandboxResult) -> bool:
@@ -104,7 +116,13 @@ def parse_assert_test(snippet: str, index: int) -> AssertTest:
     names = _Names(imports, asserts)
     if PROBE_FUNCTION in names.used:
         raise ValueError(f"{where} uses the name {PROBE_FUNCTION}, which the code harness reserves")
-    splitter = _ProbeSplitter(names)
+    if not names.program and not all(_is_literal_true(statement) for statement in asserts):
+        raise ValueError(
+            f"{where} calls nothing of the program: every name it uses is its own, imported, a builtin it does not "
+            "call, or a standard-library module, so it would pass for any program. Call the task's function in "
+            "each test (a name the test imports is the import's, not the program's); only `assert True` may call nothing"
+        )
+    splitter = _ProbeSplitter(names, where)
     conditions = [splitter.visit(statement.test) for statement in asserts]  # the probes cut out
     for probe in splitter.probes:
         _check_probe(probe, names, where)
@@ -114,7 +132,19 @@ def parse_assert_test(snippet: str, index: int) -> AssertTest:
         program_imports=_imports_source(imports, names.modules_in(splitter.probes)),
         checks=tuple(ast.unparse(condition) for condition in conditions),
         checker_imports=_imports_source(imports, names.modules_in(conditions)),
+        own_names=tuple(_root(probe) if _root(probe) in names.shadowed else None for probe in splitter.probes),
     )
+
+
+def _is_literal_true(statement: ast.Assert) -> bool:
+    return isinstance(statement.test, ast.Constant) and statement.test.value is True
+
+
+def _root(probe: ast.expr) -> str | None:
+    """The name a probe's chain of attributes, calls and subscripts starts from."""
+    while isinstance(probe, (ast.Attribute, ast.Call, ast.Subscript)):
+        probe = probe.func if isinstance(probe, ast.Call) else probe.value
+    return probe.id if isinstance(probe, ast.Name) else None
 
 
 def _check_import(statement: ast.Import | ast.ImportFrom, where: str) -> None:
@@ -155,6 +185,17 @@ class _Names:
             if name in sys.stdlib_module_names and all(id(node) in attribute_bases for node in loads if node.id == name)
         }
         self.program = self.used - self.imported - self.local - set(vars(builtins)) - self.modules
+        # A test that names nothing of the program but calls builtins tests a task that shadows them
+        # (`assert max([1, 5, 3]) == 5` for "write max"): each builtin it calls is the program's function
+        # of that name, which the program must define (phase 1 fails the call otherwise), never the builtin.
+        self.shadowed: set[str] = set()
+        if not self.program:
+            self.shadowed = {
+                node.func.id for statement in asserts for node in ast.walk(statement.test)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in vars(builtins) and node.func.id not in self.imported | self.local
+            }
+            self.program = set(self.shadowed)
 
     def modules_in(self, trees: Sequence[ast.AST]) -> list[str]:
         found = {node.id for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Name)}
@@ -179,15 +220,31 @@ def _bound_inside(tree: ast.AST) -> set[str]:
 class _ProbeSplitter(ast.NodeTransformer):
     """Replaces each maximal program-side subexpression with `_oxrl_probe(k)`, collecting it as probe k."""
 
-    def __init__(self, names: _Names) -> None:
+    def __init__(self, names: _Names, where: str) -> None:
         self.names = names
+        self.where = where
         self.probes: list[ast.expr] = []
 
     def visit(self, node: ast.AST) -> ast.AST:
         if isinstance(node, ast.expr) and self._program_side(node):
             self.probes.append(node)
             return ast.Call(ast.Name(PROBE_FUNCTION, ast.Load()), [ast.Constant(len(self.probes) - 1)], [])
+        if isinstance(node, ast.Call):
+            self._check_arguments(node)
         return super().visit(node)
+
+    def _check_arguments(self, call: ast.Call) -> None:
+        # A program name handed to the checker's call as it is (`map(square, xs)`, `sorted(xs, key=k)`)
+        # would cross from the program as a value, and a function is not plain data: the test could never pass.
+        # (`*xs` is left alone: a function cannot be unpacked, so what is unpacked is data.)
+        for value in [*call.args, *(keyword.value for keyword in call.keywords if keyword.arg is not None)]:
+            if isinstance(value, ast.Name) and value.id in self.names.program:
+                raise ValueError(
+                    f"{self.where}: `{ast.unparse(call):.80}` passes the program's {value.id!r} itself to a call; "
+                    "values cross from the program as plain data, so a function passed this way (`map(f, xs)`, "
+                    f"`key=f`) could never pass. Call it in the assert instead (`assert {value.id}(2) == 4`, one "
+                    f"assert per case); a value of the program's can be compared as it is (`assert {value.id} == ...`)"
+                )
 
     def _program_side(self, node: ast.expr) -> bool:
         # Only a chain rooted at a program name: an operator, comparison or literal around a program
@@ -223,7 +280,8 @@ def count_passed(program: str, tests: Sequence[AssertTest], limits: SandboxLimit
     """How many of `tests` the program passes: phase 1 once per test, then phase 2 once for all of them."""
     records: list[str] = []
     for test in tests:
-        request = {"program": program, "imports": test.program_imports, "probes": list(test.probes)}
+        request = {"program": program, "imports": test.program_imports, "probes": list(test.probes),
+                   "own_names": list(test.own_names)}
         result = run_python(_script("harness_run.py"), stdin=json.dumps(request), limits=limits)
         if stopped_by_limit(result):
             break  # this test fails, and the rest are not run

@@ -2,8 +2,10 @@
 
 Standard library only: `code_harness` runs `harness_codec.py` + this file as the sandboxed program.
 It reads one JSON object from stdin, {"program": source, "imports": source, "probes": [expression,
-...]}: the program, the test's import statements and the test's calls into the program (`add(1, 2)`,
-`Solution().solve([3, 1])`). Never an assert, never an expected value: there is nothing here for the
+...], "own_names": [name or null, ...]}: the program, the test's import statements, the test's calls
+into the program (`add(1, 2)`, `Solution().solve([3, 1])`) and, per call, the builtin name it calls
+that the program must define itself (a task that shadows `max`: without its own `max`, the call
+fails rather than reach the builtin). Never an assert, never an expected value: there is nothing here for the
 program to read them from. It runs the program as `__main__` in a fresh namespace (a SystemExit with
 status 0 or None from its top level ends it normally), runs the imports there, evaluates each probe
 and writes to the stdout it started with, one line each:
@@ -71,7 +73,11 @@ def main() -> None:
             emit(f"E {index} {type(error).__name__}")
         return
     for index, source in enumerate(request["probes"]):
-        emit(evaluate(index, source, namespace))
+        own = request["own_names"][index]
+        if own is not None and own not in namespace:
+            emit(f"E {index} NameError")  # the builtin of that name is not the program's answer
+        else:
+            emit(evaluate(index, source, namespace))
 
 
 if __name__ == "__main__":

@@ -316,6 +316,10 @@ def test_three_tests_cost_four_sandbox_runs(monkeypatch):
     ("assert sum(f(2)) == 3", ["f(2)"], ["sum(_oxrl_probe(0)) == 3"]),  # a builtin is the builtin
     ("assert f(3) == 9, 'the message is not evaluated'", ["f(3)"], ["_oxrl_probe(0) == 9"]),
     ("assert True", [], ["True"]),
+    # nothing of the program but builtins called: the outermost call is the program's function of that name
+    ("assert max([1, 5, 3]) == 5", ["max([1, 5, 3])"], ["_oxrl_probe(0) == 5"]),
+    ("assert sum(range(5)) == 10 and round(2.5) == 2", ["sum(range(5))", "round(2.5)"],
+     ["_oxrl_probe(0) == 10 and _oxrl_probe(1) == 2"]),
 ])
 def test_the_split(snippet, probes, checks):
     test = parse_assert_test(snippet, 0)
@@ -338,11 +342,50 @@ def test_imports_go_where_they_are_used():
     ("import math", "has no assert statement"),
     ("assert f(1) ==", "is not valid Python"),
     ("assert _oxrl_probe(0)", "reserves"),
+    # tests that any program passes: they call nothing of it
+    ("from math import gcd\nassert gcd(4, 6) == 2", "calls nothing of the program"),
+    ("import math\nassert math.gcd(4, 6) == 2", "calls nothing of the program"),
+    ("assert 1 + 1 == 2", "calls nothing of the program"),
+    ("assert True\nassert not False", "calls nothing of the program"),
+    ("assert max == max", "calls nothing of the program"),
+    # a function of the program's passed to the test's own call cannot cross as plain data
+    ("assert list(map(square, [1, 2])) == [1, 4]", "passes the program's 'square' itself to a call"),
+    ("assert sorted([3, 1], key=k) == [1, 3]", "passes the program's 'k' itself to a call"),
+    ("assert f(*xs) == 1\nassert max(a=1, key=k)", "passes the program's 'k' itself"),
 ])
 def test_unsupported_tests_are_refused_when_parsed(snippet, message):
     with pytest.raises(ValueError, match=message) as caught:
         parse_assert_test(snippet, 4)
     assert "field 'tests', item 4" in str(caught.value)
+
+
+def test_the_program_must_define_a_shadowed_builtin_itself():
+    assert parse_assert_test("assert max([1, 5]) == 5\nassert max([2]) != 1", 0).own_names == ("max", "max")
+    # The outermost call is the program's: a builtin wrapped around the task's needs the program's own too.
+    assert parse_assert_test("assert abs(max([2]) - 2) < 1", 0).own_names == ("abs",)
+    assert parse_assert_test("assert sum(f(2)) == 3", 0).own_names == (None,)  # with a program name, builtins are builtins
+
+
+@needs_sandbox
+def test_a_test_of_a_builtin_named_task_is_scored_against_the_programs_own_function():
+    tests = ["assert max([1, 5, 3]) == 5", "assert max([-1, -4]) == -1"]
+    assert score("x = 1", tests) == 0.0  # the builtin would pass both
+    assert score("from builtins import min as max", tests) == 0.0  # the program's max, and a wrong one
+    assert score("def max(xs):\n    best = xs[0]\n    for x in xs:\n        best = x if x > best else best\n"
+                 "    return best", tests) == 1.0
+    assert score("def max(xs):\n    return xs[0]", tests) == 0.5
+
+
+@needs_sandbox
+def test_a_row_whose_test_calls_nothing_of_the_program_is_refused_naming_the_row():
+    from oxrl.rewards.base import RewardError
+    from oxrl.rewards.combine import RewardSpec, build_reward_fn
+
+    reward = build_reward_fn([RewardSpec("code", kwargs=FAST)])
+    rows = [{"tests": ADD_TESTS}, {"tests": ["from math import gcd\nassert gcd(4, 6) == 2"]}]
+    with pytest.raises(RewardError, match=r"mbpp.jsonl row 8.*field 'tests', item 0 .*calls nothing of the program"):
+        reward(["p", "p"], [fenced("def add(a, b):\n    return a + b")] * 2, fields=rows,
+               origins=["mbpp.jsonl row 7", "mbpp.jsonl row 8"])
 
 
 def test_parse_tests_refuses_an_unsupported_assert_before_anything_runs():
