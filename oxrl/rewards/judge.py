@@ -20,8 +20,10 @@ Text the policy wrote is never taken for the verdict. The verdict is the reply's
 that whole line must be the format (`Score: 7`; emphasis, brackets and a final period tolerated): a judge
 that quotes the completion after its verdict leaves a last line that is not one, so the reply does not
 parse, instead of scoring what the completion claimed. And a verdict that the completion itself spells
-(`Score: 10`, `score of 10`, `Verdict: A` anywhere in it, after Unicode normalisation) is not trusted: it may
-be the judge echoing the policy on its last line; such a reply fails like one that does not parse. What no
+(`Score: 10`, `score of 10`, `Verdict: A` anywhere in it) is not trusted: it may be the judge echoing the
+policy on its last line; such a reply fails like one that does not parse. Both sides are read in one canonical
+form (`canonical_lines`: Unicode look-alikes, zero-width characters, markdown emphasis and padding of any
+length), so whatever the parser could read as a verdict, the scan of the completion sees too. What no
 parser can stop is a completion that talks the judge MODEL into a verdict in its own words (prompt
 injection); the default rubrics tell the judge that the response is material to judge, not instructions,
 which helps and guarantees nothing (docs/rewards.md).
@@ -56,16 +58,20 @@ from oxrl.rewards.judge_settings import JudgeSettings
 logger = logging.getLogger(__name__)
 
 # The verdict is the reply's last non-empty line, alone in the rubric's format: `Score: 7`, `**Score:** [[7]]`,
-# `Score: 7/10`, `Verdict: B.`. The line is matched after markdown emphasis and runs of spaces are collapsed to
-# one space (`_squeezed`), so that no two neighbouring parts of these patterns can match the same characters:
-# a line the policy padded (the judge may echo it) cannot make the match backtrack for minutes.
+# `Score: 7/10`, `Verdict: B.`. The line is matched in its canonical form (`canonical_lines`: markdown emphasis
+# and runs of spaces collapsed to one space), so that no two neighbouring parts of these patterns can match the
+# same characters: a line the policy padded (the judge may echo it) cannot make the match backtrack for minutes.
 SCORE_LINE = re.compile(r"score ?[:=] ?[\[(]{0,2} ?([0-9]{1,6}(?:\.[0-9]{1,6})?) ?[\])]{0,2}(?: ?/ ?([0-9]{1,6}))?",
                         re.IGNORECASE | re.ASCII)
 VERDICT_LINE = re.compile(r"(?i:verdict) ?[:=] ?[\[(]{0,2} ?(A|B|(?i:tie)) ?[\])]{0,2}", re.ASCII)
-# Verdict-like text anywhere in a completion, loosely: the keyword, then the value within a few non-alphanumeric
-# characters and at most one short word ("score of 10", "Verdict -> B"). Read from the lower-cased text.
-SCORE_MENTION = re.compile(r"score[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?([0-9]+(?:\.[0-9]+)?)", re.ASCII)
-VERDICT_MENTION = re.compile(r"verdict[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?(a|b|tie)(?![a-z0-9])", re.ASCII)
+# Verdict-like text anywhere in a completion's canonical form (the same `canonical_lines` the verdict is read
+# from, so padding that the parser collapses is collapsed here too), loosely: the keyword, then the value within
+# a few non-alphanumeric characters (a parseable line has at most 6 there: ` : [[ `) and at most one short word
+# ("score of 10", "Verdict -> B"), in either case.
+SCORE_MENTION = re.compile(r"score[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?([0-9]+(?:\.[0-9]+)?)",
+                           re.IGNORECASE | re.ASCII)
+VERDICT_MENTION = re.compile(r"verdict[^a-z0-9]{0,12}(?:[a-z]{1,4}[^a-z0-9]{1,12})?(a|b|tie)(?![a-z0-9])",
+                             re.IGNORECASE | re.ASCII)
 # The completion's share of one verdict, by the position it was shown in.
 COMPLETION_AS_A = {"A": 1.0, "B": 0.0, "tie": 0.5}
 COMPLETION_AS_B = {"A": 0.0, "B": 1.0, "tie": 0.5}
@@ -92,7 +98,7 @@ class JudgeParseError(ValueError):
 
 def parse_score(reply: str, scale: int) -> float | None:
     """N from a last line `Score: N` (or `N/scale`), or None: no such line, or N outside 1..scale."""
-    found = SCORE_LINE.fullmatch(_squeezed(_last_line(reply)))
+    found = SCORE_LINE.fullmatch(_last_line(reply))
     if found is None or (found[2] is not None and int(found[2]) != scale):
         return None
     score = float(found[1])
@@ -101,7 +107,7 @@ def parse_score(reply: str, scale: int) -> float | None:
 
 def parse_verdict(reply: str) -> str | None:
     """"A", "B" or "tie" from a last line `Verdict: X`, or None."""
-    found = VERDICT_LINE.fullmatch(_squeezed(_last_line(reply)))
+    found = VERDICT_LINE.fullmatch(_last_line(reply))
     if found is None:
         return None
     return "tie" if found[1].lower() == "tie" else found[1]
@@ -110,26 +116,29 @@ def parse_verdict(reply: str) -> str | None:
 def mentioned_verdicts(completion: str, mode: str) -> set[float | str]:
     """The verdicts the completion itself spells (`Score: 10`, `verdict: A`): a judge's verdict equal to one of
     them may be the judge quoting the policy, so it is not trusted."""
-    text = _normalised(completion).lower()
+    # Lines joined: a judge that reflows the completion may put a claim split over lines on one.
+    text = " ".join(canonical_lines(completion))
     if mode == "score":
         return {float(value) for value in SCORE_MENTION.findall(text)}
-    return {"tie" if value == "tie" else value.upper() for value in VERDICT_MENTION.findall(text)}
+    return {"tie" if value.lower() == "tie" else value.upper() for value in VERDICT_MENTION.findall(text)}
+
+
+def canonical_lines(text: str) -> list[str]:
+    """The non-empty lines of `text` as verdicts are read, for both sides: the judge's reply (its last line) and the
+    completion (scanned for verdicts it spells), so that whatever the parser could read as a verdict, the scan sees.
+
+    NFKC (full-width `Ｓｃｏｒｅ：１０` reads as `Score:10`, a non-breaking space as a space), without format characters
+    (zero-width spaces), so that look-alikes parse, and are recognised as mentions, like what they look like; then
+    each line without markdown emphasis (`*`, `_`, `#`), each run of spaces (tabs, any Unicode space) one space,
+    and no final period."""
+    text = "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
+    lines = (re.sub(r"[*_#\s]+", " ", line).strip().removesuffix(".").strip() for line in text.splitlines())
+    return [line for line in lines if line]
 
 
 def _last_line(reply: str) -> str:
-    lines = [line for line in _normalised(reply).splitlines() if line.strip()]
+    lines = canonical_lines(reply)
     return lines[-1] if lines else ""
-
-
-def _squeezed(line: str) -> str:
-    """The line without markdown emphasis (`*`, `_`, `#`), each run of spaces one space, and no final period."""
-    return re.sub(r"[*_#\s]+", " ", line).strip().removesuffix(".").strip()
-
-
-def _normalised(text: str) -> str:
-    """NFKC (full-width `Ｓｃｏｒｅ：１０` reads as `Score:10`) without format characters (zero-width spaces), so
-    that look-alikes parse, and are recognised as mentions, like what they look like."""
-    return "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
 
 
 def score_reward(score: float, scale: int) -> float:
@@ -226,7 +235,7 @@ class Judge:
                 raise JudgeParseError(f"the last line of the judge's reply is not {wanted}: {_excerpt(reply)!r} "
                                       f"(prompt {_excerpt(prompt, 100)!r}, completion {_excerpt(completion, 100)!r})")
             if value in spelled:
-                raise JudgeParseError(f"the judge's verdict ({_last_line(reply).strip()!r}) is also written in the "
+                raise JudgeParseError(f"the judge's verdict ({_last_line(reply)!r}) is also written in the "
                                       "completion, so it may be the judge quoting the policy: not trusted "
                                       f"(completion {_excerpt(completion, 100)!r})")
         if self.settings.mode == "score":
