@@ -4,8 +4,9 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
 `vla.env` names one:
 - `reach`: built in (numpy only, about 50 us a step). A point agent in the unit square must reach the corner the
   instruction names; the frame shows the agent and the target. Fast enough for tests, and a tiny model learns it.
-- `pusht`: LeRobot's PushT (`gym-pusht` from PyPI, `pip install 'oxrl[vla]'`): push a T-shaped block onto a
-  target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's position as the state.
+- `pusht`: LeRobot's PushT (`pip install 'gym-pusht>=0.1.8'`, or `pip install -e '.[vla]'` in oxRL's source tree): push
+  a T-shaped block onto a target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's
+  position as the state.
   The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
 - `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
   `vla.env_kwargs`).

@@ -61,3 +61,31 @@ def test_every_cited_test_path_exists():
                 elif name is not None and not defines(target.read_text(encoding="utf-8"), name):
                     missing.append(f"{where}: {cited} has no test {name}")
     assert not missing, "cited test paths that do not exist:\n" + "\n".join(missing)
+
+
+# `pip install -e ".[vla]"`, `pip install '/path/to/oxRL[rl]'`: an extra of this project, named in a command.
+EXTRA_INSTALL = re.compile(r"pip install[^\n`]*?(?:\.|oxRL)\[([\w,-]+)\]")
+
+
+def test_every_extra_an_install_command_names_exists():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    unknown = []
+    for path in citing_files():
+        for line_number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            for match in EXTRA_INSTALL.finditer(line):
+                unknown += [f"{path.relative_to(ROOT)}:{line_number}: [{name}]" for name in match.group(1).split(",")
+                            if name not in extras]
+    assert not unknown, f"install commands naming extras pyproject.toml does not declare ({sorted(extras)}):\n" + \
+        "\n".join(unknown)
+
+
+def test_no_install_hint_in_the_package_names_the_pypi_oxrl():
+    """`oxrl` on PyPI is another project: `pip install 'oxrl[vla]'` installs that one. Only oxrl/dependencies.py,
+    which says so, may write the name that way."""
+    hint = re.compile(r"""pip install\s+['"]?oxrl\[""")
+    named = [f"{path.relative_to(ROOT)}:{number}" for path in citing_files()
+             if path.is_relative_to(ROOT / "oxrl") and path != ROOT / "oxrl" / "dependencies.py"
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if hint.search(line)]
+    assert not named, f"install hints that would install PyPI's other `oxrl`: {named}"
