@@ -24,6 +24,7 @@ import torch
 from oxrl.config.load import save_config
 from oxrl.config.schema import Config
 from oxrl.models.fit import log_memory_estimate
+from oxrl.training.model_card import model_card
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +107,10 @@ def _short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | None:
+def save_final(strategy, tokenizer, run_dir: Path, lora_save: str, card: str | None = None) -> Path | None:
     """`<run>/final`: written into `.final.partial` and renamed when complete, so a failed save leaves no
-    half-written `final/` (nor removes an older one). Every rank calls it; the path on rank 0."""
+    half-written `final/` (nor removes an older one). Every rank calls it; the path on rank 0. `card`: the text of
+    its README.md (oxrl/training/model_card.py)."""
     from oxrl.training.folders import publish_folder, writing_folder
 
     partial, final = run_dir / ".final.partial", run_dir / "final"
@@ -116,6 +118,8 @@ def save_final(strategy, tokenizer, run_dir: Path, lora_save: str) -> Path | Non
         shutil.rmtree(partial)
     with writing_folder(partial, final, remove_on_error=strategy.is_main):
         written = strategy.save_hf_folder(tokenizer, partial, lora_save=lora_save)
+        if written is not None and card is not None:
+            (partial / "README.md").write_text(card)
         return publish_folder(partial, final) if written is not None else None
 
 
@@ -169,7 +173,8 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     try:
         answers["before"] = answer_samples(cfg, model, tokenizer)
         trained = job.train(run_dir)
-        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save_mode) if cfg.checkpoint.save_final else None
+        final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save_mode,
+                               model_card(cfg, trained.final_metrics)) if cfg.checkpoint.save_final else None
         answers["after"] = answer_samples(cfg, model, tokenizer)
     finally:
         job.close()
@@ -189,6 +194,10 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
         from oxrl.logging.report import write_report
 
         write_report(run_dir, cfg, time.monotonic() - started, trained.accuracy, samples)
+    if cfg.run.push_to_hub:  # last: a failed upload loses nothing the run wrote
+        from oxrl.training.hub import push_final
+
+        push_final(cfg, final_dir)
     return RunResult(run_dir, final_dir, trained.losses, trained.final_metrics, {**summary, **samples})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple
@@ -163,6 +164,7 @@ _HF_DECODING = ReadOnly("by an `hf`-based engine (rl.rollout.engine `hf` or an e
 _NO_KV_CACHE_SIZE = ReadOnly("without rl.rollout.vllm.kv_cache_gib, which sizes the KV cache instead",
                              lambda cfg: cfg.rl.rollout.vllm.kv_cache_gib is None)
 _RESUMING = ReadOnly("with run.resume", lambda cfg: cfg.run.resume is not False)
+_PUSHING = ReadOnly("with run.push_to_hub: true", lambda cfg: cfg.run.push_to_hub)
 _MLFLOW = ReadOnly("with `mlflow` in logging.report_to", lambda cfg: "mlflow" in cfg.logging.report_to)
 _NAMED_PROJECT = ReadOnly("with `mlflow` or `wandb` in logging.report_to",
                           lambda cfg: bool({"mlflow", "wandb"} & set(cfg.logging.report_to)))
@@ -209,6 +211,15 @@ class RunConfig(Section):
     """CPU runs on Linux (glibc): malloc keeps freed memory for reuse instead of returning it to the kernel, so every
     step's large tensors are not faulted in afresh (a GRPO update ~1.4x faster on 2 cores; resident memory stays at
     its peak until the run ends). See oxrl/training/allocator.py."""
+    push_to_hub: bool = False
+    """After the run, upload `<run>/final` (the model, its tokenizer and its model card, README.md) to the Hugging Face
+    Hub repository `hub_model_id` (huggingface_hub's `create_repo` and `upload_folder`), with the token in the
+    environment variable `HF_TOKEN` (redacted from every log). Needs checkpoint.save_final. A failed upload stops
+    the run in one line; `final/` stays on disk."""
+    hub_model_id: Annotated[str | None, _PUSHING] = None
+    """The Hub repository pushed to, `owner/name` (required with push_to_hub)."""
+    hub_private: Annotated[bool, _PUSHING] = True
+    """Create the Hub repository private (a repository that already exists keeps its visibility)."""
 
     @field_validator("name")
     @classmethod
@@ -228,6 +239,23 @@ class RunConfig(Section):
                              "get a new name every time): set run.name, or run.resume to a checkpoint path")
         if self.resume is True and self.overwrite:
             raise ValueError("run.resume: true continues the run and run.overwrite deletes it: set only one")
+        return self
+
+    @field_validator("hub_model_id")
+    @classmethod
+    def _hub_repo_id(cls, repo_id: str | None) -> str | None:
+        # The Hub's rule for a repository id (huggingface_hub's validate_repo_id), checked before any compute.
+        if repo_id is None:
+            return None
+        if not re.fullmatch(r"[\w.-]{1,96}/[\w.-]{1,96}", repo_id) or ".." in repo_id or "--" in repo_id:
+            raise ValueError(f"run.hub_model_id must be `owner/name` (letters, digits, `-`, `_`, `.`; no `--` or "
+                             f"`..`), got {repo_id!r}")
+        return repo_id
+
+    @model_validator(mode="after")
+    def _hub_model_id_given(self) -> "RunConfig":
+        if self.push_to_hub and self.hub_model_id is None:
+            raise ValueError("run.push_to_hub: true needs run.hub_model_id, the repository to push to (`owner/name`)")
         return self
 
 
@@ -1216,6 +1244,13 @@ class Config(Section):
         if self.rl.max_staleness or self.run.launcher != "local":
             raise ValueError("a `vla` run samples its episodes in one local process, synchronously, for now: leave "
                              "rl.max_staleness 0 and run.launcher local")
+        return self
+
+    @model_validator(mode="after")
+    def _pushes_a_final_model(self) -> "Config":
+        if self.run.push_to_hub and not self.checkpoint.save_final:
+            raise ValueError("run.push_to_hub uploads <run>/final, and checkpoint.save_final: false writes none: "
+                             "set checkpoint.save_final: true")
         return self
 
     @model_validator(mode="after")

@@ -45,6 +45,7 @@ from oxrl.loops.rl_update import (advantage_params, check_on_policy, mismatch_me
                                   single_on_policy_update, update)
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion, SamplingParams, Submits
+from oxrl.training.model_card import model_card
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
 from oxrl.training.run_dir import resume_path
@@ -228,7 +229,7 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
             if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
                 schedule.settle()  # the steps sampled ahead are part of the checkpoint
                 strategy.save_checkpoint(run_dir, done, h.tokenizer, strategy.nonfinite.state_dict(),
-                                         cfg.checkpoint.keep_last, cfg.lora.save_mode,
+                                         cfg.checkpoint.keep_last, cfg.lora.save_mode, card=model_card(cfg, metrics, done),
                                          rank_state={"pipeline": schedule.state_dict()} if rl.max_staleness else None)
     finally:
         log.close()

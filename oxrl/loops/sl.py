@@ -148,16 +148,19 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)
             if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total_steps:
-                _save(cfg, run_dir, done, tokenizer, tokens_seen, strategy)
+                _save(cfg, run_dir, done, tokenizer, tokens_seen, strategy, metrics)
         if cfg.checkpoint.every and total_steps > start_step:
-            _save(cfg, run_dir, total_steps, tokenizer, tokens_seen, strategy)
+            _save(cfg, run_dir, total_steps, tokenizer, tokens_seen, strategy, metrics)
     finally:
         metrics_log.close()
     return LoopResult(total_steps, losses, metrics)
 
 
-def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy) -> None:
+def _save(cfg, run_dir, step, tokenizer, tokens_seen, strategy, metrics) -> None:
     # Every rank: sharded strategies write their shards from each process, the HF folder from rank 0.
+    from oxrl.training.model_card import model_card
+
     strategy.save_checkpoint(run_dir, step, tokenizer, {"tokens_seen": tokens_seen, **strategy.nonfinite.state_dict()},
-                             keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save_mode)
+                             keep_last=cfg.checkpoint.keep_last, lora_save=cfg.lora.save_mode,
+                             card=model_card(cfg, metrics, step))
 

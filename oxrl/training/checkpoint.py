@@ -375,13 +375,13 @@ def restore_configured(configured: ConfiguredSchedule, scheduler, saved_schedule
 
 
 def save_checkpoint(strategy, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
-                    lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
+                    lora_save: str = "merged", rank_state: dict | None = None, card: str | None = None) -> Path | None:
     """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0.
 
     Into a partial folder, published once complete: this model's state (`write_state`), each
     attached companion's in `<name>/` (its non-finite count beside its optimizer state), every
-    rank's RNG (and `rank_state`, each rank's own plain values) and the trainer state. Weights holding inf/NaN
-    are refused before anything is written.
+    rank's RNG (and `rank_state`, each rank's own plain values), the trainer state and the model card (`card`, the
+    text of README.md: oxrl/training/model_card.py). Weights holding inf/NaN are refused before anything is written.
     """
     strategy.check_finite_weights(f"checkpoint step {step}")
     for name, companion in strategy.attached:
@@ -404,6 +404,8 @@ def save_checkpoint(strategy, run_dir: Path, step: int, tokenizer, trainer_state
             (state_dir / rank_state_name(strategy.rank)).write_text(json.dumps(rank_state))
         if strategy.is_main:
             (state_dir / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+            if card is not None:
+                (tmp / "README.md").write_text(card)
         distributed.barrier()  # every rank's files are on disk before the folder is published
         if strategy.is_main:
             publish_checkpoint(tmp, final, keep_last)

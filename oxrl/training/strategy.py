@@ -192,12 +192,13 @@ class Strategy:
         return distributed.all_gather_objects(value)
 
     def save_checkpoint(self, run_dir: Path, step: int, tokenizer, trainer_state: dict, keep_last: int,
-                        lora_save: str = "merged", rank_state: dict | None = None) -> Path | None:
+                        lora_save: str = "merged", rank_state: dict | None = None, card: str | None = None) -> Path | None:
         """Write `<run_dir>/checkpoints/step_<step>` (every rank must call it); returns the folder on rank 0. The flow
-        is `oxrl.training.checkpoint.save_checkpoint` (loaded only by a run that checkpoints)."""
+        is `oxrl.training.checkpoint.save_checkpoint` (loaded only by a run that checkpoints); `card` is its model
+        card's text (README.md)."""
         from oxrl.training.checkpoint import save_checkpoint
 
-        return save_checkpoint(self, run_dir, step, tokenizer, trainer_state, keep_last, lora_save, rank_state)
+        return save_checkpoint(self, run_dir, step, tokenizer, trainer_state, keep_last, lora_save, rank_state, card)
 
     def load_checkpoint(self, checkpoint: Path) -> dict:
         """Restore weights, optimizer, schedule and RNG (every rank), and each attached companion; returns the
