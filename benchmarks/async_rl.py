@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/async_rl.py speed                 # Ray: k = 0, 1, 2; 1 warm-up + 5 timed steps each
     .venv/bin/python benchmarks/async_rl.py accuracy --seeds 0 1 2 --jobs 2
+    .venv/bin/python benchmarks/async_rl.py speed --steps 2 --k 0 1 model.name_or_path=DIR   # demo overrides
 
 `speed`: under Ray with one trainer rank and one rollout worker, each on a core of its own (Ray's cluster is given 2
 logical CPUs, every actor runs torch with 1 thread), in this process. Reported per k over the timed steps: steps per
@@ -33,13 +34,13 @@ import yaml
 if __package__ in (None, ""):  # run as `python benchmarks/async_rl.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ray_overhead import DEMO, REPO, summary  # noqa: E402
+from benchmarks.ray_overhead import REPO, demo_tree, summary  # noqa: E402
 
 PIPELINED = {"off_policy_correction": "decoupled", "off_policy_cap": 4.0}
 
 
-def demo_config(out: Path, name: str, k: int, seed: int, steps: int | None, ray: bool) -> dict:
-    cfg = yaml.safe_load(DEMO.read_text())
+def demo_config(out: Path, name: str, k: int, seed: int, steps: int | None, ray: bool, overrides: list[str]) -> dict:
+    cfg = demo_tree(overrides)
     cfg["run"].update({"name": name, "output_dir": str(out), "device": "cpu", "seed": seed,
                        "launcher": "ray" if ray else "local"})
     cfg["rl"].update({"max_staleness": k, **(PIPELINED if k else {})})
@@ -57,7 +58,7 @@ def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def speed(steps: int, ks: list[int]) -> None:
+def speed(steps: int, ks: list[int], overrides: list[str]) -> None:
     import ray
 
     from oxrl.config.schema import Config
@@ -68,17 +69,19 @@ def speed(steps: int, ks: list[int]) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     try:
-        rows = {k: rows_of(run_config(Config.model_validate(demo_config(out, f"k{k}", k, 0, steps, True))).run_dir)[1:]
+        rows = {k: rows_of(run_config(Config.model_validate(demo_config(out, f"k{k}", k, 0, steps, True,
+                                                                         overrides))).run_dir)[1:]
                 for k in ks}
     finally:
         ray.shutdown()
-    print(f"\ndemo GRPO step under Ray, 1 trainer + 1 rollout worker on a core each, {steps - 1} timed steps per k "
-          "(mean, min..max)")
-    print(f"{'':16}" + "".join(f"{f'k = {k}':>30}" for k in ks))
-    for key in ("time/step", "time/generate", "time/train", "time/weight_sync"):
-        print(f"{key:16}" + "".join(f"{summary(rows[k], key):>30}" for k in ks))
+    from benchmarks.common import print_table
+
     per_minute = {k: 60 / statistics.mean(row["time/step"] for row in rows[k]) for k in ks}
-    print(f"{'steps/min':16}" + "".join(f"{per_minute[k]:>30.3f}" for k in ks))
+    table = [{"metric": key, **{f"k = {k}": summary(rows[k], key) for k in ks}}
+             for key in ("time/step", "time/generate", "time/train", "time/weight_sync")]
+    table.append({"metric": "steps/min", **{f"k = {k}": f"{per_minute[k]:.3f}" for k in ks}})
+    print_table(table, title=f"demo GRPO step under Ray, 1 trainer + 1 rollout worker on a core each, {steps - 1} timed "
+                             "steps per k (mean, min..max)")
     base = rows[ks[0]]
     generate = statistics.mean(row["time/generate"] for row in base)
     train = statistics.mean(row["time/train"] for row in base)
@@ -89,14 +92,14 @@ def speed(steps: int, ks: list[int]) -> None:
               f"{sorted({row.get('off_policy/version_lag', 0.0) for row in rows[k]})}")
 
 
-def accuracy(seeds: list[int], jobs: int) -> None:
+def accuracy(seeds: list[int], jobs: int, overrides: list[str]) -> None:
     out = Path(tempfile.mkdtemp(prefix="oxrl-async-accuracy-"))
 
     def one(seed_k: tuple[int, int]) -> tuple[int, int, float, float]:
         seed, k = seed_k
         name = f"seed{seed}_k{k}"
         path = out / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(demo_config(out, name, k, seed, None, False)))
+        path.write_text(yaml.safe_dump(demo_config(out, name, k, seed, None, False, overrides)))
         threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
         import os
 
@@ -126,11 +129,15 @@ def main() -> None:
     learnt = sub.add_parser("accuracy")
     learnt.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     learnt.add_argument("--jobs", type=int, default=1, help="runs at a time (each with one thread when > 1)")
+    for command in (fast, learnt):
+        command.add_argument("overrides", nargs="*", help="dotted overrides of the demo's config (model.name_or_path=DIR)")
     args = parser.parse_args()
     if args.what == "speed":
-        speed(args.steps, args.k)
+        if args.steps < 2:
+            parser.error("--steps must be at least 2: the first is a warm-up")
+        speed(args.steps, args.k, args.overrides)
     else:
-        accuracy(args.seeds, args.jobs)
+        accuracy(args.seeds, args.jobs, args.overrides)
 
 
 if __name__ == "__main__":

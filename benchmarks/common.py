@@ -45,6 +45,14 @@ SpecT = TypeVar("SpecT")
 ResultT = TypeVar("ResultT")
 
 PEAK_MATMUL_SIZES = (512, 1024, 2048)
+MODEL = "smollm2-135m-instruct"  # the bundled alias: what the CPU benchmarks measure unless --model says otherwise
+
+
+def add_model_argument(parser) -> None:
+    """`--model`: the bundled SmolLM2 by default; a local HF folder also works, so that
+    tests/system/test_benchmarks.py can run every script on a tiny random model (no hub)."""
+    parser.add_argument("--model", default=MODEL,
+                        help=f"the measured model: a bundled alias (default {MODEL}) or a local HF folder")
 
 
 @dataclass
@@ -148,6 +156,11 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def load_average() -> str:
+    """1/5/15-minute load averages: other processes' load, which the numbers are only as good as."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
 def machine_summary() -> dict[str, str]:
     return {
         "cpu": cpu_model(),
@@ -156,7 +169,7 @@ def machine_summary() -> dict[str, str]:
         "torch threads": str(torch.get_num_threads()),
         "python": platform.python_version(),
         # Other processes' load: on a shared machine the numbers are only as good as this is low.
-        "load avg 1/5/15 min": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
+        "load avg 1/5/15 min": load_average(),
     }
 
 
@@ -217,7 +230,8 @@ def quiet_child(threads: int) -> None:
 
 def trainer_step_clock():
     """A transformers `TrainerCallback` whose `.step_seconds` are the seconds between consecutive
-    optimizer-step ends (the first from the start of training).
+    optimizer-step ends (the first from the start of training), and `.step_cpu_seconds` the process
+    CPU time (all threads) over the same spans: less moved by other processes than wall time.
 
     End-to-end per step on purpose: `Trainer` fetches and collates a step's batches *before*
     `on_step_begin`, so begin-to-end timing would leave the library's data loading out, while a
@@ -228,14 +242,16 @@ def trainer_step_clock():
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
             self.step_seconds: list[float] = []
-            self.last = 0.0
+            self.step_cpu_seconds: list[float] = []
+            self.last = self.last_cpu = 0.0
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.perf_counter()
+            self.last, self.last_cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.process_time()
             self.step_seconds.append(now - self.last)
-            self.last = now
+            self.step_cpu_seconds.append(now_cpu - self.last_cpu)
+            self.last, self.last_cpu = now, now_cpu
 
     return StepClock()

@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/context_parallel_memory.py                  # 16,384-token rows: cp 1, cp 2
     .venv/bin/python benchmarks/context_parallel_memory.py --layouts 1x1 2x1 1x2 --tokens 8192   # cp x tp
+    .venv/bin/python benchmarks/context_parallel_memory.py --tokens 2048 --steps 2 --hidden 64  # a quick look that it runs
 
 For each layout it launches `torchrun --nproc_per_node cp x tp` on itself (`--worker`): FSDP2 with `strategy.mesh`
 (1x1: FSDP2 alone in one process) trains SFT steps on one packed row of `--tokens` tokens (sequences of 1,024
 tokens, every token trained) through oxRL's own forward (`token_logprobs`, packed attention) on a 4-layer
-Llama-shaped model (hidden 512, MLP 2,048, 8 heads, 2 key-value heads, vocabulary 8,192) in fp32. Each rank reports
+Llama-shaped model (hidden 512 or `--hidden`, MLP 4 x hidden, 8 heads, 2 key-value heads, vocabulary 8,192) in fp32. Each rank reports
 the growth of its peak resident memory (ru_maxrss) over the steps, against its peak before the first step: what the
 step's activations, logits and gathered keys and values added on top of the model, its states and the libraries;
 and the median time of a step. Memory is the CPU's RAM here; the activations it measures are the terms
@@ -34,7 +35,7 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(tokens: int, steps: int, cp: int, tp: int, out: Path) -> None:
+def worker(tokens: int, steps: int, hidden: int, cp: int, tp: int, out: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -49,7 +50,7 @@ def worker(tokens: int, steps: int, cp: int, tp: int, out: Path) -> None:
     env = init_distributed("cpu", process_group=True)
     strategy = FSDP2Strategy(env, StrategyConfig(name="fsdp2", mesh={"cp": cp, "tp": tp}), "no", max_grad_norm=1.0)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=4,
                                          num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
                                          max_position_embeddings=1024))
     use_packed_attention(model)
@@ -76,13 +77,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=512, help="the model's width (a multiple of its 8 heads)")
     parser.add_argument("--layouts", nargs="+", default=["1x1", "2x1"], help="cp x tp of each run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # cpxtp, when launched by torchrun
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         cp, tp = map(int, args.worker.split("x"))
-        worker(args.tokens, args.steps, cp, tp, args.out)
+        worker(args.tokens, args.steps, args.hidden, cp, tp, args.out)
         return
     from benchmarks.common import machine_summary, print_table, spread
 
@@ -94,7 +96,7 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                             str(cp * tp), __file__, "--worker", layout, "--tokens", str(args.tokens), "--steps",
-                            str(args.steps), "--out", str(out)], env=env, check=True, capture_output=True, text=True)
+                            str(args.steps), "--hidden", str(args.hidden), "--out", str(out)], env=env, check=True, capture_output=True, text=True)
             result = json.loads(out.read_text())
         steps = result["step_s"][1:] or result["step_s"]  # the first step also warms the allocator
         rows.append({"layout": f"cp {cp} x tp {tp}", "row tokens": f"{args.tokens:,}",

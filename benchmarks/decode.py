@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/decode.py                     # batch 1 and 32, fp32 and bf16, 64 new tokens
     .venv/bin/python benchmarks/decode.py --batch 1 --repeats 3
+    .venv/bin/python benchmarks/decode.py --model DIR --batch 1 --new-tokens 4 --repeats 1 --bandwidth-gib 0.0625
 
-What is measured. SmolLM2-135M-Instruct (the bundled alias), CPU, `HFEngine.generate` on one arithmetic prompt
+What is measured. SmolLM2-135M-Instruct (the bundled alias; `--model` names another), CPU, `HFEngine.generate` on one arithmetic prompt
 (`n` = batch samples of it, temperature 1) with its end-of-sequence ids emptied, so every row decodes exactly
 `--new-tokens` tokens. fp32 = the weights as they are; bf16 autocast = under the trainer's bf16 autocast, as the
 engine samples from the training model when `train.mixed_precision: bf16`; bf16 copy = the engine's own bf16 copy
@@ -12,7 +13,7 @@ engine samples from the training model when `train.mixed_precision: bf16`; bf16 
 The bound. Decoding one token for a batch reads every weight once (the KV cache is small next to 135M weights at
 these lengths), so a step takes at least weight bytes / memory bandwidth, and tokens/s <= batch x bandwidth / weight
 bytes. Bandwidth is measured on the spot as the best of 5 copies of a 1 GiB fp32 tensor (read + write: 2 GiB moved
-per copy). fp32 reads 4 bytes a weight; under autocast the matmul weights are cast to bf16 once per `generate` call
+per copy; `--bandwidth-gib` sets the size). fp32 reads 4 bytes a weight; under autocast the matmul weights are cast to bf16 once per `generate` call
 and read as 2 bytes afterwards. Reported: median and range of `--repeats` timed calls after one untimed call.
 """
 
@@ -29,9 +30,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/decode.py`
 
 import torch
 
-from benchmarks.common import machine_summary, print_table
-
-MODEL = "smollm2-135m-instruct"
+from benchmarks.common import add_model_argument, machine_summary, print_table
 
 
 def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -53,6 +52,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the tensor the bandwidth copies")
+    add_model_argument(parser)
     parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="glibc malloc keeps freed memory, as `oxrl train` does on a CPU (default: on)")
     args = parser.parse_args()
@@ -66,12 +67,12 @@ def main() -> None:
     from oxrl.models.precision import autocast_for
 
     torch.set_num_threads(args.threads)
-    cfg = ModelConfig(name_or_path=MODEL, dtype="float32")
+    cfg = ModelConfig(name_or_path=args.model, dtype="float32")
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, torch.device("cpu")).eval()
     prompt = encode_prompts([RLPrompt(messages=[{"role": "user", "content": "What is 7+5? Explain."}])], tokenizer).prompt_ids
     weights = sum(p.numel() for p in model.parameters())
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(args.bandwidth_gib)
     print("machine:", machine_summary())
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s; {weights / 1e6:.1f}M weights; prompt {len(prompt[0])} tokens")
     rows = []

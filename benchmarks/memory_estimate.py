@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/memory_estimate.py                 # the cases of this machine (CUDA if present, else CPU)
     .venv/bin/python benchmarks/memory_estimate.py --device cpu    # CPU cases only
     .venv/bin/python benchmarks/memory_estimate.py --device all    # CPU, then CUDA
+    .venv/bin/python benchmarks/memory_estimate.py --device cpu --model DIR --tokens 64   # a tiny model, short rows
 
 What is run. For each case, in a fresh child process (this script re-invoked with `--case NAME`), the
 loop the estimate describes: `load_model` (oxRL's loader: dtype, LoRA, gradient checkpointing as a
@@ -11,7 +12,7 @@ first token of each untrained), then 2 optimizer steps of 2 micro-batches each: 
 mean loss -> backward, so the first micro-batch's gradients are held while the second one's
 activations exist (the estimate counts both), then `step()` and `zero_grad(set_to_none=True)`.
 
-* CPU: the bundled SmolLM2-135M-Instruct in fp32. Measured = peak RSS (ru_maxrss) minus the RSS just
+* CPU: the bundled SmolLM2-135M-Instruct in fp32 (`--model` names another; `--tokens` sets every case's row length). Measured = peak RSS (ru_maxrss) minus the RSS just
   before the model loads (the Python process, torch and transformers are not part of the estimate).
   The child runs with MALLOC_MMAP_THRESHOLD_=1048576: by default glibc raises its mmap threshold (up
   to 32 MiB) the first time a large block is freed, and from then on large tensors come from the heap,
@@ -34,6 +35,7 @@ micro-batch, a warm-up, left out; optimizer steps not timed), for information.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -47,9 +49,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python benchmarks/memory_estimate.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import cpu_model, current_rss_bytes, peak_rss_bytes, print_table
+from benchmarks.common import add_model_argument, cpu_model, current_rss_bytes, peak_rss_bytes, print_table
 
-CPU_MODEL = "smollm2-135m-instruct"
 CUDA_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # its registry shape, randomly initialised
 SEQUENCES = 4  # per packed row
 STEPS, MICRO_BATCHES = 2, 2
@@ -78,8 +79,9 @@ CASES = [
 ]
 
 
-def run_case(case: Case, model_dir: str | None) -> dict:
-    """The child's work: train as the module docstring says, return the peak, the estimate and the speed."""
+def run_case(case: Case, source: str) -> dict:
+    """The child's work: train as the module docstring says on the model at `source`, return the peak, the estimate
+    and the speed."""
     import torch
 
     from oxrl.models.logprobs import token_logprobs
@@ -92,7 +94,6 @@ def run_case(case: Case, model_dir: str | None) -> dict:
 
     torch.manual_seed(0)
     device = torch.device(case.device)
-    source = CPU_MODEL if case.device == "cpu" else model_dir
     if device.type == "cuda":
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats()
@@ -152,12 +153,11 @@ def save_random_model(folder: str) -> None:
     model.save_pretrained(folder, safe_serialization=True)
 
 
-def run_in_child(case: Case, model_dir: str | None) -> dict | str:
+def run_in_child(case: Case, source: str) -> dict | str:
     """One case in its own process: its peak is its own. Returns the result, or why it failed."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576")  # why: module docstring
-    command = [sys.executable, str(Path(__file__).resolve()), "--case", case.name]
-    if model_dir:
-        command += ["--model-dir", model_dir]
+    command = [sys.executable, str(Path(__file__).resolve()), "--case", case.name, "--source", source,
+               "--tokens", str(case.tokens)]
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     for line in child.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
@@ -203,21 +203,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "all"), default="auto",
                         help="which cases: auto = CUDA's when a GPU is present, else CPU's")
+    parser.add_argument("--tokens", type=int, default=None, help="packed tokens of every case's micro-batch "
+                        f"(default: each case's own); a multiple of {SEQUENCES}")
+    add_model_argument(parser)  # the CPU cases' model
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)  # internal: the case's model
     args = parser.parse_args()
+    if args.tokens is not None and (args.tokens < 2 * SEQUENCES or args.tokens % SEQUENCES):
+        parser.error(f"--tokens must be a multiple of {SEQUENCES} and at least {2 * SEQUENCES}, not {args.tokens}")
+
+    def sized(case: Case) -> Case:
+        return case if args.tokens is None else dataclasses.replace(case, tokens=args.tokens)
 
     if args.case:
         case = next(c for c in CASES if c.name == args.case)
-        print(RESULT_PREFIX + json.dumps(run_case(case, args.model_dir)), flush=True)
+        print(RESULT_PREFIX + json.dumps(run_case(sized(case), args.source)), flush=True)
         return
 
     import torch
 
     wanted = {"auto": {"cuda" if torch.cuda.is_available() else "cpu"}, "all": {"cpu", "cuda"}}.get(args.device, {args.device})
-    cases = [c for c in CASES if c.device in wanted]
+    cases = [sized(c) for c in CASES if c.device in wanted]
     print("\n".join(machine_lines(wanted)))
-    print(f"cases: {', '.join(c.name for c in cases)}; {SEQUENCES} sequences per packed row, "
+    print(f"cases: {', '.join(f'{c.name} ({c.tokens} tokens)' for c in cases)}; {SEQUENCES} sequences per packed row, "
           f"{STEPS} steps x {MICRO_BATCHES} micro-batches")
     results = []
     with tempfile.TemporaryDirectory(prefix="oxrl-memory-") as folder:
@@ -225,7 +233,7 @@ def main() -> None:
             save_random_model(folder)
         for case in cases:
             started = time.perf_counter()
-            results.append((case, run_in_child(case, folder if case.device == "cuda" else None)))
+            results.append((case, run_in_child(case, folder if case.device == "cuda" else args.model)))
             print(f"[{case.name}] done in {time.perf_counter() - started:.0f} s", flush=True)
     report(results)
 

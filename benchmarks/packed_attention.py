@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/packed_attention.py                    # ~2k tokens, 8 sequences
     .venv/bin/python benchmarks/packed_attention.py --layers 4 --repeats 5   # a quicker look
+    .venv/bin/python benchmarks/packed_attention.py --model DIR --tokens 64 --sequences 2 --warmup 0 --repeats 1
 
-What is measured. A SmolLM2-135M-shaped Llama (the bundled model's config.json, random weights,
+What is measured. A SmolLM2-135M-shaped Llama (the bundled model's config.json, or `--model`'s; random weights,
 fp32, on CPU) trains on one packed row of `--tokens` random tokens split into `--sequences`
 sequences of seeded random lengths (position ids restarting per sequence, every token but each
 sequence's first trained): the SFT objective's loss and its backward, exactly as oxRL's loops
@@ -28,9 +29,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/packed_attention.py`
 
 import torch
 
-from benchmarks.common import machine_summary, print_table
-
-MODEL = "smollm2-135m-instruct"
+from benchmarks.common import add_model_argument, machine_summary, print_table
 
 
 def sequence_lengths(total: int, count: int, generator: torch.Generator) -> list[int]:
@@ -69,6 +68,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_model_argument(parser)
     args = parser.parse_args()
 
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -80,7 +80,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(resolve_source(MODEL).path)
+    config = AutoConfig.from_pretrained(resolve_source(args.model).path)
     if args.layers is not None:
         config.num_hidden_layers = args.layers
     torch.manual_seed(args.seed)
@@ -104,7 +104,7 @@ def main() -> None:
 
     for key, value in machine_summary().items():
         print(f"{key}: {value}")
-    print(f"model: {MODEL} config, random weights, {config.num_hidden_layers} layers, fp32")
+    print(f"model: {args.model} config, random weights, {config.num_hidden_layers} layers, fp32")
     print(f"row: {args.tokens} tokens, {len(lengths)} sequences {lengths}")
     print_table([
         {

@@ -1,9 +1,10 @@
-"""What the Ray launcher costs per RL step: the demo's GRPO run (`make demo`'s config: SmolLM2-135M-Instruct,
-4 prompts x 8 completions of up to 64 tokens, CPU, fp32) in one process against the same run under
+"""What the Ray launcher costs per RL step: the demo's GRPO run (`make demo`'s config,
+examples/grpo_smollm2_arithmetic.yaml: SmolLM2-135M-Instruct, CPU, fp32) in one process against the same run under
 `run.launcher: ray` with one trainer rank and one rollout worker (hf engine), side by side in this process.
 
     .venv/bin/python benchmarks/ray_overhead.py               # 1 warm-up + 5 timed steps per layout
     .venv/bin/python benchmarks/ray_overhead.py --steps 8
+    .venv/bin/python benchmarks/ray_overhead.py --steps 2 model.name_or_path=DIR rl.rollout.n=2   # demo overrides
 
 Both runs sample the same prompts with the same settings; their samples differ (the Ray worker seeds each
 step), so completion lengths and step times differ a little. What is reported per layout, over the timed
@@ -27,12 +28,24 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as `python benchmarks/ray_overhead.py`: make `oxrl` and `benchmarks` importable
+    sys.path.insert(0, str(REPO))
 DEMO = REPO / "examples" / "grpo_smollm2_arithmetic.yaml"
 KEYS = ("time/step", "time/generate", "time/train", "time/weight_sync")
 
 
-def config(out: Path, steps: int, launcher: str) -> dict:
+def demo_tree(overrides: list[str]) -> dict:
+    """The demo's config as a tree, with dotted `section.key=value` overrides (`oxrl train`'s) applied."""
+    from oxrl.config.load import apply_override, parse_override
+
     cfg = yaml.safe_load(DEMO.read_text())
+    for override in overrides:
+        apply_override(cfg, *parse_override(override))
+    return cfg
+
+
+def config(out: Path, steps: int, launcher: str, overrides: list[str]) -> dict:
+    cfg = demo_tree(overrides)
     cfg["run"].update({"name": launcher, "output_dir": str(out), "device": "cpu", "launcher": launcher})
     cfg["rl"]["validation_every"] = None  # steps only
     cfg["rl"]["validation_size"] = 0
@@ -44,10 +57,10 @@ def config(out: Path, steps: int, launcher: str) -> dict:
     return cfg
 
 
-def run(out: Path, steps: int, launcher: str) -> list[dict]:
+def run(out: Path, steps: int, launcher: str, overrides: list[str]) -> list[dict]:
     """The layout's metrics rows. The single process runs as a child (its memory is gone before Ray's run starts);
     the Ray driver runs here, on the cluster this process started."""
-    cfg = config(out, steps, launcher)
+    cfg = config(out, steps, launcher, overrides)
     if launcher == "local":
         path = out / "local.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -65,27 +78,30 @@ def summary(rows: list[dict], key: str) -> str:
     values = [row[key] for row in rows if key in row]
     if not values:
         return "-"
-    return f"{statistics.mean(values):6.2f} s ({min(values):.2f}..{max(values):.2f})"
+    return f"{statistics.mean(values):.2f} s ({min(values):.2f}..{max(values):.2f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6, help="steps per layout; the first is a warm-up")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the demo's config (e.g. model.name_or_path=DIR)")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first is a warm-up")
     import ray
 
     out = Path(tempfile.mkdtemp(prefix="oxrl-ray-bench-"))
-    local = run(out, args.steps, "local")[1:]
+    local = run(out, args.steps, "local", args.overrides)[1:]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}})
     try:
-        remote = run(out, args.steps, "ray")[1:]
+        remote = run(out, args.steps, "ray", args.overrides)[1:]
     finally:
         ray.shutdown()
-    print(f"\ndemo GRPO step, {len(local)} timed steps per layout (mean, min..max)")
-    print(f"{'':22}{'one process':>30}{'Ray: 1 trainer + 1 worker':>32}")
-    for key in KEYS:
-        print(f"{key:22}{summary(local, key):>30}{summary(remote, key):>32}")
+    from benchmarks.common import print_table
+
+    print_table([{"metric": key, "one process": summary(local, key), "Ray: 1 trainer + 1 worker": summary(remote, key)}
+                 for key in KEYS], title=f"demo GRPO step, {len(local)} timed steps per layout (mean, min..max)")
     step_local = statistics.mean(row["time/step"] for row in local)
     step_ray = statistics.mean(row["time/step"] for row in remote)
     sync = statistics.mean(row["time/weight_sync"] for row in remote)

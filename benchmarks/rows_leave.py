@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/rows_leave.py                 # 5 timed calls of each
     .venv/bin/python benchmarks/rows_leave.py --repeats 3
+    .venv/bin/python benchmarks/rows_leave.py --repeats 1 model.name_or_path=DIR rl.validation_size=4   # demo overrides
 
 The `hf` engine (oxrl/rollout/hf.py) decodes `ROUND_TOKENS` tokens at a time and drops the rows that finished
 before the next round. This script decodes the demo's two shapes (examples/grpo_smollm2_arithmetic.yaml) both ways,
@@ -48,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the demo's config (e.g. model.name_or_path=DIR)")
     args = parser.parse_args()
 
     import oxrl.rollout.hf as hf
@@ -62,7 +64,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # what `oxrl train` does on a CPU (run.keep_freed_memory)
-    cfg = load_config(DEMO)
+    cfg = load_config(DEMO, args.overrides)
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, torch.device("cpu")).eval()
     train, validation = load_prompts(cfg, cfg.rl)

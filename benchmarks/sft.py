@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/sft.py                       # default: 1 warm-up + 3 timed steps each
     .venv/bin/python benchmarks/sft.py --steps 3 --skip-trl  # quick check of oxRL alone
+    .venv/bin/python benchmarks/sft.py --model DIR --steps 1 --warmup-steps 0 --tokens-per-step 576   # a tiny model
 
-What is measured. SmolLM2-135M-Instruct (the bundled alias), fp32, on CPU. The data are synthetic
+What is measured. SmolLM2-135M-Instruct (the bundled alias; `--model` names another), fp32, on CPU. The data are synthetic
 single-turn chats built deterministically (seeded, no network), with total lengths drawn uniformly
 from 64..512 tokens, rendered with the model's real chat template and tokenized by oxRL's own data
 pipeline (so the loss masks are oxRL's: assistant content + end-of-turn token). Each optimizer
@@ -15,7 +16,8 @@ clipping at 1.0, no gradient checkpointing, no autocast.
 
 * oxRL: `pack` (padding-free: whole examples end to end in one row, position ids restarting per
   sequence) + `get_objective("sft")` + `run_micro_batches` + `SingleDevice.step()`.
-* TRL: `SFTTrainer` on the same token ids and masks (as a pre-tokenized dataset with a
+* TRL: `SFTTrainer` on the same weights, loaded with transformers' plain sdpa attention (TRL's collator hands
+  the model its own packed layout, which oxRL's packed kernel does not read), on the same token ids and masks (as a pre-tokenized dataset with a
   `completion_mask`), `padding_free=True` by default (TRL's padding-free collator: the K examples
   flattened into one row with restarting position ids, exactly oxRL's layout), or its default
   right-padding with `--trl-mode padded`. Its other defaults stay (fused AdamW, its fused lm_head
@@ -43,11 +45,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python benchmarks/sft.py`: make `oxrl` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (PRECISIONS, DecoderShape, MatmulPeak, add_precision_argument, format_bytes, in_fresh_process, machine_summary,
-                               measure_matmul_peak, mfu, peak_rss_bytes, print_table, quiet_child, trainer_step_clock,
-                               spread, training_flops, usable_cores)
+from benchmarks.common import (MODEL, PRECISIONS, DecoderShape, MatmulPeak, add_model_argument, add_precision_argument,
+                               format_bytes, in_fresh_process, machine_summary, measure_matmul_peak, mfu, peak_rss_bytes,
+                               print_table, quiet_child, spread, trainer_step_clock, training_flops, usable_cores)
 
-MODEL = "smollm2-135m-instruct"
 MIN_LENGTH, MAX_LENGTH = 64, 512
 # Common English words, each a single token (with its leading space) for SmolLM2's tokenizer, so
 # that a message of n words is ~n tokens and the drawn lengths are met to within a few tokens.
@@ -66,6 +67,7 @@ class RunSpec:
     threads: int
     trl_mode: str = "padding_free"
     precision: str = "fp32"
+    model: str = MODEL
 
 
 @dataclass
@@ -106,14 +108,14 @@ def synthetic_chat(length: int, template_overhead: int, rng: random.Random) -> l
     ]
 
 
-def build_steps(tokens_per_step: int, num_steps: int, seed: int) -> list[list[tuple[list[int], list[bool]]]]:
+def build_steps(model: str, tokens_per_step: int, num_steps: int, seed: int) -> list[list[tuple[list[int], list[bool]]]]:
     """Tokenize synthetic chats with oxRL's pipeline and group them K per optimizer step."""
     from oxrl.config.schema import ModelConfig
     from oxrl.data.formats import parse_row
     from oxrl.data.tokenize import ExampleTokenizer
     from oxrl.models.load import load_tokenizer
 
-    row_tokenizer = ExampleTokenizer(load_tokenizer(ModelConfig(name_or_path=MODEL)))
+    row_tokenizer = ExampleTokenizer(load_tokenizer(ModelConfig(name_or_path=model)))
 
     def tokenize(index: int, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
         parsed = parse_row("messages", {"messages": messages}, location="synthetic", row=index, chat_template=True)
@@ -143,7 +145,7 @@ def run_oxrl(spec: RunSpec) -> RunResult:
 
     quiet_child(spec.threads)
     device = torch.device("cpu")
-    model = load_model(ModelConfig(name_or_path=MODEL, dtype="float32"), device)
+    model = load_model(ModelConfig(name_or_path=spec.model, dtype="float32"), device)
     optim_cfg = OptimConfig(lr=spec.lr, schedule="constant", max_grad_norm=1.0)
     optimizer = build_optimizer(model, optim_cfg)
     keep_freed_memory()  # as `oxrl train` does on a CPU (run.keep_freed_memory)
@@ -176,8 +178,10 @@ def run_trl(spec: RunSpec) -> RunResult:
     from oxrl.models.load import load_model, load_tokenizer
 
     quiet_child(spec.threads)
-    model_cfg = ModelConfig(name_or_path=MODEL, dtype="float32")
-    model = load_model(model_cfg, torch.device("cpu"))  # the same weights and attention kernel (sdpa) as oxRL's run
+    # The same weights as oxRL's run, with transformers' plain sdpa: TRL's padding-free collator passes restarting
+    # position ids without oxRL's packed layout, which oxRL's packed kernel (its `auto` default) refuses to guess.
+    model_cfg = ModelConfig(name_or_path=spec.model, dtype="float32", attn_implementation="sdpa")
+    model = load_model(model_cfg, torch.device("cpu"))
     shape = DecoderShape.of(model)  # before TRL wraps the forward
     tokenizer = load_tokenizer(model_cfg)
     examples = [example for step in spec.steps for example in step]
@@ -258,6 +262,7 @@ def main() -> None:
                         help="TRL batch layout: its padding-free collator (oxRL's layout) or its default right-padding")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    add_model_argument(parser)
     add_precision_argument(parser)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
@@ -267,8 +272,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    steps = build_steps(args.tokens_per_step, args.warmup_steps + args.steps, args.seed)
-    spec = RunSpec(steps, args.lr, args.threads, args.trl_mode, args.precision)
+    steps = build_steps(args.model, args.tokens_per_step, args.warmup_steps + args.steps, args.seed)
+    spec = RunSpec(steps, args.lr, args.threads, args.trl_mode, args.precision, args.model)
     print(f"data: {describe_data(spec)}")
     print(f"machine before: {machine_summary()}")
     # MFU against the peak of the dtype the matmuls run in: bf16 under autocast.
@@ -294,7 +299,7 @@ def main() -> None:
         notes = ", ".join(f"{k}: {v}" for k, v in result.notes.items())
         print(f"{name}: {notes}; step seconds {[round(s, 2) for s in result.step_seconds]}")
     rows = [summarize(name, result, spec, args.warmup_steps, peak) for name, result in results.items()]
-    print_table(rows, title=f"SFT {MODEL} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
+    print_table(rows, title=f"SFT {args.model} {args.precision} CPU, {args.steps} timed steps after {args.warmup_steps} warm-up")
     if len(results) == 2:
         oxrl_result, trl_result = results.values()
         warmup = args.warmup_steps

@@ -3,6 +3,7 @@ demonstrations, behaviour cloning, then GRPO over episodes, with the environment
 
     .venv/bin/python benchmarks/vla_pusht.py                 # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/vla_pusht.py --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
+    .venv/bin/python benchmarks/vla_pusht.py --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --tokenizer DIR
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns PushT from the demonstrations alone. The score is LeRobot's PushT
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8)
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
 
     from oxrl.config.load import load_config
@@ -88,7 +91,13 @@ def main() -> None:
     setup_logging()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    model = save_tiny_qwen2_vl(out / "model", smollm2_tokenizer.__wrapped__(), width="vllm")
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        tokenizer = smollm2_tokenizer.__wrapped__()
+    model = save_tiny_qwen2_vl(out / "model", tokenizer, width="vllm")
     started = time.perf_counter()
     demos, _ = record_demonstrations("pusht", args.demos, out / "demos", max_steps=4 * VLA["max_chunks"])
     expert = {"stage": "demonstrations", "episodes": args.demos, "seconds": round(time.perf_counter() - started, 1)}
