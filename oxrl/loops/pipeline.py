@@ -16,20 +16,20 @@ engine's log-probs are the behaviour policy's, which `rl.off_policy_correction` 
 
 Resume: the steps sampled ahead of a checkpoint are part of it (`state_dict`: their completions, rewards and
 metrics as JSON, one file per rank), so a resumed run trains on exactly the samples the uninterrupted one did,
-and samples the later steps from the same weights with the same random state.
+and samples the later steps from the same weights with the same random state. Every value of that file is checked
+against the resuming run before a step trains (oxrl/loops/pipeline_state.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
-
-import torch
+from pathlib import Path
 
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import ResumeError, Rollout, Sampled, Sampling, finish_sample, start_sample
-from oxrl.rollout.base import Completion
-from oxrl.training.checkpoint_files import WHAT_TO_DO, CheckpointError
+from oxrl.models.model_inputs import hf_config
+from oxrl.training.checkpoint import rank_state_name
+from oxrl.training.checkpoint_files import damaged
 
 
 def sampling_version(step: int, max_staleness: int) -> int:
@@ -45,8 +45,11 @@ class RolloutPipeline:
 
     def __init__(self, max_staleness: int, total_steps: int, prompts_of: Callable[[int], RLPromptBatch],
                  begin: Callable[[RLPromptBatch, int], Sampling],
-                 finish: Callable[[Sampling], tuple[Rollout, dict[str, float]]]):
+                 finish: Callable[[Sampling], tuple[Rollout, dict[str, float]]], vocab_size: int | None = None,
+                 rank: int = 0):
         self.k, self.total_steps = max_staleness, total_steps
+        # What a resume checks the samples it reads against (`load_state_dict`): the model's token ids, and the file.
+        self.vocab_size, self.rank = vocab_size, rank
         self.prompts_of, self.begin, self.finish = prompts_of, begin, finish
         self.started: dict[int, tuple[int, Sampling]] = {}  # step -> (version, its sampling, not yet collected)
         self.sampled: dict[int, Sampled] = {}  # collected, not yet trained on
@@ -56,7 +59,8 @@ class RolloutPipeline:
     def of(cls, h, total_steps: int, prompts_of: Callable[[int], RLPromptBatch]) -> RolloutPipeline:
         """The run's pipeline: the RL loop's sample stage, `h.cfg.rl.max_staleness` steps ahead."""
         return cls(h.cfg.rl.max_staleness, total_steps, prompts_of, lambda batch, step: start_sample(h, batch, step + 1),
-                   lambda sampling: finish_sample(h, sampling))
+                   lambda sampling: finish_sample(h, sampling), hf_config(h.model).get_text_config().vocab_size,
+                   h.strategy.rank)
 
     def take(self, step: int) -> Sampled:
         """Step `step`'s samples, once every step up to `step + k` has been started from the live weights,
@@ -86,10 +90,12 @@ class RolloutPipeline:
 
     def state_dict(self) -> dict:
         """The steps sampled ahead, as plain values (JSON): call `settle` first."""
+        from oxrl.loops.pipeline_state import sampled_to_json
+
         if self.started:
             raise RuntimeError("settle the pipeline before saving it: steps are still being sampled")
         return {"max_staleness": self.k, "next_step": self.next_step,
-                "sampled": [_sampled_to_json(s) for _, s in sorted(self.sampled.items())]}
+                "sampled": [sampled_to_json(s) for _, s in sorted(self.sampled.items())]}
 
     def load_state_dict(self, state: dict | None, resumed_step: int, source: str) -> None:
         """The steps a checkpoint of step `resumed_step` holds sampled ahead; `source` names it in errors."""
@@ -99,54 +105,31 @@ class RolloutPipeline:
         if state is None:
             raise ResumeError(f"{source} holds no samples of the steps after step {resumed_step}: it was written "
                              f"with rl.max_staleness 0, so it cannot resume with rl.max_staleness = {self.k}")
-        try:
-            self._load(state, resumed_step, source)
-        except (KeyError, TypeError, ValueError, IndexError) as error:
-            if isinstance(error, ResumeError):
-                raise
-            raise CheckpointError(f"{source}: its samples of the steps ahead (training_state/rank_state*.json) are not "
-                                  f"what oxRL wrote ({type(error).__name__}: {error}); {WHAT_TO_DO}") from error
+        self._load(state, resumed_step, source)
 
     def _load(self, state: dict, resumed_step: int, source: str) -> None:
+        """Every value checked (oxrl/loops/pipeline_state.py) before any is used: a damaged file is a CheckpointError
+        naming it and the field."""
+        from oxrl.loops.pipeline_state import sampled_from_json
+
+        path = Path(source) / "training_state" / rank_state_name(self.rank)
+        if not isinstance(state, dict) or not {"max_staleness", "next_step", "sampled"} <= state.keys():
+            raise damaged(path, "pipeline is not an object of max_staleness, next_step and sampled")
         if state["max_staleness"] != self.k:
             raise ResumeError(f"{source} was written with rl.max_staleness = {state['max_staleness']}: resume with "
                               f"that value, not {self.k} (its steps sampled ahead follow that schedule)")
-        self.next_step = int(state["next_step"])
-        self.sampled = {}
-        for record in state["sampled"]:
-            sampled = _sampled_from_json(record, self.prompts_of)
-            self.sampled[sampled.step] = sampled
-        expected = list(range(resumed_step, self.next_step))
-        if sorted(self.sampled) != expected:
-            raise ValueError(f"its samples ahead are of steps {[s + 1 for s in sorted(self.sampled)]}, expected "
-                             f"{[s + 1 for s in expected]}")
-
-
-def _sampled_to_json(sampled: Sampled) -> dict:
-    rollout = sampled.rollout
-    completions = []
-    for completion in rollout.completions:
-        record = asdict(completion)
-        record.pop("vision")  # the prompt's images: taken from the prompts again on load
-        completions.append(record)
-    return {"step": sampled.step, "version": sampled.version, "metrics": sampled.metrics,
-            "rows": rollout.batch.rows, "completions": completions, "rewards": rollout.rewards.tolist(),
-            "token_rewards": [row.tolist() for row in rollout.token_rewards]}
-
-
-def _sampled_from_json(record: dict, prompts_of: Callable[[int], RLPromptBatch]) -> Sampled:
-    step = int(record["step"])
-    batch = prompts_of(step)
-    if batch.rows != record["rows"]:  # a shared rollout's share: the prompts this rank kept
-        position = {row: i for i, row in enumerate(batch.rows)}
-        batch = batch.subset([position[row] for row in record["rows"]])
-    completions = []
-    for fields in record["completions"]:
-        completion = Completion(**fields)
-        completion.vision = None if batch.vision is None else batch.vision[completion.prompt_index]
-        completions.append(completion)
-    rollout = Rollout(completions, torch.tensor(record["rewards"], dtype=torch.float32),
-                      [torch.tensor(row, dtype=torch.float32) for row in record["token_rewards"]],
-                      torch.tensor([c.prompt_index for c in completions], dtype=torch.long), batch=batch,
-                      version=int(record["version"]))
-    return Sampled(step, int(record["version"]), rollout, {k: float(v) for k, v in record["metrics"].items()})
+        next_step = state["next_step"]
+        if type(next_step) is not int or not resumed_step <= next_step <= resumed_step + self.k:
+            raise damaged(path, f"pipeline.next_step is {next_step!r}, not a step from {resumed_step} to "
+                          f"{resumed_step + self.k} (the checkpoint's step + rl.max_staleness)")
+        expected = range(resumed_step, next_step)  # the steps sampled ahead: started, not yet trained on
+        records = state["sampled"] if isinstance(state["sampled"], list) else None
+        if records is None or len(records) != len(expected):
+            raise damaged(path, f"pipeline.sampled holds {len(records) if records is not None else repr(records)} "
+                          f"steps, not the {len(expected)} sampled ahead of step {resumed_step}")
+        loaded = [sampled_from_json(record, i, path, expected, lambda step: sampling_version(step, self.k),
+                                    self.prompts_of, self.vocab_size) for i, record in enumerate(records)]
+        if sorted(s.step for s in loaded) != list(expected):
+            raise damaged(path, f"pipeline.sampled holds steps {sorted(s.step + 1 for s in loaded)}, not "
+                          f"{[step + 1 for step in expected]}")
+        self.next_step, self.sampled = next_step, {s.step: s for s in loaded}

@@ -3,6 +3,7 @@ the synchronous loop, exact repeats, learning from stale samples, and a resume w
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -224,6 +225,87 @@ def test_a_resume_trains_on_the_samples_the_checkpoint_holds_and_repeats_the_run
     (checkpoint / "training_state" / "rank_state.json").write_text(json.dumps({"pipeline": ahead}))
     tree["rl"]["max_staleness"] = 2
     tree["run"].update(name="damaged")
-    with pytest.raises(CheckpointError, match=r"step_000002: its samples of the steps ahead .* not what oxRL wrote "
-                                              r"\(ValueError: a completion needs one engine log-prob per sampled token"):
+    with pytest.raises(CheckpointError, match=r"step_000002/training_state/rank_state.json: damaged checkpoint file "
+                                              r"\(pipeline.sampled\[0\].completions\[0\] is inconsistent: a completion "
+                                              r"needs one engine log-prob per sampled token"):
         run_config(Config.model_validate(tree))
+
+
+def _set(path: str, value):
+    """An edit of a pipeline state: the value at `path` (keys and indices, dot-separated) replaced by `value`."""
+    def edit(state: dict) -> None:
+        *parents, last = [int(key) if key.isdigit() else key for key in path.split(".")]
+        holder = state
+        for key in parents:
+            holder = holder[key]
+        holder[last] = value(holder[last]) if callable(value) else value
+    return edit
+
+
+# (the damage, the field and problem the refusal names). The tiny model's vocabulary is 128 token ids.
+DAMAGED_SAMPLES = {
+    "a token id outside the vocabulary": (_set("sampled.0.completions.0.completion_ids.0", 128),
+                                          r"sampled\[0\]\.completions\[0\]\.completion_ids\[0\] is 128, not an "
+                                          r"integer 0\.\.127"),
+    "a negative token id": (_set("sampled.1.completions.2.completion_ids.0", -1),
+                            r"sampled\[1\]\.completions\[2\]\.completion_ids\[0\] is -1"),
+    "a token_rewards row one short": (_set("sampled.0.token_rewards.1", lambda row: row[:-1]),
+                                      r"sampled\[0\]\.token_rewards\[1\] holds \d+ values, not \d+"),
+    "a reward beyond float32": (_set("sampled.0.rewards.3", 1e308),
+                                r"sampled\[0\]\.rewards\[3\] is 1e\+308, not a finite float32 number"),
+    "a NaN log-prob": (_set("sampled.1.completions.0.logprobs.0", float("nan")),
+                       r"sampled\[1\]\.completions\[0\]\.logprobs\[0\] is nan, not a finite"),
+    "a reward as text": (_set("sampled.0.rewards.0", "1.0"), r"sampled\[0\]\.rewards\[0\] is '1\.0'"),
+    "replaced prompt ids": (_set("sampled.0.completions.0.prompt_ids", [1, 2, 3]),
+                            r"sampled\[0\]\.completions\[0\]\.prompt_ids are not the ids of prompt 0 of the step's"),
+    "a prompt index outside the step": (_set("sampled.0.completions.0.prompt_index", 9),
+                                        r"sampled\[0\]\.completions\[0\]\.prompt_index is 9, not an integer 0\.\.3"),
+    "rows of another step": (_set("sampled.0.rows", [99]), r"sampled\[0\]\.rows\[0\] is 99, not one of the step's"),
+    "another version": (_set("sampled.1.version", 3), r"sampled\[1\]\.version is 3, not 1, the version the schedule"),
+    "a step not sampled ahead": (_set("sampled.0.step", 7), r"sampled\[0\]\.step is 8 \(1-based\), not one of"),
+    "a metric as text": (_set("sampled.0.metrics", {"reward/mean": "high"}), r"sampled\[0\]\.metrics is"),
+    "a finish reason oxRL never writes": (_set("sampled.0.completions.0.finish_reason", "won"),
+                                          r"sampled\[0\]\.completions\[0\]\.finish_reason is 'won', not one of"),
+    "completions not a list": (_set("sampled.0.completions", {"0": {}}), r"sampled\[0\]\.completions is .*not a list"),
+    "a lost completion field": (_set("sampled.0.completions.0", lambda c: {k: v for k, v in c.items() if k != "text"}),
+                                r"sampled\[0\]\.completions\[0\] has no 'text'"),
+    "a step missing": (_set("sampled", lambda records: records[:1]), r"pipeline\.sampled holds 1 steps, not the 2"),
+    "next_step out of the schedule": (_set("next_step", 40), r"pipeline\.next_step is 40, not a step from 2 to 4"),
+}
+
+
+@pytest.fixture(scope="module")
+def pipelined_run(tmp_path_factory):
+    """A 4-step run with rl.max_staleness 2 and checkpoints at steps 2 and 4: its folder, to rewind to step 2."""
+    root = tmp_path_factory.mktemp("pipelined")
+    h = handles(root, 4, max_staleness=2, **DECOUPLED)
+    h.cfg.checkpoint.every, h.cfg.checkpoint.keep_last = 2, 5
+    train_rl(h, prompts(), NO_VALIDATION, root / "run")
+    return root / "run"
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_SAMPLES))
+def test_a_resume_refuses_damaged_samples_ahead_naming_the_file_and_the_field(tmp_path, pipelined_run, damage):
+    """Every value of rank_state.json is checked against the resuming run before a step trains or a row of
+    metrics.jsonl is dropped: a rewind to step 2 of a 4-step run, refused, leaves the run as it was."""
+    import shutil
+
+    from oxrl.training.checkpoint_files import CheckpointError
+
+    edit, problem = DAMAGED_SAMPLES[damage]
+    run_dir = tmp_path / "run"
+    shutil.copytree(pipelined_run, run_dir)
+    path = run_dir / "checkpoints" / "step_000002" / "training_state" / "rank_state.json"
+    state = json.loads(path.read_text())
+    edit(state["pipeline"])
+    path.write_text(json.dumps(state))
+    metrics_before = (run_dir / "metrics.jsonl").read_text()
+    h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
+    h.cfg.run.resume = str(path.parent.parent)
+    with pytest.raises(CheckpointError) as refused:
+        train_rl(h, prompts(), NO_VALIDATION, run_dir)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: damaged checkpoint file (pipeline."), message
+    assert re.search(problem, message), message
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before  # nothing trained, no row dropped

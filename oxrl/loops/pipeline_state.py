@@ -1,0 +1,158 @@
+"""The steps a pipelined RL run sampled ahead of a checkpoint (oxrl/loops/pipeline.py), as the plain JSON of its
+`training_state/rank_state*.json`, and the checks a resume makes of every value of it before training on them.
+
+A resume trains on these samples as they are, so a damaged or altered file would otherwise fail deep in the step
+or, worse, train: a token id outside the model's vocabulary is an IndexError in the forward pass, a `token_rewards`
+row of the wrong length a shape error in the loss, a reward beyond float32's range an inf in the metrics, a NaN
+log-prob poisons the off-policy weights, and prompt ids other than those the step's schedule gives would train the
+completions on another prompt. Each is refused in one line that names the file and the field, e.g.
+`sampled[0].completions[3].logprobs[2]`, before the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, get_args, get_type_hints
+
+import torch
+
+from oxrl.data.types import RLPromptBatch
+from oxrl.loops.rl import Rollout, Sampled
+from oxrl.rollout.base import Completion
+from oxrl.training.checkpoint_files import damaged
+
+FINISH_REASONS = get_args(get_type_hints(Completion)["finish_reason"])
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards and log-probs are trained as float32
+
+
+def sampled_to_json(sampled: Sampled) -> dict:
+    rollout = sampled.rollout
+    completions = []
+    for completion in rollout.completions:
+        record = asdict(completion)
+        record.pop("vision")  # the prompt's images: taken from the prompts again on load
+        completions.append(record)
+    return {"step": sampled.step, "version": sampled.version, "metrics": sampled.metrics,
+            "rows": rollout.batch.rows, "completions": completions, "rewards": rollout.rewards.tolist(),
+            "token_rewards": [row.tolist() for row in rollout.token_rewards]}
+
+
+class _Reader:
+    """Checks of the values of one file; each failure a CheckpointError naming the file and the field."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, field: str, problem: str):
+        raise damaged(self.path, f"{field} {problem}")
+
+    def get(self, record: Any, key: str, field: str) -> Any:
+        if not isinstance(record, dict):
+            self.fail(field, f"is {_shown(record)}, not a JSON object")
+        if key not in record:
+            self.fail(field, f"has no {key!r}")
+        return record[key]
+
+    def integer(self, value: Any, field: str, low: int = 0, high: int | None = None) -> int:
+        if type(value) is not int or value < low or (high is not None and value >= high):  # (not bool)
+            bound = f"{low}..{high - 1}" if high is not None else f">= {low}"
+            self.fail(field, f"is {_shown(value)}, not an integer {bound}")
+        return value
+
+    def integers(self, values: Any, field: str, low: int = 0, high: int | None = None) -> list[int]:
+        return [self.integer(value, f"{field}[{i}]", low, high) for i, value in enumerate(self.list(values, field))]
+
+    def floats(self, values: Any, field: str) -> list[float]:
+        """Finite numbers within float32's range (1e308 is finite in JSON but inf once trained)."""
+        numbers = self.list(values, field)
+        for i, value in enumerate(numbers):
+            if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+                self.fail(f"{field}[{i}]", f"is {_shown(value)}, not a finite float32 number")
+        return numbers
+
+    def list(self, value: Any, field: str, length: int | None = None) -> list:
+        if not isinstance(value, list):
+            self.fail(field, f"is {_shown(value)}, not a list")
+        if length is not None and len(value) != length:
+            self.fail(field, f"holds {len(value)} values, not {length}")
+        return value
+
+
+def sampled_from_json(record: Any, index: int, path: Path, steps: range, version_of: Callable[[int], int],
+                      prompts_of: Callable[[int], RLPromptBatch], vocab_size: int | None) -> Sampled:
+    """`sampled[index]` of the file `path`, checked: its step one of `steps` and sampled by the version the schedule
+    names (`version_of`), its prompts the step's (`prompts_of`), every token id below `vocab_size` (None: any), every
+    number finite, every row as long as its completion."""
+    read, at = _Reader(path), f"pipeline.sampled[{index}]"
+    step = read.integer(read.get(record, "step", at), f"{at}.step")
+    if step not in steps:
+        read.fail(f"{at}.step", f"is {step + 1} (1-based), not one of the steps sampled ahead of this checkpoint, "
+                  f"{steps.start + 1}..{steps.stop}")
+    version = read.get(record, "version", at)
+    if version != version_of(step):
+        read.fail(f"{at}.version", f"is {_shown(version)}, not {version_of(step)}, the version the schedule samples "
+                  f"step {step + 1} with")
+    metrics = read.get(record, "metrics", at)
+    if not isinstance(metrics, dict) or not all(type(v) in (int, float) for v in metrics.values()):
+        read.fail(f"{at}.metrics", f"is {_shown(metrics)}, not an object of numbers")
+    batch = _prompts(read, record, at, prompts_of(step))
+    completions = [_completion(read, fields, f"{at}.completions[{j}]", batch, vocab_size)
+                   for j, fields in enumerate(read.list(read.get(record, "completions", at), f"{at}.completions"))]
+    rewards = read.floats(read.list(read.get(record, "rewards", at), f"{at}.rewards", len(completions)), f"{at}.rewards")
+    rows = read.list(read.get(record, "token_rewards", at), f"{at}.token_rewards", len(completions))
+    token_rewards = [torch.tensor(read.floats(read.list(row, f"{at}.token_rewards[{j}]", c.num_sampled),
+                                              f"{at}.token_rewards[{j}]"), dtype=torch.float32)
+                     for j, (row, c) in enumerate(zip(rows, completions))]
+    rollout = Rollout(completions, torch.tensor(rewards, dtype=torch.float32), token_rewards,
+                      torch.tensor([c.prompt_index for c in completions], dtype=torch.long), batch=batch, version=version)
+    return Sampled(step, version, rollout, {key: float(value) for key, value in metrics.items()})
+
+
+def _prompts(read: _Reader, record: dict, at: str, batch: RLPromptBatch) -> RLPromptBatch:
+    """The step's prompts this rank's samples answer: all of them, or (a shared rollout's share) those `rows` names."""
+    rows = read.get(record, "rows", at)
+    if rows == batch.rows:
+        return batch
+    position = {row: i for i, row in enumerate(batch.rows)}
+    seen = set()
+    for i, row in enumerate(read.list(rows, f"{at}.rows")):
+        if type(row) is not int or row not in position or row in seen:
+            read.fail(f"{at}.rows[{i}]", f"is {_shown(row)}, not one of the step's prompts {batch.rows} (each once)")
+        seen.add(row)
+    return batch.subset([position[row] for row in rows])
+
+
+def _completion(read: _Reader, fields: Any, at: str, batch: RLPromptBatch, vocab_size: int | None) -> Completion:
+    prompt = read.integer(read.get(fields, "prompt_index", at), f"{at}.prompt_index", 0, len(batch.prompt_ids))
+    if read.get(fields, "prompt_ids", at) != batch.prompt_ids[prompt]:
+        read.fail(f"{at}.prompt_ids", f"are not the ids of prompt {prompt} of the step's prompts (the schedule gives "
+                  "each step its prompts: a resume never trains completions on other prompts)")
+    read.integers(read.get(fields, "completion_ids", at), f"{at}.completion_ids", 0, vocab_size)
+    read.floats(read.get(fields, "logprobs", at), f"{at}.logprobs")
+    if read.get(fields, "finish_reason", at) not in FINISH_REASONS:
+        read.fail(f"{at}.finish_reason", f"is {_shown(fields['finish_reason'])}, not one of {list(FINISH_REASONS)}")
+    if not isinstance(read.get(fields, "text", at), str):
+        read.fail(f"{at}.text", f"is {_shown(fields['text'])}, not a string")
+    mask = fields.get("loss_mask")
+    if mask is not None and not (isinstance(mask, list) and all(type(m) is bool for m in mask)):
+        read.fail(f"{at}.loss_mask", f"is {_shown(mask)}, not a list of true/false")
+    read.integers(fields.get("context_starts", []), f"{at}.context_starts", 1)
+    if fields.get("context_vision"):  # images are never written to this file (they are the prompts')
+        read.fail(f"{at}.context_vision", "holds values; oxRL writes none here")
+    if set(fields) - {"prompt_index", "prompt_ids", "completion_ids", "logprobs", "finish_reason", "text", "loss_mask",
+                      "context_starts", "context_vision"}:
+        read.fail(at, f"has fields oxRL does not write: {sorted(set(fields))}")
+    try:
+        completion = Completion(**{key: value for key, value in fields.items() if key != "context_vision"})
+    except ValueError as error:  # its own checks: log-probs per sampled token, mask length, context starts
+        read.fail(at, f"is inconsistent: {error}")
+    completion.vision = None if batch.vision is None else batch.vision[prompt]
+    return completion
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
