@@ -26,7 +26,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     request = EvalRequest(model=args.model, baseline=args.baseline, config=args.config, task=args.task, data=args.data,
                           rewards=args.reward, n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                          limit=args.limit, engine=args.engine, seed=args.seed, out=args.out, overrides=args.set)
+                          limit=args.limit, engine=args.engine, seed=args.seed, out=args.out, overrides=args.set,
+                          trust_config_code=args.trust_config_code)
     sys.stdout.write(format_table(evaluate_models(request)))
     return 0
 
@@ -214,6 +215,10 @@ def add_eval_parser(sub) -> None:
     ev.add_argument("--config", metavar="CFG.yaml", help="RL config whose data, rl and run sections to use (MODEL replaces its model)")
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="dotted config override, e.g. --set rl.task_config.max_operand=20; repeatable")
+    ev.add_argument("--trust-config-code", action="store_true",
+                    help="run the code a run directory's saved config.yaml names (extensions, reward and environment "
+                    "files, module:factory, trust_remote_code): off, as anyone may have written that config; --config "
+                    "and --set are yours and always run")
     ev.set_defaults(func=_cmd_eval)
 
 

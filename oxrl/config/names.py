@@ -91,13 +91,16 @@ ROBOT_ENVIRONMENTS = ("reach", "pusht")  # vla.env's built-in names (oxrl.vla.en
 ACTION_BINNINGS = ("uniform", "uniform_q99", "quantile")  # vla.binning (oxrl.vla.action_tokens.ActionTokenizer)
 EPISODE_REWARDS = ("success", "env", "env_max")  # vla.reward (oxrl.vla.episodes.VLAEpisodes.run)
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)
+# rl.rewards[].name's built-in rewards (oxrl.rewards.combine.REWARDS); any other name is a reference to code
+REWARD_NAMES = ("math", "format", "code", "reasoning_gym", "judge", "reward_model")
 
 
 # The kinds an extension adds to (oxrl/extensions.py): kind -> name -> what the config needs of it (a policy
 # loss's parameter class), filled as extensions register, so the config validates a name without importing
 # the registry's code.
 REGISTERED: dict[str, dict[str, object]] = {"advantage": {}, "policy_loss": {}, "reward": {}, "engine": {}}
-BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSS_NAMES, "engine": ROLLOUT_ENGINES}
+BUILTIN = {"advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSS_NAMES, "engine": ROLLOUT_ENGINES,
+           "reward": REWARD_NAMES}
 
 
 def declare(kind: str, name: str, builtin: tuple[str, ...] | list[str], info: object = None) -> None:

@@ -56,6 +56,28 @@ class ReadOnly:
     shows: tuple[str, ...] = ()  # the settings that decide, shown with their values (a preset may have set them)
 
 
+@dataclass(frozen=True)
+class NamesCode:
+    """Declared beside a setting, `Annotated[type, NamesCode(...)]`: a value for which `names` holds makes a run
+    import or run code (a Python file or module, a model repository's own code). In a config that is data, not named
+    by the user (a run directory's saved config.yaml under `oxrl eval`), such a value is refused before anything is
+    imported unless the user opts in with --trust-config-code (oxrl/config/trust.py walks the schema for these)."""
+
+    what: str  # what the value names, completing "it names ...": "a Python file or module, to import"
+    names: Callable[[Any], bool]  # of the value as the file gives it: it is checked before validation imports it
+
+
+def _switched_on(value: Any) -> bool:
+    """A bool setting as validation reads it (`true`, `yes`, `1`); a value validation refuses turns nothing on."""
+    return value == 1 or str(value).strip().lower() in ("true", "yes", "on", "1", "t", "y")
+
+
+def _not_built_in(built_in: Callable[[], tuple[str, ...]]) -> Callable[[Any], bool]:
+    """Names code unless it is one of the names `built_in()` gives (built-ins, and names an extension already loaded
+    in this process registered); a value that is not a string is refused by validation, and names nothing."""
+    return lambda value: isinstance(value, str) and value not in built_in()
+
+
 def read_by(*names: str) -> ReadOnly:
     """Read only by these algorithms, or by the online algorithms whose trained objective (`online.loss`, rft's sft)
     is one of them."""
@@ -276,7 +298,7 @@ class ModelConfig(Section):
     """Compile each decoder layer's MLP and RMSNorms with torch.compile (oxrl/models/load.py: `compile_blocks`): their
     elementwise work (casts, SiLU, norms) fuses into a few kernels; the first steps compile. Attention and the output
     layer stay eager."""
-    trust_remote_code: bool = False
+    trust_remote_code: Annotated[bool, NamesCode("the model repository's own Python code, to run", _switched_on)] = False
     """Allow model code from the hub to run. Off unless you trust it."""
     revision: str | None = None
     """Hub revision (branch, tag or commit)."""
@@ -546,18 +568,21 @@ class RolloutConfig(Section):
 class RewardConfig(Section):
     """One entry of `rl.rewards`; the run builds an `oxrl.rewards.combine.RewardSpec` from it."""
 
-    name: str
+    name: Annotated[str, NamesCode("a reward function in a Python file or module, to import",
+                                   _not_built_in(lambda: choices("reward")))]
     """Built-in reward (`math`, `format`, `code`, `reasoning_gym`, `reward_model`: a trained reward model, `judge`: an
     LLM judge; their kwargs in docs/rewards.md), a dotted path (`pkg.module:function`) or a file path
     (`rewards.py:function`)."""
     weight: float = 1.0
     """Weight in the total reward."""
-    kwargs: dict = Field(default_factory=dict)
+    kwargs: Annotated[dict, NamesCode("`trust_remote_code`: the reward model repository's own Python code, to run",
+                                      lambda kwargs: isinstance(kwargs, dict)
+                                      and _switched_on(kwargs.get("trust_remote_code")))] = Field(default_factory=dict)
     """Keyword arguments for the reward."""
 
 
 class EnvConfig(Section):
-    path: str
+    path: Annotated[str, NamesCode("an environment's Python file or module, to import", lambda path: path is not None)]
     """Multi-turn environment in RL2's format: a Python file whose `async def step(state, action, extra_info)` returns
     `next_state`, `reward`, `score`, `done`, `extra_info` (`envs/calc.py` uses its `step`; `envs/calc.py:my_step` or
     `pkg.module:step` name another). Its rewards, summed over turns, are the reward."""
@@ -805,7 +830,9 @@ class StrategyConfig(Section):
     reshard_after_forward: Annotated[bool, _FSDP2] = True
     """Free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); false keeps them until
     backward (ZeRO-2-like, one all-gather fewer per layer)."""
-    deepspeed_config: Annotated[str | None, _DEEPSPEED] = None
+    deepspeed_config: Annotated[str | None, _DEEPSPEED, NamesCode(
+        "a DeepSpeed JSON config, whose settings name modules for DeepSpeed to import "
+        "(torch_autocast.lower_precision_safe_modules)", lambda path: path is not None)] = None
     """A JSON file merged over the DeepSpeed config oxRL generates (nested keys replace ours), for settings oxRL does
     not expose, e.g. bucket sizes."""
     mesh: Annotated[MeshConfig, _FSDP2] = Field(default_factory=MeshConfig)
@@ -936,7 +963,8 @@ def as_written(value: Any) -> Any:
 class VLAConfig(Section):
     """Vision-language-action models (docs/vla.md): the action tokens and, for RL and evaluation, the simulator."""
 
-    env: str | None = None
+    env: Annotated[str | None, NamesCode("a `module:factory` or `file.py:factory` environment, to import and call",
+                                         _not_built_in(lambda: ROBOT_ENVIRONMENTS))] = None
     """The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht, the `vla` extra) or
     `module:factory` / `file.py:factory` returning a gymnasium environment with image observations. Required by RL;
     under `sft` it sets the uniform bins' range (its action space)."""
@@ -986,7 +1014,8 @@ def mesh_refusal(cfg: "Config") -> str | None:
 
 
 class Config(Section):
-    extensions: list[str] = Field(default_factory=list)
+    extensions: Annotated[list[str], NamesCode("extensions (Python files, modules or entry points) to import",
+                                               bool)] = Field(default_factory=list)
     """Extensions to import before the rest of the config is read: files (`my_loss.py`), modules (`pkg.module`) or
     `oxrl.extensions` entry points; the names they register are valid choices here (docs/extending.md)."""
     run: RunConfig = Field(default_factory=RunConfig)

@@ -2,13 +2,15 @@
 
     oxrl eval MODEL [--task NAME | --data FILE ...] [--reward SPEC ...] [--n K] [--temperature T]
               [--max-new-tokens N] [--limit N] [--engine hf|vllm] [--baseline MODEL] [--out FILE.jsonl]
-              [--seed S] [--config CFG.yaml] [--set KEY=VALUE ...]
+              [--seed S] [--config CFG.yaml] [--set KEY=VALUE ...] [--trust-config-code]
 
 Everything becomes the `Config` that `oxrl train` reads, so prompts, rewards and sampling mean what
 they mean in training, and the RL loop's own functions do the work:
 
 - the config is `--config`, else the run's saved `config.yaml` when MODEL is a run directory, else
-  empty; the flags and then the `--set` overrides refine it;
+  empty; the flags and then the `--set` overrides refine it. A saved `config.yaml` is data, not the user's: a
+  setting of it that names code (an extension, a reward or environment file, ...) is refused before anything is
+  imported unless `--trust-config-code`, or a flag or `--set` replaces it (oxrl/config/trust.py);
 - MODEL is a model folder, a run directory (its `final/`, else its latest checkpoint), a `.gguf`
   file, a hub id or the bundled alias `smollm2-135m-instruct`;
 - prompts (`eval_prompts`): with `--data`, every row of the files; otherwise the held-out prompts
@@ -62,6 +64,9 @@ class EvalRequest:
     seed: int | None = None
     out: str | None = None
     overrides: list[str] = field(default_factory=list)
+    # Run what a run directory's saved config.yaml names as code (extensions, reward and environment files, ...):
+    # off, as that config is data anyone may have written (oxrl/config/trust.py); --config and --set are the user's.
+    trust_config_code: bool = False
 
     def __post_init__(self) -> None:
         for flag, value, least in (("--n", self.n, 1), ("--limit", self.limit, 1),
@@ -106,14 +111,20 @@ def model_location(name: str) -> tuple[str, Path | None]:
 
 
 def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> Config:
-    """The config file (module docstring), then the flags, then the `--set` overrides."""
-    from oxrl.config.load import apply_override, load_config
+    """The config file (module docstring), then the flags, then the `--set` overrides. A run directory's config.yaml
+    is data: a setting of it that names code is refused unless `trust_config_code`, or the flags or `--set` set it."""
+    from oxrl.config.load import apply_override, load_config, parse_override
 
-    source = request.config
+    source, saved = request.config, False
     if source is None and run_dir is not None and (run_dir / "config.yaml").is_file():
-        source = str(run_dir / "config.yaml")
+        source, saved = str(run_dir / "config.yaml"), True
         logger.info("prompts, rewards and sampling as in the run's %s (flags and --set override them)", source)
-    tree = load_config(source).model_dump(mode="json") if source is not None else {"algorithm": {"name": DEFAULT_ALGORITHM}}
+    given = {".".join(keys): value for keys, value in map(parse_override, request.overrides)}
+    if request.rewards:
+        given = {"rl.rewards": [{"name": name} for name in request.rewards], **given}
+    tree = {"algorithm": {"name": DEFAULT_ALGORITHM}}
+    if source is not None:
+        tree = load_config(source, trusted=not saved or request.trust_config_code, given=given).model_dump(mode="json")
     if tree["algorithm"]["name"] not in SAMPLING_ALGORITHMS:
         # An offline run's config: evaluation samples, so it keeps what sampling reads (the model, the seed, the
         # `rl` section) under the default RL algorithm; the offline sections would be settings nobody reads.
