@@ -93,33 +93,67 @@ def tracker_name(key: str) -> str:
     return re.sub(r"[^\w./ -]", "_", key.replace("@", "_at_"))
 
 
+class MetricsFileError(ValueError):
+    """A line of metrics.jsonl that is not a row oxRL writes (a JSON object with an integer step)."""
+
+
 def keep_rows_up_to(path: Path, step: int) -> None:
     """Rewrite `path` with only its rows of steps <= `step` (none when `step` is 0: the run starts over,
-    its step-0 rows included). A torn last line, from a process killed mid-write, is dropped too."""
+    its step-0 rows included). A torn last line, from a process killed mid-write, is dropped too; any other
+    line that is not a metrics row stops the run (MetricsFileError naming it) before the file is changed."""
     if not path.is_file():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}, line {number}: not a JSON metrics row ({error})") from None
-        if step > 0 and row["step"] <= step:
-            kept.append(line)
+    lines = _lines(path)
+    rows = _rows(path, lines) if step > 0 else []  # (starting over: every row goes, whatever it holds)
+    kept = [line for (_, line), row in zip(lines, rows) if row["step"] <= step]
     if len(kept) == len(lines):
         return
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text("".join(f"{line}\n" for line in kept))
+    partial.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8", errors="surrogateescape")
     partial.replace(path)
     logger.info("%s: dropped %d row(s) logged after step %d, the step this run starts from",
                 path, len(lines) - len(kept), step)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of `run_dir`'s metrics.jsonl (without a torn last line); a MetricsFileError names a damaged one."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _rows(path, _lines(path))
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """The non-blank lines of `path` and their 1-based numbers; bytes that are not UTF-8 kept as they are (surrogate
+    escapes), so that a rewrite changes nothing but the rows it drops."""
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _rows(path: Path, lines: list[tuple[int, str]]) -> list[dict]:
+    """Each of `lines` (of `path`) parsed as a metrics row, but a last line that is not JSON (torn by a kill)."""
+    from oxrl.data.nesting import too_deep
+
+    rows = []
+    for number, line in lines:
+        if too_deep(line.encode("utf-8", "surrogateescape")):  # before `json`, which would recurse into it
+            problem = "its arrays and objects nest deeper than any metrics row"
+        else:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                if number == lines[-1][0]:  # the write a kill interrupted
+                    break
+                problem = f"not JSON: {error.msg} (column {error.colno})"
+            else:
+                if not isinstance(row, dict):
+                    problem = f"a JSON {type(row).__name__}, not an object"
+                elif type(row.get("step")) is not int:  # (not bool, an int subclass; not "3", nor 3.0)
+                    problem = f"its step is {json.dumps(row['step'])[:40]}, not an integer" if "step" in row \
+                        else "it has no step"
+                else:
+                    rows.append(row)
+                    continue
+        raise MetricsFileError(f"{path}, line {number}: not a metrics row oxRL writes ({problem}); correct or delete "
+                               "that line (nothing in the file was changed)")
+    return rows

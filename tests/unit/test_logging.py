@@ -2,7 +2,7 @@
 
 import pytest
 
-from oxrl.logging.metrics import MetricsLogger, read_metrics
+from oxrl.logging.metrics import MetricsFileError, MetricsLogger, read_metrics
 from oxrl.logging.plot import plot_curves
 
 
@@ -39,7 +39,36 @@ def test_a_resumed_run_keeps_only_the_rows_its_checkpoint_records(tmp_path):
     assert read_metrics(tmp_path) == []
 
 
-def test_a_malformed_row_before_the_last_is_an_error_naming_the_line(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2"):
+DAMAGED_ROWS = {
+    "not json": r"not JSON: Expecting value \(column 1\)",
+    "[1, 2]": r"a JSON list, not an object",
+    '{"loss": 1}': r"it has no step",
+    '{"step": "3"}': r'its step is "3", not an integer',
+    '{"step": true}': r"its step is true, not an integer",
+    '{"step": 2.0}': r"its step is 2.0, not an integer",
+    "[" * 100_000 + "]" * 100_000: r"its arrays and objects nest deeper than any metrics row",
+}
+
+
+@pytest.mark.parametrize("damaged", list(DAMAGED_ROWS), ids=lambda row: row[:16])
+def test_a_damaged_row_before_the_last_is_refused_naming_the_file_and_the_line(tmp_path, damaged):
+    """A resume reads metrics.jsonl only to drop the rows after its step: a line it cannot read as a row stops it in
+    one line that names the file and the line (blank lines counted), and nothing in the file changes; so do the
+    readers of a finished run's rows (report, curves)."""
+    text = '{"step": 1, "loss": 0.5}\n\n' + damaged + '\n{"step": 2, "loss": 0.25}\n{"step": 3, "loss": 0.125}\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    expected = rf"^{tmp_path / 'metrics.jsonl'}, line 3: not a metrics row oxRL writes \({DAMAGED_ROWS[damaged]}\); "
+    with pytest.raises(MetricsFileError, match=expected):
         MetricsLogger(tmp_path, total_steps=4, start_step=1, progress_bar=False)
+    with pytest.raises(MetricsFileError, match=expected):
+        read_metrics(tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text() == text
+    MetricsLogger(tmp_path, total_steps=4, start_step=0, progress_bar=False).close()  # starting over: all rows go
+    assert read_metrics(tmp_path) == []
+
+
+def test_a_rewind_keeps_the_bytes_of_the_rows_it_keeps(tmp_path):
+    """Bytes that are not UTF-8 in a kept row (a metric name written by other code) survive the rewrite."""
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1, "caf\xe9": 1.0}\n{"step": 2, "loss": 2.0}\n')
+    MetricsLogger(tmp_path, total_steps=4, start_step=1, progress_bar=False).close()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == b'{"step": 1, "caf\xe9": 1.0}\n'
