@@ -26,20 +26,26 @@ def fit_label(entry: RegistryEntry, shape: ModelShape, spec: str) -> str:
     return "no"
 
 
+def catalog_row(entry: RegistryEntry) -> str:
+    """The table's row for one model (docs/models.md quotes some of them)."""
+    cells = [entry.name, entry.family, f"{entry.params_b:g}B", str(entry.context), "yes" if entry.tested else "no"]
+    if entry.unsupported or entry.config is None:
+        cells += ["no recipe"] + [""] * (len(HARDWARE) - 1)
+    else:
+        shape = ModelShape.from_config(entry.transformers_config())
+        cells += [fit_label(entry, shape, spec) for spec in HARDWARE]
+    return "| " + " | ".join(cells) + " |"
+
+
 def format_catalog(registry_files: list[str] = ()) -> str:
-    header = ["model", "family", "params", "context", "matrix", *(f"SFT {spec}" for spec in HARDWARE)]
-    rows = []
     entries = load_registry(registry_files)
-    for entry in entries:
-        cells = [entry.name, entry.family, f"{entry.params_b:g}B", str(entry.context), "yes" if entry.tested else "no"]
-        if entry.unsupported or entry.config is None:
-            cells += ["no recipe"] + [""] * (len(HARDWARE) - 1)
-        else:
-            shape = ModelShape.from_config(entry.transformers_config())
-            cells += [fit_label(entry, shape, spec) for spec in HARDWARE]
-        rows.append(cells)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    head, notes = catalog_frame(entries)
+    return "\n".join(head + [catalog_row(entry) for entry in entries] + notes) + "\n"
+
+
+def catalog_frame(entries: list[RegistryEntry]) -> tuple[list[str], list[str]]:
+    """The table's header lines and the notes below it (cheap: no memory estimate)."""
+    header = ["model", "family", "params", "context", "matrix", *(f"SFT {spec}" for spec in HARDWARE)]
     notes = [
         "",
         f"SFT columns: the first layout that fits, from the memory estimate (oxrl/models/memory.py) for the `{CATALOG_TASK}` "
@@ -49,4 +55,4 @@ def format_catalog(registry_files: list[str] = ()) -> str:
         "No recipe: " + "; ".join(f"{e.name}: {e.unsupported}" for e in entries if e.unsupported),
         "A ready config: oxrl recipe MODEL --task math --gpus 8x80GB.  A new model: oxrl onboard MODEL.",
     ]
-    return "\n".join(lines + notes) + "\n"
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)], notes
