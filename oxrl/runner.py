@@ -326,10 +326,12 @@ class OfflineRun:
         return sum(longest_rows) or None
 
     def load(self, tokenizer, processor, saved_with):
+        from oxrl.loops.sl import examples_used
+
         self.saved_with = saved_with
         self.model = _load_trained_model(self.cfg, tokenizer, self.strategy.device)
-        self.reference = _fixed_model(self.cfg, self.objective, self.model, self.data.train + self.data.validation,
-                                      self.strategy)
+        used = examples_used(self.cfg, self.data.train, self.data.validation)  # a precomputed reference scores these
+        self.reference = _fixed_model(self.cfg, self.objective, self.model, used, self.strategy)
         return self.model
 
     def train(self, run_dir: Path) -> Trained:
@@ -367,4 +369,5 @@ def _fixed_model(cfg: Config, objective, model, examples, strategy):
         teacher = load_teacher(cfg.preference.teacher, cfg.model, model, strategy.device)
         teacher.model = strategy.prepare_frozen(teacher.model)  # sharded like the student
         return teacher
-    return build_reference(cfg.preference.reference, model, examples, cfg.train.micro_batch_size_per_device, strategy)
+    return build_reference(cfg.preference.reference, model, examples, cfg.train.micro_batch_size_per_device, strategy,
+                           cfg.logging.progress_bar)

@@ -198,10 +198,10 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
     schedule = (h.ahead if rl.max_staleness else InTurn)(h, total_steps, prompts_of)  # which policy samples a step
     if checkpoint is not None:
         schedule.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
+    validating = bool(val.prompt_ids) and rl.validation_every is not None
+    before = evaluate(h, val) if validating and start_step == 0 else {}  # before the step bar opens: it would sit at 0
     log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main, progress_bar=cfg.logging.progress_bar,
                         config=cfg)
-    validating = bool(val.prompt_ids) and rl.validation_every is not None
-    before = evaluate(h, val) if validating and start_step == 0 else {}
     if before:
         log.log(start_step, before, advance=False)
         logger.info("held-out accuracy before training: %.3f", before["val/accuracy"])
@@ -498,6 +498,7 @@ def evaluate(h: RLHandles, batch: RLPromptBatch) -> dict[str, float]:
     greedy pass is these same calls (oxrl/evaluation/run.py), so the two report the same numbers."""
     if not batch.prompt_ids:
         return {}
+    logger.info("held-out validation: greedy answers to %d prompts", len(batch.prompt_ids))
     completions, scored, _ = sample_and_reward(h.engine, h.reward_fn, h.env, batch, sampling_params(h.cfg, greedy=True))
     summary = summarise(completions, scored)
     return {"val/accuracy": summary["accuracy"], "val/reward": summary["reward/mean"]}

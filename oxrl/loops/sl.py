@@ -99,6 +99,20 @@ def validate(objective: Objective, model, examples: list[Example], micro_size: i
     return {f"val/{k}": v for k, v in sums.items()}
 
 
+def step_sampler(cfg: Config, num_examples: int) -> StepSampler:
+    """Which examples each optimizer step trains on (deterministic: the same on resume)."""
+    return StepSampler(num_examples, cfg.train.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
+
+
+def examples_used(cfg: Config, train_set: list[Example], val_set: list[Example]) -> list[Example]:
+    """The examples `train_offline` will read: those of its steps' batches (with `train.max_steps: 1`, one batch),
+    and the validation examples when it validates (`train.eval_every`). What a precomputed reference scores
+    (oxrl/models/reference.py), instead of every row of the data. A resumed run's earlier steps are counted too."""
+    sampler = step_sampler(cfg, len(train_set))
+    used = sorted({i for step in range(sampler.total_steps(cfg.train)) for i in sampler.step_indices(step)})
+    return [train_set[i] for i in used] + (list(val_set) if cfg.train.eval_every else [])
+
+
 def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set: list[Example],
                   val_set: list[Example], strategy, run_dir: Path, reference=None) -> LoopResult:
     tc = cfg.train
@@ -108,7 +122,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
             f"train.global_batch_size ({tc.global_batch_size}) must be a multiple of micro_batch_size_per_device "
             f"({tc.micro_batch_size_per_device}) x data-parallel ranks ({world})"
         )
-    sampler = StepSampler(len(train_set), tc.global_batch_size, cfg.run.seed, shuffle=cfg.data.shuffle)
+    sampler = step_sampler(cfg, len(train_set))
     total_steps = sampler.total_steps(tc)
     optimizer = build_optimizer(model, tc.optim, fused=strategy.fused_optimizer)
     scheduler = build_scheduler(optimizer, total_steps, tc.optim)

@@ -106,13 +106,19 @@ class PrecomputedReference:
         return torch.tensor([self.table[key] for key in keys], dtype=torch.float32, device=batch.input_ids.device)
 
 
-def precompute_reference(model: torch.nn.Module, examples: list[Example], micro_size: int, strategy) -> PrecomputedReference:
-    """Score every sequence of `examples` with `model` (which must still be the reference) once."""
+def precompute_reference(model: torch.nn.Module, examples: list[Example], micro_size: int, strategy,
+                         progress_bar: bool = True) -> PrecomputedReference:
+    """Score every sequence of `examples` with `model` (which must still be the reference) once: the examples the run
+    will use (oxrl.loops.sl.examples_used), shown as they are scored (a bar, or log lines: oxrl/logging/progress.py)."""
+    from oxrl.logging.progress import progress
+
     table: dict[bytes, float] = {}
     was_training = model.training
     model.eval()
+    chunks = micro_batches(examples, micro_size)
     try:
-        for chunk in micro_batches(examples, micro_size):
+        for chunk in progress(chunks, "reference log-probs", unit="micro-batch", bar=progress_bar,
+                              enabled=strategy.is_main):
             batch = pack(chunk).to(strategy.device)
             # Same autocast as the training loop, so the numbers match a reference run inside it.
             with torch.no_grad(), strategy.autocast():
@@ -124,16 +130,18 @@ def precompute_reference(model: torch.nn.Module, examples: list[Example], micro_
     return PrecomputedReference(table)
 
 
-def build_reference(kind: str, policy: torch.nn.Module, examples: list[Example], micro_size: int, strategy):
+def build_reference(kind: str, policy: torch.nn.Module, examples: list[Example], micro_size: int, strategy,
+                    progress_bar: bool = True):
     """The reference of `kind` (`preference.reference`'s choices) for a policy that has not been updated yet: every
     objective's, RL's KL term's and SPIN's opponent. A frozen copy is sharded like the policy (the strategy's
-    `prepare_frozen`); `lora_disabled` is the policy itself, which the loop prepares."""
+    `prepare_frozen`); `lora_disabled` is the policy itself, which the loop prepares; `precomputed` scores `examples`
+    (`progress_bar`: shown with a bar, else with log lines)."""
     if kind == "frozen_copy":
         return FrozenModel(strategy.prepare_frozen(copy.deepcopy(policy).eval().requires_grad_(False)))
     if kind == "lora_disabled":
         return AdapterDisabledReference(policy)
     if kind == "precomputed":
-        return precompute_reference(policy, examples, micro_size, strategy)
+        return precompute_reference(policy, examples, micro_size, strategy, progress_bar)
     raise ValueError(f"unknown preference.reference {kind!r}; valid: frozen_copy, lora_disabled, precomputed")
 
 
