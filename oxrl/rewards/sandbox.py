@@ -22,11 +22,13 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap` >= 0.8, Debian/Fedor
 - a seccomp filter (`sandbox_seccomp`): no new processes (with `max_processes=1`, the default), no
   new namespaces, no SysV IPC, POSIX message queues or memfd, no clearing of the parent-death
   signal, no making itself dumpable again (core dumps are off, through a piped `core_pattern`
-  too), no sockets but AF_UNIX, no kernel keyrings or kernel log, no ptrace, io_uring, bpf,
-  mounts or module loading;
+  too), no sockets but AF_UNIX, no kernel keyrings or kernel log, no file leases or `flock`, no
+  ptrace, io_uring, bpf, mounts or module loading;
 - resource limits (set by `sandbox_child.py` before the program runs): CPU seconds, address space
-  (`memory_mb`), file size (which also caps stdout/stderr: they are files outside the sandbox, read
-  back up to `max_output_bytes`), tasks (RLIMIT_NPROC = `max_tasks`), open files, no core dumps;
+  (`memory_mb`), file size, tasks (RLIMIT_NPROC = `max_tasks`), open files, no core dumps;
+- stdin, stdout and stderr are pipes (`sandbox_pipes`), never descriptors of the trainer's files,
+  which the program could `fchmod` or lock: the trainer feeds the input, keeps the first
+  `max_output_bytes` of each output and closes its end after `file_size_mb` (writes then fail);
 - a cgroup per call (`sandbox_cgroup`), where the trainer can create them (root, or a delegated
   cgroup): at most `max_tasks` processes and threads together, and at most `memory_mb` + 2 x
   `scratch_mb` + 32 MiB of memory for all of them, tmpfs, shared-memory and kernel memory included
@@ -86,8 +88,7 @@ Limits, honestly. The sandbox shares the host's kernel, so a kernel exploit gets
 VM or gVisor against adversaries who have one). When the trainer runs as root, uid 65534 inside
 is root outside the namespaces: it has no capabilities, but it owns what root owns, which is why
 every bind is read-only, the device nodes are private and there is no /proc (a writable
-/proc/sys would let it set the host's sysctls). What the program writes to stdout and stderr
-stays in files of the trainer's temporary folder until the call returns.
+/proc/sys would let it set the host's sysctls).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ from oxrl.rewards.sandbox_launch import Launched, launch_bwrap, wait_then_kill
 from oxrl.rewards.sandbox_mounts import (
     INSIDE_PROGRAM, INSIDE_WORK, SYSTEM_DIRS, device_problem, interpreter_layout, mount_arguments, private_devices,
 )
+from oxrl.rewards.sandbox_pipes import PipedStdio
 from oxrl.rewards.sandbox_seccomp import seccomp_program
 
 logger = logging.getLogger(__name__)
@@ -316,24 +318,18 @@ def _run(code: str, stdin: str, limits: SandboxLimits, bwrap: str | None) -> San
         program.mkdir()
         (program / "child.py").write_text(_child_source(), encoding="utf-8")
         (program / "solution.py").write_text(code, encoding="utf-8")
-        (root / "stdin").write_text(stdin, encoding="utf-8")
+        (root / "stdin").write_text(stdin, encoding="utf-8")  # what /dev/stdin shows, read-only
+        stdio = PipedStdio(stdin.encode("utf-8"), limits.max_output_bytes, limits.file_size_mb << 20)
         start = time.monotonic()
-        with (root / "stdin").open("rb") as fin, (root / "stdout").open("wb") as fout, (root / "stderr").open("wb") as ferr:
-            streams = {"stdin": fin, "stdout": fout, "stderr": ferr}
-            if bwrap:
-                returncode, timed_out = _run_sandboxed(bwrap, root, limits, streams)
-            else:
-                returncode, timed_out = _run_unsandboxed(root, limits, streams)
-        return SandboxResult(
-            returncode=returncode,
-            stdout=_read_head(root / "stdout", limits.max_output_bytes),
-            stderr=_read_head(root / "stderr", limits.max_output_bytes),
-            timed_out=timed_out,
-            elapsed_seconds=time.monotonic() - start,
-        )
+        if bwrap:
+            returncode, timed_out = _run_sandboxed(bwrap, root, limits, stdio)
+        else:
+            returncode, timed_out = _run_unsandboxed(root, limits, stdio)
+        stdout, stderr = stdio.finish()
+        return SandboxResult(returncode, stdout, stderr, timed_out, elapsed_seconds=time.monotonic() - start)
 
 
-def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, streams: dict) -> tuple[int, bool]:
+def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, stdio: PipedStdio) -> tuple[int, bool]:
     """(exit status, timed out) of the program in `root`/program, run under bwrap in its own cgroups."""
     start = time.monotonic()
     bounds = kernel_bounds()
@@ -343,9 +339,10 @@ def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, streams: dict)
         command = bwrap_arguments(bwrap, root, limits, seccomp_fd)
         with CallCgroup(bounds.cgroups, limits.max_tasks, limits.cgroup_memory_bytes) as cgroup:
             launched = launch_bwrap(
-                [*command, *_limit_arguments(limits)], cgroup.attach, limits.wall_seconds, **streams, cwd=root,
+                [*command, *_limit_arguments(limits)], cgroup.attach, limits.wall_seconds, **stdio.popen, cwd=root,
                 env=_scrubbed_env(INSIDE_WORK), pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             )
+            stdio.start(launched.process)
             timed_out = wait_then_kill(launched, limits.wall_seconds - (time.monotonic() - start))
     finally:
         if seccomp_fd is not None:
@@ -356,15 +353,16 @@ def _run_sandboxed(bwrap: str, root: Path, limits: SandboxLimits, streams: dict)
     return returncode, timed_out
 
 
-def _run_unsandboxed(root: Path, limits: SandboxLimits, streams: dict) -> tuple[int, bool]:
+def _run_unsandboxed(root: Path, limits: SandboxLimits, stdio: PipedStdio) -> tuple[int, bool]:
     """(exit status, timed out) of the program as a plain subprocess: isolation "none"."""
     home, program = root / "work", root / "program"
     home.mkdir()
     process = subprocess.Popen(
         [sys.executable, *INTERPRETER_FLAGS, str(program / "child.py"), str(home), str(program / "solution.py"),
          *_limit_arguments(limits)],
-        **streams, cwd=home, env=_scrubbed_env(str(home)), start_new_session=True, close_fds=True,
+        **stdio.popen, cwd=home, env=_scrubbed_env(str(home)), start_new_session=True, close_fds=True,
     )
+    stdio.start(process)
     timed_out = wait_then_kill(Launched(process), limits.wall_seconds)
     return process.returncode, timed_out
 
@@ -422,11 +420,6 @@ def _scrubbed_env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home, "PYTHONHASHSEED": "0"}
 
 
-def _read_head(path: Path, limit: int) -> str:
-    with path.open("rb") as handle:
-        return handle.read(limit).decode("utf-8", errors="replace")
-
-
 def sandbox_protections(binary: str | None = None) -> list[str]:
     """What guards a program here, for `oxrl doctor`; raises `SandboxUnavailableError` where the sandbox cannot run."""
     path = require_sandbox(binary)
@@ -441,7 +434,8 @@ def sandbox_protections(binary: str | None = None) -> list[str]:
         f"read-only {', '.join(SYSTEM_DIRS)}, {layout.executable} and its stdlib; private /tmp and /dev/shm; "
         "no /proc, no /sys",
         _devices_line(),
-        "seccomp: no new processes, SysV IPC, message queues, memfd, keyrings, kernel log, ptrace, io_uring, bpf, mounts; "
+        "seccomp: no new processes, SysV IPC, message queues, memfd, keyrings, kernel log, leases, flock, ptrace, "
+        "io_uring, bpf, mounts; "
         "sockets AF_UNIX only; the parent-death signal stays" if seccomp
         else f"no seccomp filter: {platform.machine()} is not described in sandbox_seccomp",
         "rlimits: CPU, address space, file size, tasks, open files",

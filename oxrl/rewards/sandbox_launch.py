@@ -70,6 +70,9 @@ def launch_bwrap(command: list[str], attach: Callable[[int], None], timeout: flo
         _kill(launched)  # before block_write closes: end-of-file there would release the program too
         process.wait()
         launched.close()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:  # pipes to a program that never ran: nobody will read them
+                stream.close()
         raise
     finally:
         os.close(info_read)

@@ -27,6 +27,9 @@ kernel layer behind the namespaces, for what namespaces and rlimits do not cover
 - the kernel keyrings (`keyctl`, `add_key`, `request_key`), which are not namespaced: the program
   would share the trainer's session keyring;
 - the kernel log (`syslog`, readable by anyone where `kernel.dmesg_restrict` is 0);
+- file leases and `flock` (`fcntl(F_SETLEASE)`, `flock`): on a host file it can only read (the
+  standard library, a root-owned file when the trainer is root), a lease or lock would block a
+  host writer until the call's timeout. POSIX record locks (`fcntl(F_SETLK)`) stay: sqlite needs them;
 - interfaces that only widen the kernel's attack surface: `ptrace`, `process_vm_readv/writev`,
   `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*` (whose operations bypass seccomp), the
   mount calls, module and kexec loading.
@@ -61,6 +64,7 @@ CLONE_THREAD = 0x00010000
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 CLONE_NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+F_SETLEASE = 1024  # linux/fcntl.h: F_LINUX_SPECIFIC_BASE + 0
 X32_SYSCALL_BIT = 0x40000000
 
 ALWAYS_REFUSED = (
@@ -70,7 +74,7 @@ ALWAYS_REFUSED = (
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semtimedop", "semctl",
     "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
-    "mq_notify", "mq_getsetattr", "memfd_create", "memfd_secret", "syslog",
+    "mq_notify", "mq_getsetattr", "memfd_create", "memfd_secret", "syslog", "flock",
 )
 PROCESS_CALLS = ("fork", "vfork")  # refused when only one process is allowed (aarch64 has neither)
 
@@ -95,6 +99,7 @@ ARCHES = {
         "semctl": 66, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
         "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
         "memfd_create": 319, "memfd_secret": 447, "socket": 41, "socketpair": 53, "prctl": 157, "syslog": 103,
+        "flock": 73, "fcntl": 72,
     }, has_x32=True),
     "aarch64": Arch(0xC00000B7, {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
@@ -107,6 +112,7 @@ ARCHES = {
         "semctl": 191, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180, "mq_unlink": 181,
         "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
         "memfd_create": 279, "memfd_secret": 447, "socket": 198, "socketpair": 199, "prctl": 167, "syslog": 116,
+        "flock": 32, "fcntl": 25,
     }),
 }
 
@@ -133,8 +139,9 @@ def seccomp_program(allow_new_processes: bool, allow_threads: bool = True, machi
         if name in arch.syscalls:
             code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls[name]), (RETURN, 0, 0, refuse)]
     code += [(JUMP_IF_EQUAL, 0, 1, arch.syscalls["clone3"]), (RETURN, 0, 0, ERRNO | errno.ENOSYS)]
-    # Calls judged by their first argument. Each block ends by allowing the call, so the accumulator,
-    # which then holds the argument, is never compared with the syscall numbers that follow.
+    # Calls judged by an argument (the first, unless the block loads another). Each block ends by allowing
+    # the call, so the accumulator, which then holds an argument, is never compared with the syscall
+    # numbers that follow.
     only_unix = [(JUMP_IF_EQUAL, 1, 0, socket.AF_UNIX), (RETURN, 0, 0, ERRNO | errno.EAFNOSUPPORT)]
     blocks = {
         "socket": only_unix,
@@ -144,6 +151,7 @@ def seccomp_program(allow_new_processes: bool, allow_threads: bool = True, machi
             (JUMP_IF_EQUAL, 0, 3, PR_SET_DUMPABLE),  # not it: on to the block's allow
             (LOAD_WORD, 0, 0, ARG1_OFFSET), (JUMP_IF_EQUAL, 1, 0, 0), (RETURN, 0, 0, refuse),
         ],
+        "fcntl": [(LOAD_WORD, 0, 0, ARG1_OFFSET), (JUMP_IF_EQUAL, 0, 1, F_SETLEASE), (RETURN, 0, 0, refuse)],
     }
     if allow_threads:  # otherwise refused above
         # clone: never new namespaces; a new process only when allowed (a thread always).

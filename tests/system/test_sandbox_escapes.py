@@ -15,8 +15,11 @@ import errno
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -768,3 +771,70 @@ if libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_GET_DUMPABLE
 if libc.prctl(4, 1, 0, 0, 0) == 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 1
     hits.append("made dumpable")
 """)
+
+
+# --- finding 10: the descriptors it inherits, and locks on host files ----------------------------
+
+
+def test_finding_10_fchmod_of_its_stdio_changes_no_host_file(host, tmp_path, monkeypatch):
+    """stdin, stdout and stderr were files of the trainer's call folder: as root, the program could make them
+    set-uid and world-writable for the length of the call. Now they are pipes, and /dev/stdin is read-only."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the call folder is made: watched below
+    seen: dict[str, int] = {}
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.is_set():
+            for path in tmp_path.glob("oxrl-sandbox-*/*"):
+                try:
+                    seen[path.name] = seen.get(path.name, 0) | os.lstat(path).st_mode
+                except FileNotFoundError:
+                    pass  # the call ended and its folder went
+            time.sleep(0.01)
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(stop,))
+    watcher.start()
+    try:
+        result = contained(host, """
+import os, stat, time
+for fd in (0, 1, 2):
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        hits.append(f"fd {fd} is a file")
+    os.fchmod(fd, 0o4777)  # a pipe's mode is the pipe's own
+with open("/dev/stdin", "rb") as stdin:
+    try:
+        os.fchmod(stdin.fileno(), 0o4777)
+        hits.append("/dev/stdin")
+    except OSError as error:
+        print("/dev/stdin", error.strerror)
+time.sleep(0.5)  # for the watcher
+""")
+    finally:
+        stop.set()
+        watcher.join()
+    assert "/dev/stdin Read-only file system" in result.stdout
+    assert seen and not any(mode & (stat.S_ISUID | stat.S_IWOTH) for mode in seen.values()), seen
+
+
+def test_finding_10_leases_and_flock_are_refused(host):
+    result = contained(host, """
+import errno, fcntl, os
+F_SETLEASE = 1024
+for path in ("/tmp/own.txt", os.__file__):
+    if path.startswith("/tmp"):
+        open(path, "w").close()
+    with open(path, "rb") as handle:
+        for name, call in (("flock", lambda: fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+                           ("lease", lambda: fcntl.fcntl(handle, F_SETLEASE, fcntl.F_RDLCK))):
+            try:
+                call()
+                hits.append((path, name))
+            except OSError as error:
+                print(name, errno.errorcode[error.errno])
+                if error.errno != errno.EPERM:
+                    hits.append((path, name, error.errno))
+with open("/tmp/own.txt", "r+b") as handle:
+    fcntl.lockf(handle, fcntl.LOCK_EX)  # POSIX record locks stay: sqlite needs them
+    print("lockf ok")
+""")
+    assert result.stdout.count("EPERM") == 4 and "lockf ok" in result.stdout
