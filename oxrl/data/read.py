@@ -18,7 +18,11 @@ parquet file or saved dataset of 0 rows) is a `DataError`, as is a file `dataset
 A data path is a regular file or a folder of them (oxrl/files.py): a FIFO, a device such as /dev/zero
 (or a symlink to one), anywhere under a data folder too, is a `DataError` before anything opens it. A JSON
 record nested more than MAX_JSON_DEPTH levels deep is an invalid row, found before a parser recurses into it
-(oxrl/data/nesting.py); the file is then read record by record, as one with a broken line is.
+(oxrl/data/nesting.py); the file is then read record by record, as one with a broken line is. In a folder of data
+files, such a record is a `DataError` naming its file and row. A string that cannot be text (a lone surrogate,
+`"\\ud800"`, which JSON can escape) makes its row invalid, naming the field; text that is not UTF-8 names the file
+and the byte; a saved dataset's `dataset_dict.json` or `state.json` that is not what `datasets` writes names the
+file and the key; an empty `path` is refused rather than read as the working directory.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from oxrl.config.schema import DatasetSpec
 from oxrl.data.errors import DataError
-from oxrl.files import InputFileError, check_regular, first_irregular
+from oxrl.files import InputFileError, check_regular, first_irregular, read_bounded
 from oxrl.logging.quiet import no_dataset_bars
 
 if TYPE_CHECKING:
@@ -45,6 +49,8 @@ BUNDLED_DIR = Path(__file__).parent / "bundled"
 BUNDLED_PREFIX = "bundled:"
 # File suffix -> the `datasets` builder that reads it.
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+# dataset_dict.json and state.json of a saved dataset are a few kB: a bound far above keeps a huge one from being read
+SAVED_METADATA_LIMIT = 16 << 20
 
 
 @dataclass
@@ -87,6 +93,9 @@ def resolve_local(path: str) -> Path | None:
 
 def read_dataset(spec: DatasetSpec) -> RawDataset:
     """All rows of one dataset (at most `spec.max_rows`), columns renamed per `spec.columns`."""
+    if not spec.path.strip():  # Path("") is the working directory, which would be read as a folder of data files
+        raise DataError(repr(spec.path), None, "path", "a dataset's path (data.train / data.validation) is empty; set "
+                        "it to a data file, a folder of them, or a hub dataset name")
     local = resolve_local(spec.path)
     if local is None:
         if Path(spec.path).suffix.lower() in FILE_BUILDERS or spec.path.startswith(("/", "./", "../", "~")):
@@ -102,14 +111,12 @@ def read_dataset(spec: DatasetSpec) -> RawDataset:
         _check_file(local)
         location, loaded = str(local), _load_file(local)
 
-    if isinstance(loaded, list):
-        columns = list(dict.fromkeys(key for row in loaded for key in row.values))
-        rows = loaded[: spec.max_rows] if spec.max_rows else loaded
-    else:
-        columns = list(loaded.column_names)
+    if not isinstance(loaded, list):
         if spec.max_rows is not None and len(loaded) > spec.max_rows:
             loaded = loaded.select(range(spec.max_rows))
-        rows = [Row(number, values) for number, values in enumerate(loaded.to_list(), start=1)]
+        loaded = _dataset_rows(loaded, location, local)
+    columns = list(dict.fromkeys(key for row in loaded for key in row.values))
+    rows = [_text_checked(row, location) for row in (loaded[: spec.max_rows] if spec.max_rows else loaded)]
     if not rows:  # e.g. an empty JSON array, a saved dataset of 0 rows (empty files are caught when read)
         raise DataError(location, None, None, "the dataset is empty: no rows")
     columns, rows = _rename_columns(columns, rows, spec.columns, location)
@@ -173,6 +180,9 @@ def _load_folder(folder: Path, split: str) -> Dataset:
 
     if (folder / "dataset_dict.json").exists() or (folder / "state.json").exists():
         return _load_saved(folder, split)
+    for path in sorted(folder.rglob("*")):  # as for a file named directly: before pyarrow's parser crashes on it
+        if FILE_BUILDERS.get(path.suffix.lower()) == "json" and (row := _too_deep_row(path)) is not None:
+            raise DataError(str(path), row, None, _too_deep_problem())
     # A plain folder of data files (train.jsonl, test.jsonl, ...): `datasets` maps files to splits.
     try:
         with no_dataset_bars():
@@ -186,14 +196,36 @@ def _load_saved(folder: Path, split: str) -> Dataset:
     from datasets import load_from_disk
 
     if (folder / "dataset_dict.json").exists():
-        splits = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        splits = _saved_metadata(folder / "dataset_dict.json", "splits")
         if split not in splits:
             raise DataError(str(folder), None, None, f"no split {split!r}; the splits are {splits} (set `split`)")
         folder = folder / split
     # A dataset saved with 0 rows has no data files, and `load_from_disk` fails on it with an IndexError.
-    if json.loads((folder / "state.json").read_text()).get("_data_files") == []:
+    if _saved_metadata(folder / "state.json", "_data_files") == []:
         raise DataError(str(folder), None, None, "the dataset is empty: no rows")
     return load_from_disk(str(folder))
+
+
+def _saved_metadata(path: Path, key: str) -> list:
+    """The list `key` of a `save_to_disk` JSON file (dataset_dict.json's splits, state.json's data files); a DataError
+    naming the file and the key when it is not the JSON object `datasets` writes."""
+    from oxrl.data.nesting import too_deep
+
+    try:
+        text = read_bounded(path, SAVED_METADATA_LIMIT, "metadata file of a saved dataset")
+        value = None if too_deep(text) else json.loads(text)  # (deep nesting: RecursionError in `json`)
+    except InputFileError as error:
+        raise DataError(str(path), None, None, str(error)) from None
+    except OSError as error:  # not found (state.json of a split), no permission
+        raise DataError(str(path), None, None, f"cannot read it: {error.strerror or error}") from error
+    except ValueError as error:  # not JSON, not UTF-8
+        raise DataError(str(path), None, None, f"not JSON: {error}") from error
+    found = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(found, list):
+        shown = f"{key!r}: {json.dumps(found)[:40]}" if isinstance(value, dict) else f"a JSON {type(value).__name__}"
+        raise DataError(str(path), None, key, f"expected a JSON object with a list {key!r}, as `datasets` "
+                        f"save_to_disk writes it; found {shown if value is not None else 'nesting too deep'}")
+    return found
 
 
 def _load_file(path: Path) -> Dataset | list[Row]:
@@ -206,7 +238,7 @@ def _load_file(path: Path) -> Dataset | list[Row]:
         raise DataError(str(path), None, None, f"unknown file type {suffix!r}; expected one of {sorted(FILE_BUILDERS)}")
     try:
         no_rows = _why_no_rows(path, builder)
-        if no_rows is None and builder == "json" and _has_too_deep_record(path):
+        if no_rows is None and builder == "json" and _too_deep_row(path) is not None:
             logger.info("%s: a record nests too deep for datasets' parser; reading it record by record", path)
             return _read_json_records(path)
         if no_rows is None:
@@ -252,17 +284,19 @@ def _why_no_rows(path: Path, builder: str) -> str | None:
     return None
 
 
-def _has_too_deep_record(path: Path) -> bool:
-    """Whether a record of the JSON file `path` nests more than MAX_JSON_DEPTH levels deep: a file that starts
-    with `[` is one array of records (as `datasets` reads it), any other a record per line."""
+def _too_deep_row(path: Path) -> int | None:
+    """The number of the first record of the JSON file `path` that nests more than MAX_JSON_DEPTH levels deep, or
+    None: a file that starts with `[` is one array of records (as `datasets` reads it), any other a record per
+    (non-blank) line."""
     from oxrl.data.nesting import too_deep, too_deep_element
 
     with path.open("rb") as handle:
         if handle.read(1 << 12).lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"["):
             handle.seek(0)
-            return too_deep_element(handle.read()) is not None
+            return too_deep_element(handle.read())
         handle.seek(0)
-        return any(too_deep(line) for line in handle)
+        records = (line for line in handle if line.strip())
+        return next((number for number, line in enumerate(records, start=1) if too_deep(line)), None)
 
 
 def _load_csv(path: Path) -> Dataset:
@@ -332,3 +366,46 @@ def _record_row(location: str, number: int, record: Any) -> Row:
     if not isinstance(record, dict):
         return Row(number, {}, DataError(location, number, None, f"expected a JSON object, got {type(record).__name__}"))
     return Row(number, record)
+
+
+def _dataset_rows(loaded: Dataset, location: str, local: Path | None) -> list[Row]:
+    """The rows of a loaded dataset. pyarrow keeps bytes that are not UTF-8 in a JSON file's text unchecked, and
+    fails on them only here: such a file is read again as JSON records, which names the file and the byte."""
+    try:
+        return [Row(number, values) for number, values in enumerate(loaded.to_list(), start=1)]
+    except UnicodeDecodeError as error:
+        if local is not None and local.is_file() and FILE_BUILDERS.get(local.suffix.lower()) == "json":
+            logger.info("%s: text that is not UTF-8 (%s); reading it again to find where", local, error.reason)
+            return _read_json_records(local)
+        raise DataError(location, None, None, f"holds text that is not UTF-8 ({error.reason})") from error
+
+
+def _text_checked(row: Row, location: str) -> Row:
+    """`row`, or (an invalid row) an error naming its first string that is not text: a lone surrogate such as
+    "\\ud800", which JSON can escape but which is half a character, and which no tokenizer takes."""
+    field = None if row.error is not None else _not_text(row.values, "")
+    if field is None:
+        return row
+    problem = "holds a lone surrogate (an escape such as \\ud800 that is half of a character), which is not text"
+    return Row(row.number, {}, DataError(location, row.number, field, problem))
+
+
+def _not_text(value: Any, field: str) -> str | None:
+    """Where in `value` (a field such as `messages[1].content`) its first string that cannot be UTF-8 is; or None."""
+    if isinstance(value, str):
+        return None if value.isascii() or _encodes(value) else field
+    if isinstance(value, dict):
+        items = ((f"{field}.{key}" if field else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{field}[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    return next((found for name, item in items if (found := _not_text(item, name)) is not None), None)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,66 @@ def test_the_nesting_scan_counts_brackets_outside_strings_only():
     assert not too_deep(b'{"a": "\\\\\\"' + b"{" * 500 + b'"}')
     assert too_deep_element(b'[{"a": 1},\n {"b": "],["},\n {"c": ' + deep + b"}]") == 3
     assert too_deep_element(b"[" + b", ".join([shallow] * 300) + b"]") is None
+
+
+@pytest.mark.parametrize("name, text", [("train.jsonl", '{"prompt": "a", "response": "b"}\n\n{"prompt": NESTED}\n'),
+                                        ("train.json", '[{"prompt": "a"}, {"prompt": NESTED}]')])
+def test_a_data_folder_with_a_record_nested_too_deep_is_refused_naming_the_file_and_row(tmp_path, name, text):
+    """As for a file named directly: found before pyarrow's parser, which crashes the process on it (SIGSEGV)."""
+    folder = tmp_path / "data"
+    (folder / "more").mkdir(parents=True)
+    write_jsonl(folder / "test.jsonl", ROWS)
+    (folder / "more" / name).write_text(text.replace("NESTED", nested(200_000)))
+    with pytest.raises(DataError, match=rf"^{folder / 'more' / name}, row 2: its arrays and objects nest more than 100"):
+        read_dataset(DatasetSpec(path=str(folder), split="train"))
+
+
+@pytest.mark.parametrize("file, text, problem", [
+    ("dataset_dict.json", "{}", r"field 'splits': expected a JSON object with a list 'splits', as `datasets` "
+                                r"save_to_disk writes it; found 'splits': null"),
+    ("dataset_dict.json", '{"splits": "train"}', r"field 'splits': .*found 'splits': \"train\""),
+    ("dataset_dict.json", "[]", r"field 'splits': .*found a JSON list"),
+    ("dataset_dict.json", "{splits", r"not JSON: Expecting property name"),
+    ("dataset_dict.json", nested(200_000), r"field 'splits': .*found nesting too deep"),
+    ("train/state.json", "[]", r"field '_data_files': expected a JSON object with a list '_data_files'.* a JSON list"),
+    ("train/state.json", '{"_data_files": 3}', r"field '_data_files': .*found '_data_files': 3"),
+    ("train/state.json", b"\xff\xfe", r"not JSON: "),
+])
+def test_damaged_metadata_of_a_saved_dataset_is_refused_naming_the_file_and_the_key(tmp_path, file, text, problem):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "saved"))
+    path = tmp_path / "saved" / file
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(DataError, match=rf"^{path}(, field '\w+')?: ") as refused:
+        read_dataset(DatasetSpec(path=str(tmp_path / "saved")))
+    assert re.search(problem, str(refused.value)), refused.value
+
+
+def test_a_string_that_is_not_text_is_an_invalid_row_naming_its_field(tmp_path):
+    """A lone surrogate: valid JSON (an escape of half a character), which no tokenizer takes."""
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "caf\\u00e9"}]}\n'
+                    '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x\\ud800"}]}\n'
+                    '{"messages": [{"role": "user", "content": "a pair \\ud83d\\ude00 is one character"}]}\n')
+    rows = read_dataset(DatasetSpec(path=str(path))).rows
+    assert [row.error is None for row in rows] == [True, False, True]
+    assert rows[1].values == {}
+    assert str(rows[1].error) == (f"{path}, row 2, field 'messages[1].content': holds a lone surrogate (an escape "
+                                  "such as \\ud800 that is half of a character), which is not text")
+
+
+def test_bytes_that_are_not_utf8_in_a_jsonl_file_are_refused_naming_the_file(tmp_path):
+    """pyarrow reads such a JSON Lines file without complaint and fails only when its rows are read."""
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"prompt": "caf\xe9", "response": "ok"}\n{"prompt": "b", "response": "c"}\n')
+    with pytest.raises(DataError, match=rf"^{path}: not UTF-8 text \(invalid continuation byte at byte 15\)"):
+        read_dataset(DatasetSpec(path=str(path)))
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_data_path_is_refused_not_read_as_the_working_directory(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "train.jsonl", ROWS)  # what reading the working directory would find
+    with pytest.raises(DataError, match=r"field 'path': a dataset's path \(data.train / data.validation\) is empty"):
+        read_dataset(DatasetSpec(path=path))
