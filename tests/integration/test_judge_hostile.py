@@ -6,6 +6,7 @@ cannot collide with oxRL's own arguments and are checked before any model loads.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -239,6 +240,43 @@ def test_the_key_is_in_no_error_log_failure_file_or_bug_report(serve, monkeypatc
     report = write_bug_report(tmp_path).read_text()
     for text in (str(caught.value), oxrl_log.text, failure, (tmp_path / "train.log").read_text(), report):
         assert KEY not in text
+
+
+SLASHED_KEY = "sk-test/6f1c+2a9e=0b7d4e3f"
+ECHOES = {  # how a server may quote the Authorization header it was sent, and the key's part of that quote
+    "JSON with \\/ (PHP)": lambda header: json.dumps(header).replace("/", "\\/"),
+    "HTML references": lambda header: "".join(f"&#{ord(char)};" for char in header),
+    "base64": lambda header: base64.b64encode(header.encode()).decode(),
+}
+
+
+@pytest.mark.parametrize("echo", ECHOES)
+def test_an_escaped_echo_of_the_key_is_in_no_error_log_failure_file_or_bug_report(serve, monkeypatch, tmp_path,
+                                                                                   oxrl_log, echo):
+    monkeypatch.setenv("JUDGE_KEY", SLASHED_KEY)
+    quoted = ECHOES[echo](f"Bearer {SLASHED_KEY}")
+    statuses = []
+
+    def respond(handler, body):  # a 503, then a 401, each quoting the header in its own escaping
+        statuses.append(401 if statuses else 503)
+        data = f'{{"error": "no", "authorization": "{ECHOES[echo](handler.headers["Authorization"])}"}}'.encode()
+        handler.send_response(statuses[-1])
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    server = serve(respond)
+    (tmp_path / "config.yaml").write_text("rl:\n  rewards:\n  - name: judge\n    kwargs:\n      api_key_env: JUDGE_KEY\n")
+    oxrl_log.set_level(logging.INFO, logger="oxrl")
+    with pytest.raises(RewardError) as caught, run_logged(tmp_path, is_main=True):
+        build_reward_fn([RewardSpec("judge", kwargs=judge_kwargs(server, api_key_env="JUDGE_KEY", retries=1))])(["q"], ["a"])
+    assert statuses == [503, 401] and "HTTP 401" in str(caught.value) and "HTTP 503" in oxrl_log.text
+    key_part = quoted[len(quoted) // 2 - 6: len(quoted) // 2 + 6]  # from the middle of the key's quoted form
+    texts = (str(caught.value), oxrl_log.text, (tmp_path / "failure.txt").read_text(), (tmp_path / "train.log").read_text(),
+             write_bug_report(tmp_path).read_text())
+    for text in texts:
+        assert "***" in text
+        assert SLASHED_KEY not in text and key_part not in text
 
 
 def test_no_key_reaches_the_config_trackers_or_the_run_report(serve, monkeypatch, tmp_path):
