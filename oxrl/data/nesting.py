@@ -18,6 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 
 MAX_JSON_DEPTH = 100  # levels of arrays and objects in one record; chat rows use under ten
+# What an error says of such a record (after its file and row).
+TOO_DEEP = f"its arrays and objects nest more than {MAX_JSON_DEPTH} levels deep, which no training record needs"
 
 _KEPT = b'[]{},"'  # the structure, and the quotes that delimit strings
 _NOT_KEPT = bytes(sorted(set(range(256)) - set(_KEPT)))

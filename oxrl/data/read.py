@@ -326,9 +326,9 @@ def _unreadable(path: Path, builder: str, error: Exception) -> DataError:
 
 
 def _too_deep_problem() -> str:
-    from oxrl.data.nesting import MAX_JSON_DEPTH
+    from oxrl.data.nesting import TOO_DEEP
 
-    return f"its arrays and objects nest more than {MAX_JSON_DEPTH} levels deep, which no training record needs"
+    return TOO_DEEP
 
 
 def _read_json_records(path: Path) -> list[Row]:

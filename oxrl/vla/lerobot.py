@@ -21,7 +21,10 @@ Limits: cameras stored as video (dtype "video", .mp4 files) are refused: decodin
 which oxRL does not have. Images must be embedded in the parquet files (not paths), PNG or JPEG, at most
 4096x4096 pixels. An episode has one task. Other features (rewards, ...) must be present but are not
 returned. The whole dataset is decoded into memory, which suits demonstration sets of modest size. Bad
-input is a `DataError` naming the file, the 1-based row within it and the field; nothing is unpickled.
+input is a `DataError` naming the file, the 1-based row within it and the field; nothing is unpickled. Every
+file read is a regular file inside the dataset folder: a FIFO, a device (or a symlink to one) and a symlink out of
+the folder (as a Hugging Face cache snapshot holds: download with `--local-dir` instead) are refused, and JSON nested
+deeper than oxrl/data/nesting.py's bound is refused before a parser recurses into it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from oxrl.data.errors import DataError
+from oxrl.data.nesting import TOO_DEEP, too_deep
+from oxrl.files import InputFileError, check_regular
 
 SUPPORTED_VERSIONS = ("v2.1", "v3.0")
 MAX_IMAGE_SIDE = 4096
@@ -102,12 +107,12 @@ def read_dataset(root: Path) -> LeRobotDataset:
     """The dataset at `root` (v2.1 or v3.0 layout), decoded and checked; bad input is a DataError."""
     root = Path(root)
     info_path = root / "meta" / "info.json"
-    if not info_path.is_file():
+    if not os.path.lexists(info_path):
         what = "does not exist" if not root.exists() else "is a file" if not root.is_dir() else (
             f"contains {sorted(p.name for p in root.iterdir())[:20]}")
         raise DataError(str(root), None, None,
                         f"not a LeRobot dataset folder: expected meta/info.json; the folder {what}")
-    info = _load_json(info_path)
+    info = _load_json(info_path, root)
     version, features, fps = info.get("codebase_version"), info.get("features"), info.get("fps")
     if version not in SUPPORTED_VERSIONS:
         raise DataError(str(info_path), None, "codebase_version",
@@ -136,7 +141,7 @@ def read_dataset(root: Path) -> LeRobotDataset:
     frames: dict[int, list[tuple[int, str, int, int, Frame]]] = {}  # episode -> [(frame_index, file, row, task, frame)]
     vectors = {_ACTION: action_dim} | ({_STATE: state_dim} if state_dim else {})
     for path in data_files:
-        _read_data_file(path, features, vectors, image_shapes, tasks, tasks_name, frames)
+        _read_data_file(path, root, features, vectors, image_shapes, tasks, tasks_name, frames)
 
     for ep, rows in frames.items():
         if ep not in listed:
@@ -167,15 +172,15 @@ def read_dataset(root: Path) -> LeRobotDataset:
     return LeRobotDataset(root, int(fps), version, list(image_shapes), image_shapes, state_dim, action_dim, episodes)
 
 
-def _read_data_file(path: Path, features: dict, vectors: dict[str, int], image_shapes: dict, tasks: dict[int, str],
-                    tasks_name: str, frames: dict[int, list]) -> None:
+def _read_data_file(path: Path, root: Path, features: dict, vectors: dict[str, int], image_shapes: dict,
+                    tasks: dict[int, str], tasks_name: str, frames: dict[int, list]) -> None:
     """Check and decode every row of one data file into `frames` (episode -> rows), before any ordering."""
-    names = _parquet(path, schema_only=True).names
+    names = _parquet(path, root, schema_only=True).names
     for key in [*features, *_FRAME_COLUMNS]:
         if key not in names:
             raise DataError(str(path), None, key,
                             f"expected the column {key!r} named in meta/info.json features; the file has {names}")
-    table = _parquet(path, columns=[*_FRAME_COLUMNS, *vectors, *image_shapes])
+    table = _parquet(path, root, columns=[*_FRAME_COLUMNS, *vectors, *image_shapes])
     columns = {name: table.column(name).to_pylist() for name in table.column_names}
     for i in range(table.num_rows):
         row = i + 1
@@ -192,10 +197,10 @@ def _read_data_file(path: Path, features: dict, vectors: dict[str, int], image_s
 def _read_tasks(root: Path, version: str) -> tuple[dict[int, str], str]:
     if version == "v2.1":
         path = root / "meta" / "tasks.jsonl"
-        pairs = [(row, obj.get("task_index"), obj.get("task")) for row, obj in _jsonl(path)]
+        pairs = [(row, obj.get("task_index"), obj.get("task")) for row, obj in _jsonl(path, root)]
     else:
         path = root / "meta" / "tasks.parquet"
-        table = _parquet(path)
+        table = _parquet(path, root)
         names = table.column_names
         text = "task" if "task" in names else _pandas_index_column(table, path)
         if "task_index" not in names or text is None:
@@ -226,7 +231,7 @@ def _read_episode_list(root: Path, version: str) -> tuple[dict[int, tuple[str, i
     """episode_index -> (file, row, length) from the episode metadata, and where that is (for messages)."""
     if version == "v2.1":
         path = root / "meta" / "episodes.jsonl"
-        sources = [(path, [(row, obj.get("episode_index"), obj.get("length")) for row, obj in _jsonl(path)])]
+        sources = [(path, [(row, obj.get("episode_index"), obj.get("length")) for row, obj in _jsonl(path, root)])]
     else:
         files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
         if not files:
@@ -234,7 +239,7 @@ def _read_episode_list(root: Path, version: str) -> tuple[dict[int, tuple[str, i
                             "expected meta/episodes/chunk-*/file-*.parquet, found none")
         sources = []
         for path in files:
-            table = _parquet(path)
+            table = _parquet(path, root)
             for name in ("episode_index", "length"):
                 if name not in table.column_names:
                     raise DataError(str(path), None, name,
@@ -306,30 +311,59 @@ def _positive_ints(shape: Any, length: int) -> bool:
     return isinstance(shape, list) and len(shape) == length and all(isinstance(n, int) and n > 0 for n in shape)
 
 
-def _parquet(path: Path, *, columns: list[str] | None = None, schema_only: bool = False) -> Any:
-    if not path.is_file():
-        raise DataError(str(path), None, None, "expected this file of the LeRobot layout; it does not exist")
+def _parquet(path: Path, root: Path, *, columns: list[str] | None = None, schema_only: bool = False) -> Any:
+    _check_file(path, root)
     try:
         return pq.read_schema(path) if schema_only else pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as error:
         raise DataError(str(path), None, None, f"expected a parquet file; it does not read ({error})") from error
 
 
-def _load_json(path: Path) -> dict:
+def _check_file(path: Path, root: Path) -> None:
+    """A DataError unless `path` is a regular file inside the dataset folder `root` (symlinks followed): a FIFO
+    would block the read forever, /dev/zero never end, and a symlink out of the folder would read a file that is
+    not the dataset's."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+        check_regular(path)
+    except FileNotFoundError:
+        dangling = f"is a symlink to nothing ({os.path.realpath(path)})" if os.path.islink(path) else "does not exist"
+        raise DataError(str(path), None, None, f"expected this file of the LeRobot layout; it {dangling}") from None
+    except InputFileError as error:
+        raise DataError(str(path), None, None, f"{error}: a LeRobot dataset holds regular files") from None
+    except OSError as error:  # no permission, a loop of symlinks
+        raise DataError(str(path), None, None, f"cannot read it: {error.strerror or error}") from error
+    target, inside = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([target, inside]) != inside:
+        raise DataError(str(path), None, None, f"links out of the dataset folder (to {target}); a LeRobot dataset's "
+                        "files are its own: copy that file into the folder")
+
+
+def _text(path: Path, root: Path) -> str:
+    _check_file(path, root)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(str(path), None, None, f"expected UTF-8 text ({error.reason} at byte {error.start})") from error
+
+
+def _load_json(path: Path, root: Path) -> dict:
+    text = _text(path, root)
+    if too_deep(text.encode("utf-8")):  # before `json`, which would recurse into it (RecursionError)
+        raise DataError(str(path), None, None, TOO_DEEP)
+    try:
+        value = json.loads(text)
+    except ValueError as error:
         raise DataError(str(path), None, None, f"expected a JSON object; it does not parse ({error})") from error
     if not isinstance(value, dict):
         raise DataError(str(path), None, None, f"expected a JSON object, found {type(value).__name__}")
     return value
 
 
-def _jsonl(path: Path) -> list[tuple[int, dict]]:
-    if not path.is_file():
-        raise DataError(str(path), None, None, "expected this file of the LeRobot layout; it does not exist")
+def _jsonl(path: Path, root: Path) -> list[tuple[int, dict]]:
     rows = []
-    for row, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for row, line in enumerate(_text(path, root).splitlines(), start=1):
+        if too_deep(line.encode("utf-8")):  # before `json`, which would recurse into it (RecursionError)
+            raise DataError(str(path), row, None, TOO_DEEP)
         try:
             obj = json.loads(line) if line.strip() else {}
         except ValueError as error:

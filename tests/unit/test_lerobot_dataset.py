@@ -434,3 +434,56 @@ def test_only_png_and_jpeg_are_decoded(written):
     _edit_rows(written / DATA_FILE, lambda rows: rows[0].update(
         {"observation.images.top": {"bytes": buffer.getvalue(), "path": None}}))
     _raises(written, "row 1, field 'observation.images.top': expected a PNG or JPEG image; the bytes did not decode")
+
+
+# ----------------------------------------------------------------------------------------- hostile files
+
+
+def test_json_nested_too_deep_is_refused_before_a_parser_recurses_into_it(tmp_path):
+    root = tmp_path / "v21"
+    _write_v21(root, _episodes())
+    deep = "[" * 200_000 + "]" * 200_000  # json raises RecursionError near 1,000 levels
+    with (root / "meta" / "tasks.jsonl").open("a") as f:
+        f.write(json.dumps({"task_index": 5, "task": "x"}).replace("5", deep) + "\n")
+    _raises(root, "meta/tasks.jsonl, row 3: its arrays and objects nest more than 100 levels deep")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    (root / "meta" / "info.json").write_text(json.dumps({**info, "robot_type": "X"}).replace('"X"', deep))
+    _raises(root, "meta/info.json: its arrays and objects nest more than 100 levels deep")
+
+
+@pytest.mark.parametrize("file", ["meta/info.json", "meta/tasks.parquet", DATA_FILE])
+def test_a_fifo_in_the_dataset_is_refused_at_once_as_what_it_is(written, file):
+    from tests.hostile_files import make_fifo, raised_within
+
+    (written / file).unlink()
+    fifo = make_fifo(written / file)  # reading it would wait for a writer forever
+    error = raised_within(20, lambda: read_dataset(written), [fifo])
+    assert isinstance(error, DataError)
+    assert str(error) == f"{fifo}: is a FIFO (named pipe), not a regular file: a LeRobot dataset holds regular files"
+
+
+def test_a_symlink_to_a_device_in_the_dataset_names_what_it_links_to(written):
+    (written / "meta" / "tasks.parquet").unlink()
+    (written / "meta" / "tasks.parquet").symlink_to("/dev/null")  # a device, as /dev/zero is, but that ends at once
+    _raises(written, r"tasks.parquet: is a character device (a symlink to /dev/null), not a regular file")
+
+
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_a_data_file_that_links_out_of_the_dataset_folder_is_refused(tmp_path, written, linked):
+    """A data file (or its chunk folder) that is a symlink to a file outside the dataset is not the dataset's."""
+    outside = tmp_path / "elsewhere"
+    (outside / "chunk-000").mkdir(parents=True)
+    (written / DATA_FILE).rename(outside / "chunk-000" / "file-000.parquet")
+    if linked == "file":
+        (written / DATA_FILE).symlink_to(outside / "chunk-000" / "file-000.parquet")
+    else:
+        (written / "data" / "chunk-000").rmdir()
+        (written / "data" / "chunk-000").symlink_to(outside / "chunk-000")
+    _raises(written, f"{DATA_FILE}: links out of the dataset folder (to {outside / 'chunk-000' / 'file-000.parquet'}); "
+            "a LeRobot dataset's files are its own")
+    (written / "data" / "chunk-000").unlink() if linked == "folder" else (written / DATA_FILE).unlink()
+    if linked == "folder":
+        (written / "data" / "chunk-000").mkdir()
+    (written / DATA_FILE).symlink_to(Path("..") / ".." / "meta" / ".." / "data" / "real.parquet")  # inside: read
+    (outside / "chunk-000" / "file-000.parquet").rename(written / "data" / "real.parquet")
+    assert len(read_dataset(written).episodes) == 2
