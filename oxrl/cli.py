@@ -12,13 +12,29 @@ logger = logging.getLogger("oxrl.cli")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from oxrl.config.load import load_config
-    from oxrl.runner import run
+    from oxrl.training.signals import install, restore, stop_at_once
 
-    cfg = load_config(args.config, args.overrides)
-    result = run(cfg)
+    # SIGTERM and Ctrl-C stop at once until training starts; the training loop finishes its step (signals.py).
+    previous = install(stop_at_once)
+    try:
+        from oxrl.config.load import load_config
+        from oxrl.runner import run
+
+        cfg = load_config(args.config, args.overrides)
+        result = run(cfg)
+    finally:
+        restore(previous)
     logger.info("done: %s", result.run_dir)
     return 0
+
+
+def continue_command(args: argparse.Namespace, run_dir: Path) -> str:
+    """The `oxrl train` command that resumes the run in `run_dir`, stopped by a signal: the same config and
+    overrides, with the run's name (a default name is new at every start) and run.resume=true."""
+    import shlex
+
+    kept = [o for o in args.overrides if not o.startswith(("run.name=", "run.resume=", "run.overwrite="))]
+    return shlex.join(["oxrl", "train", args.config, *kept, f"run.name={run_dir.name}", "run.resume=true"])
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -244,16 +260,26 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `oxrl` command itself: a traceback nothing catches is printed redacted too
         sys.excepthook = print_redacted_traceback
     args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
-    from oxrl.errors import UserError
+    from oxrl.errors import USER_ERRORS
     from oxrl.training.folders import OutputWriteError
+    from oxrl.training.signals import RunStopped
 
     try:
         return args.func(args)
-    except (UserError, FileNotFoundError, ValueError) as error:
+    except USER_ERRORS as error:
         # Input or set-up problems (ConfigError and DataError are ValueErrors): the message is the whole
         # story, so no traceback.
         logger.error("%s", error)
         return 2
+    except RunStopped as stop:  # SIGTERM or Ctrl-C: no failure, one line on how to continue
+        if stop.run_dir is not None:
+            logger.warning("%s; continue with: %s", stop, continue_command(args, stop.run_dir))
+        else:  # (a rank other than 0, or a run stopped before its directory was claimed)
+            logger.info("%s", stop)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        logger.warning("interrupted")
+        return 130
     except OSError as error:
         if not (isinstance(error, OutputWriteError) or error.errno in OUTPUT_ERRNOS):
             raise

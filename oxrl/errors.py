@@ -8,3 +8,8 @@ the code that raises them; this module imports nothing, so that catching them lo
 
 class UserError(Exception):
     """An input or set-up problem whose message is the whole story (exit 2, one line)."""
+
+
+# What the command line reports as the user's own mistake, in one line and never as a possible bug: a UserError, a
+# missing file, and a ValueError (config and data errors, ConfigError and DataError, are ValueErrors).
+USER_ERRORS = (UserError, FileNotFoundError, ValueError)

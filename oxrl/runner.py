@@ -156,6 +156,7 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     -> memory estimate -> config.yaml -> models -> answers before -> train -> final folder -> answers after ->
     samples, summary and report (rank 0)."""
     from oxrl.models.load import load_processor, load_tokenizer
+    from oxrl.training.signals import StopSignals
 
     started = time.monotonic()
     tokenizer = load_tokenizer(cfg.model)
@@ -172,7 +173,8 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     answers: dict[str, list[dict]] = {}
     try:
         answers["before"] = answer_samples(cfg, model, tokenizer)
-        trained = job.train(run_dir)
+        with StopSignals(strategy, cfg.checkpoint.on_signal) as stop:  # SIGTERM, Ctrl-C: stop when a step ends
+            trained = job.train(run_dir, stop)
         final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save_mode,
                                model_card(cfg, trained.final_metrics)) if cfg.checkpoint.save_final else None
         answers["after"] = answer_samples(cfg, model, tokenizer)
@@ -232,10 +234,10 @@ class RLRun:
         self.handles.tokenizer = saved_with
         return self.handles.model
 
-    def train(self, run_dir: Path) -> Trained:
+    def train(self, run_dir: Path, stop=None) -> Trained:
         from oxrl.loops.rl import train_rl
 
-        result = train_rl(self.handles, self.train_prompts, self.val_prompts, run_dir)
+        result = train_rl(self.handles, self.train_prompts, self.val_prompts, run_dir, stop)
         summary = {"accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
                    "rewards": result.rewards}
         return Trained([], result.final_metrics, result.samples, summary)
@@ -334,11 +336,11 @@ class OfflineRun:
         self.reference = _fixed_model(self.cfg, self.objective, self.model, used, self.strategy)
         return self.model
 
-    def train(self, run_dir: Path) -> Trained:
+    def train(self, run_dir: Path, stop=None) -> Trained:
         from oxrl.loops.sl import train_offline
 
         result = train_offline(self.cfg, self.objective, self.model, self.saved_with, self.data.train,
-                               self.data.validation, self.strategy, run_dir, self.reference)
+                               self.data.validation, self.strategy, run_dir, self.reference, stop)
         self.reference = None  # free a frozen copy or teacher before the final folder is saved
         return Trained(result.losses, result.final_metrics)
 

@@ -889,6 +889,10 @@ class CheckpointConfig(Section):
     """Keep the newest N step checkpoints."""
     save_final: bool = True
     """Save the final model to `<run dir>/final`."""
+    on_signal: bool = True
+    """On SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C), finish the current step, save a checkpoint and stop
+    (exit code 143 or 130) with one line saying how to continue (`run.resume=true`); false: stop after the step
+    without saving. A second signal stops at once, losing the step."""
 
 
 class LoggingConfig(Section):

@@ -1,7 +1,8 @@
 """A run's own log file and, when a run fails, its traceback: what `oxrl report` puts in a bug report.
 
     <run>/train.log      every log line of rank 0 for this run (appended to on resume)
-    <run>/failure.txt    the traceback of the exception that stopped the run (removed by a run that ends well)
+    <run>/failure.txt    the traceback of the exception that stopped the run (removed by a run that ends well); after
+                         a SIGTERM or Ctrl-C, the step it stopped after and how to continue (oxrl/training/signals.py)
 
 Both are redacted as they are written (`oxrl.logging.redaction`): no API key or token reaches either file.
 """
@@ -37,10 +38,20 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
         yield
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # an earlier failure of this run was resumed past
     except BaseException as error:
+        from oxrl.errors import USER_ERRORS
+        from oxrl.training.signals import RunStopped
+
+        if isinstance(error, RunStopped):  # no failure: the CLI says how to continue
+            error.run_dir = run_dir
+            (run_dir / FAILURE_FILE).write_text(f"{error}; continue with run.name={run_dir.name} run.resume=true\n",
+                                                encoding="utf-8")
+            raise
         (run_dir / FAILURE_FILE).write_text(redact("".join(traceback.format_exception(error))), encoding="utf-8")
-        # The error itself is reported once, by whoever handles it (the CLI); this line says where to go next.
-        logger.info("the run stopped with %s; its traceback is in %s, and `oxrl report %s` writes a bug report to "
-                    "paste into an issue", type(error).__name__, run_dir / FAILURE_FILE, run_dir)
+        # The error itself is reported once, by whoever handles it (the CLI); for what may be a bug, this line says
+        # where to go next. A user's own mistake (a missing file, a bad row) is not one.
+        if not isinstance(error, USER_ERRORS):
+            logger.info("the run stopped with %s; its traceback is in %s, and `oxrl report %s` writes a bug report to "
+                        "paste into an issue", type(error).__name__, run_dir / FAILURE_FILE, run_dir)
         raise
     finally:
         root.removeHandler(handler)

@@ -178,7 +178,8 @@ def prepare(h: RLHandles, total_updates: int, run_dir: Path) -> tuple[int, dict 
     return state["step"], state.get("rank_state"), resume_from
 
 
-def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Path) -> RLResult:
+def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Path, stop=None) -> RLResult:
+    """`stop`: SIGTERM and SIGINT end the run after a step, with a checkpoint (oxrl/training/signals.py)."""
     cfg, rl, strategy = h.cfg, h.cfg.rl, h.strategy
     sampler = StepSampler(len(train.prompt_ids), rl.prompts_per_step, cfg.run.seed, shuffle=cfg.data.shuffle)
     total_steps = sampler.total_steps(cfg.train)
@@ -226,11 +227,15 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
                 metrics.update(last_eval)
             if done % cfg.logging.every == 0 or done == total_steps:
                 log.log(done, metrics)
-            if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps):
+            stopping = stop is not None and stop.agreed()  # a rank got SIGTERM or SIGINT: checkpoint, then stop
+            periodic = cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == total_steps)
+            if periodic or stopping and stop.checkpoint:
                 schedule.settle()  # the steps sampled ahead are part of the checkpoint
                 strategy.save_checkpoint(run_dir, done, h.tokenizer, strategy.nonfinite.state_dict(),
                                          cfg.checkpoint.keep_last, cfg.lora.save_mode, card=model_card(cfg, metrics, done),
                                          rank_state={"pipeline": schedule.state_dict()} if rl.max_staleness else None)
+            if stopping:
+                raise stop.stopped(done, run_dir)
     finally:
         log.close()
     return RLResult(total_steps, rewards, before.get("val/accuracy"), last_eval.get("val/accuracy"), metrics, samples)

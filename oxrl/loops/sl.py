@@ -114,7 +114,8 @@ def examples_used(cfg: Config, train_set: list[Example], val_set: list[Example])
 
 
 def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set: list[Example],
-                  val_set: list[Example], strategy, run_dir: Path, reference=None) -> LoopResult:
+                  val_set: list[Example], strategy, run_dir: Path, reference=None, stop=None) -> LoopResult:
+    """`stop`: SIGTERM and SIGINT end the run after a step, with a checkpoint (oxrl/training/signals.py)."""
     tc = cfg.train
     world = strategy.data_size
     if tc.global_batch_size % (tc.micro_batch_size_per_device * world):
@@ -161,8 +162,12 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
                 metrics.update(validate(objective, model, val_set, tc.micro_batch_size_per_device, strategy, reference))
             if done % cfg.logging.every == 0 or done == total_steps:
                 metrics_log.log(done, metrics)
-            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total_steps:
+            stopping = stop is not None and stop.agreed()  # a rank got SIGTERM or SIGINT: checkpoint, then stop
+            periodic = cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total_steps
+            if periodic or stopping and stop.checkpoint:
                 _save(cfg, run_dir, done, tokenizer, tokens_seen, strategy, metrics)
+            if stopping:
+                raise stop.stopped(done, run_dir)
         if cfg.checkpoint.every and total_steps > start_step:
             _save(cfg, run_dir, total_steps, tokenizer, tokens_seen, strategy, metrics)
     finally:
