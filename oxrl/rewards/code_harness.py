@@ -276,18 +276,23 @@ def _imports_source(imports: list[ast.stmt], modules: list[str]) -> str:
 # --- the two sandboxed phases --------------------------------------------------------------------
 
 
-def count_passed(program: str, tests: Sequence[AssertTest], limits: SandboxLimits) -> int:
-    """How many of `tests` the program passes: phase 1 once per test, then phase 2 once for all of them."""
+def count_passed(program: str, tests: Sequence[AssertTest], limits: SandboxLimits) -> tuple[int, int]:
+    """(how many of `tests` the program passes, how many of its values were too large to pass back).
+
+    Phase 1 once per test, then phase 2 once for all of them. A value is too large when its record would
+    take phase 1's output past `limits.max_output_bytes`; the test that needs it fails.
+    """
     records: list[str] = []
     for test in tests:
         request = {"program": program, "imports": test.program_imports, "probes": list(test.probes),
-                   "own_names": list(test.own_names)}
+                   "own_names": list(test.own_names), "max_bytes": limits.max_output_bytes}
         result = run_python(_script("harness_run.py"), stdin=json.dumps(request), limits=limits)
         if stopped_by_limit(result):
             break  # this test fails, and the rest are not run
         records.append(result.stdout)
+    too_large = sum(_too_large(output, len(test.probes)) for test, output in zip(tests, records))
     if not any("R" in output.splitlines() for output in records):
-        return 0  # the program never ran to its end: no test can pass, and phase 2 need not run
+        return 0, too_large  # the program never ran to its end: no test can pass, and phase 2 need not run
     nonce = secrets.token_hex(16)
     request = {
         "nonce": nonce,
@@ -297,7 +302,12 @@ def count_passed(program: str, tests: Sequence[AssertTest], limits: SandboxLimit
         ],
     }
     result = run_python(_script("harness_check.py"), stdin=json.dumps(request), limits=limits)
-    return len(_passed(result.stdout, nonce, len(records)))
+    return len(_passed(result.stdout, nonce, len(records))), too_large
+
+
+def _too_large(output: str, probes: int) -> int:
+    """Phase 1's `E <k> TooLarge` records (each probe counted once): for the logs, not the score."""
+    return len({line for line in output.splitlines() if line in {f"E {k} TooLarge" for k in range(probes)}})
 
 
 def _passed(output: str, nonce: str, count: int) -> set[int]:

@@ -16,10 +16,13 @@ The program is the completion's last ```python block (0.0 when there is none). T
   in an `atexit` or `sys.excepthook`), reads its caller's frame or its own file, returns an object
   whose `__eq__` is always true, or replaces `math.isclose` or a builtin, gains nothing: a test
   passes only when the checker says so. What it asks of the tests: the values compared must be plain
-  data (numbers, strings, bytes, None and the builtin and `collections` containers; not an object of
-  the program's class), and builtin and standard-library names in a test mean those, even where the
-  program defines its own `sum` (`code_harness` says the rest). Another shape is a ValueError naming
-  the item before anything runs;
+  data (numbers, strings, bytes, None, the builtin and `collections` containers, `datetime` values,
+  `array.array`, and the program's namedtuples and enum members, which cross as their data; not another
+  object of the program's class, nor a function), and builtin and standard-library names in a test mean
+  those, even where the program defines its own `sum`, except in a test that calls nothing of the
+  program but builtins, which tests the program's own functions of those names. A test that calls
+  nothing of the program at all, or passes the program's function to a call of its own, is refused
+  (`code_harness` says the rest). Another shape is a ValueError naming the item before anything runs;
 - a JSON string of either of the above.
 
 Every stdin/stdout test, and the program's part of every assert-style test, runs in its own
@@ -40,6 +43,7 @@ model-written code, only for trusted code on a machine without bwrap (it logs a 
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +52,8 @@ from oxrl.rewards.base import batched
 from oxrl.rewards.code_harness import AssertTest, count_passed, parse_assert_test, stopped_by_limit
 from oxrl.data.extract import extract_code
 from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,14 @@ def code_reward(
     # Parse every row's tests before running anything: a malformed row fails fast, whatever the completions.
     parsed = [parse_tests(row_tests) for row_tests in tests]
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="oxrl-code-reward") as pool:
-        return list(pool.map(lambda item: score_program(*item, limits), zip(completions, parsed)))
+        scored = list(pool.map(lambda item: score_program(*item, limits), zip(completions, parsed)))
+    too_large = sum(count for _, count in scored)
+    if too_large:
+        logger.warning(
+            "code reward: %d value(s) that programs returned were too large to compare (their records passed "
+            "max_output_bytes, %d bytes); the tests that needed them failed", too_large, limits.max_output_bytes,
+        )
+    return [score for score, _ in scored]
 
 
 def check_code_reward(**kwargs: Any) -> None:
@@ -100,12 +113,14 @@ def check_code_reward(**kwargs: Any) -> None:
 code_reward.preflight = check_code_reward  # type: ignore[attr-defined]
 
 
-def score_program(completion: str, tests: list[CodeTest] | list[AssertTest], limits: SandboxLimits) -> float:
+def score_program(completion: str, tests: list[CodeTest] | list[AssertTest], limits: SandboxLimits) -> tuple[float, int]:
+    """(the fraction of `tests` passed, how many of the program's values were too large to compare)."""
     program = extract_code(completion)
     if program is None:
-        return 0.0
+        return 0.0, 0
     if isinstance(tests[0], AssertTest):
-        return count_passed(program, tests, limits) / len(tests)  # type: ignore[arg-type]
+        passed, too_large = count_passed(program, tests, limits)  # type: ignore[arg-type]
+        return passed / len(tests), too_large
     passed = 0
     for test in tests:
         result = run_python(program, stdin=test.stdin, limits=limits)
@@ -113,7 +128,7 @@ def score_program(completion: str, tests: list[CodeTest] | list[AssertTest], lim
             break
         if result.ok and _same_output(result.stdout, test.expected_stdout):
             passed += 1
-    return passed / len(tests)
+    return passed / len(tests), 0
 
 
 def parse_tests(tests: Any) -> list[CodeTest] | list[AssertTest]:

@@ -12,7 +12,8 @@ and writes to the stdout it started with, one line each:
 
     R              the program's top level ran to its end
     V <k> <json>   probe k's value (harness_codec's format: plain data only)
-    E <k> <why>    probe k raised, or its value is not plain data
+    E <k> <why>    probe k raised, or its value is not plain data; `E <k> TooLarge`: its record would
+                   take the output past `max_bytes` (the sandbox's `max_output_bytes`, all that is read back)
 
 The program's own prints go to stderr. The program runs in this process, so it can write such lines
 itself, or stop this script; that gains it nothing: a line is only a claim of what the program
@@ -27,6 +28,8 @@ import os
 # module (tests), it takes them from there.
 if "encode" not in globals():
     from oxrl.rewards.harness_codec import NotPlainData, encode
+
+RECORD_RESERVE = 32  # bytes: more than any `E <k> <why>` line
 
 
 def run_program(source: str, namespace: dict) -> bool:
@@ -59,8 +62,15 @@ def main() -> None:
     records = os.dup(1)
     os.dup2(2, 1)  # from here on, fd 1 (and print) is stderr: the records have a descriptor of their own
 
-    def emit(line: str) -> None:
-        os.write(records, (line + "\n").encode("utf-8", "backslashreplace"))
+    room = [request["max_bytes"]]
+
+    def emit(line: str, index: int = -1) -> None:
+        data = (line + "\n").encode("utf-8", "backslashreplace")
+        # Room is kept for a short record of every probe after this one, so that each still gets a line.
+        if len(data) > room[0] - RECORD_RESERVE * (len(request["probes"]) - index - 1):
+            data = f"E {index} TooLarge\n".encode()
+        room[0] -= len(data)
+        os.write(records, data)
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if not run_program(request["program"], namespace):
@@ -70,14 +80,14 @@ def main() -> None:
         exec(compile(request["imports"], "test", "exec"), namespace)
     except BaseException as error:  # the test's imports failed: so does every probe
         for index in range(len(request["probes"])):
-            emit(f"E {index} {type(error).__name__}")
+            emit(f"E {index} {type(error).__name__}", index)
         return
     for index, source in enumerate(request["probes"]):
         own = request["own_names"][index]
         if own is not None and own not in namespace:
-            emit(f"E {index} NameError")  # the builtin of that name is not the program's answer
+            emit(f"E {index} NameError", index)  # the builtin of that name is not the program's answer
         else:
-            emit(evaluate(index, source, namespace))
+            emit(evaluate(index, source, namespace), index)
 
 
 if __name__ == "__main__":

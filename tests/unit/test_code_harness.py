@@ -136,6 +136,23 @@ ATTACKS = {
         "import builtins\nbuiltins.sorted = lambda x: [1, 2, 3]\nbuiltins.len = lambda x: 2\ndef top(n):\n    return []",
         BUILTIN_TESTS,
     ),
+    # the program's own classes that cross as data cross without their behaviour
+    "namedtuple with an always-true __eq__": (
+        "import typing\nclass T(typing.NamedTuple):\n    a: int\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = tuple.__hash__\ndef add(a, b):\n    return T(0)", ADD_TESTS,
+    ),
+    "namedtuple subclass": (
+        "import collections\nclass T(collections.namedtuple('T', 'a')):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = tuple.__hash__\ndef add(a, b):\n    return T(0)", ADD_TESTS,
+    ),
+    "enum with an always-true __eq__": (
+        "import enum\nclass E(enum.Enum):\n    A = 0\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\ndef add(a, b):\n    return E.A", ADD_TESTS,
+    ),
+    "float-mixin enum": (
+        "import enum\nclass E(float, enum.Enum):\n    A = 0.0\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = float.__hash__\ndef add(a, b):\n    return E.A", ADD_TESTS,
+    ),
     "builtins shadowed by the program": (
         "def sorted(x):\n    return [1, 2, 3]\ndef len(x):\n    return 2\ndef top(n):\n    return []", BUILTIN_TESTS,
     ),
@@ -247,6 +264,45 @@ HONEST_TESTS = [
 @needs_sandbox
 def test_an_honest_program_passes_every_kind_of_assert():
     assert score(HONEST, HONEST_TESTS) == 1.0
+
+
+DATA_TYPES = """
+import array, collections, datetime, enum
+Point = collections.namedtuple("Point", "x y")
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+def buffer():
+    return bytearray(b"ab")
+def leap_day():
+    return datetime.date(2024, 2, 29)
+def numbers():
+    return array.array("i", [1, 2])
+def point():
+    return Point(1, 2)
+def color():
+    return Color.GREEN
+def big():
+    return "x" * (2 << 20)
+"""
+DATA_TESTS = [
+    "assert buffer() == bytearray(b'ab') and buffer() == b'ab'",
+    "import datetime\nassert leap_day() == datetime.date(2024, 2, 29)\nassert leap_day().isoformat() == '2024-02-29'",
+    "import array\nassert numbers() == array.array('i', [1, 2]) and list(numbers()) == [1, 2]",
+    "assert point() == (1, 2) and point() == Point(1, 2) and point().y == 2",
+    "assert color() == Color.GREEN and color() is Color.GREEN and color() != Color.RED",
+]
+
+
+@needs_sandbox
+def test_values_of_standard_library_and_data_classes_are_compared(caplog):
+    assert score(DATA_TYPES, DATA_TESTS) == 1.0
+    assert score(DATA_TYPES.replace("GREEN\n", "RED\n").replace("2024, 2, 29", "2024, 3, 1"), DATA_TESTS) == 0.6
+    # A value whose record passes max_output_bytes (1 MiB) fails its test and is counted in the logs.
+    with caplog.at_level("WARNING", logger="oxrl.rewards.code_reward"):
+        assert score(DATA_TYPES, ["assert len(big()) == 2 << 20", "assert leap_day().year == 2024"]) == 0.5
+    assert "code reward: 1 value(s) that programs returned were too large to compare" in caplog.text
+    assert "1048576 bytes" in caplog.text
 
 
 @needs_sandbox
@@ -414,10 +470,66 @@ def test_plain_values_cross_exactly():
     assert list(decode(encode(map(str, [1, 2])))) == ["1", "2"]
 
 
+def test_standard_library_values_and_the_programs_data_classes_cross_faithfully():
+    import array
+    import collections
+    import datetime
+    import enum
+    import typing
+
+    class Point(typing.NamedTuple):
+        x: int
+        y: list
+
+    class Color(enum.Enum):
+        RED = 1
+        GREEN = (2, "g")
+        CRIMSON = 1  # an alias
+
+    class Mode(enum.IntFlag):
+        R = 4
+        W = 2
+
+    class Size(enum.StrEnum):
+        S = "s"
+
+    east = datetime.timezone(datetime.timedelta(hours=5, minutes=30), "IST")
+    values = [
+        bytearray(b"\x00\xff"), datetime.date(2024, 2, 29), datetime.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=east),
+        datetime.datetime(2021, 11, 7, 1, 30, fold=1), datetime.time(23, 59, 59, 999999, tzinfo=datetime.timezone.utc),
+        datetime.timedelta(days=-1, microseconds=5), array.array("d", [1.5, -0.0]), array.array("b", [-1, 2]),
+    ]
+    for value in values:
+        decoded = decode(encode(value))
+        assert type(decoded) is type(value) and decoded == value and repr(decoded) == repr(value)
+    point = decode(encode(Point(1, [2])))
+    assert point == (1, [2]) and point.y == [2] and type(point).__name__ == "Point" and point._fields == ("x", "y")
+    pair = decode(encode(collections.namedtuple("Pair", "a b")(1, 2)))
+    assert pair == (1, 2) and pair.b == 2
+    # Enum members of one class decode to one class: identity and equality hold between them, not with plain values.
+    green, red, alias = (decode(encode(member)) for member in (Color.GREEN, Color.RED, Color.CRIMSON))
+    assert green is decode(encode(Color.GREEN)) and green.value == (2, "g") and alias is red and green != red
+    assert red != 1 and type(green).__name__ == "Color" and green.name == "GREEN"
+    assert decode(encode(Mode.R | Mode.W)) == 6 and decode(encode(Mode.R)) == 4 and decode(encode(Size.S)) == "s"
+
+
 @pytest.mark.parametrize("value", [object(), [1, object()], type, print, (i for i in [object()])])
 def test_anything_with_behaviour_of_its_own_is_not_plain_data(value):
     with pytest.raises(NotPlainData):
         encode(value)
+
+
+def test_a_zone_other_than_a_fixed_offset_and_a_mixin_enum_are_not_plain_data():
+    import datetime
+    import enum
+    import zoneinfo
+
+    class Weight(float, enum.Enum):
+        LIGHT = 1.5
+
+    for value in (datetime.datetime(2024, 1, 1, tzinfo=zoneinfo.ZoneInfo("UTC")), Weight.LIGHT):
+        with pytest.raises(NotPlainData):
+            encode(value)
 
 
 def test_subclasses_and_cycles_are_refused():
@@ -437,6 +549,11 @@ def test_subclasses_and_cycles_are_refused():
 @pytest.mark.parametrize("text", [
     '["x"]', "[]", '["i", 3]', '["B", 1]', '["S", [["l", []]]]', '["d", [[["l", []], ["N"]]]]',
     '["A", [["i", "0x1"]]]', '["q", [], "5"]', '{"i": "0x1"}', "[" * 100000,
+    '["y", "0"]', '["Ar", "x", ""]', '["Ar", "i", "00"]', '["Td", [2024, 2, 30]]', '["Td", [2024, 2]]',
+    '["TD", [1, 1, 1, 0, 0, 0, 0], 2, ["N"]]', '["Tt", [0, 0, 0, 0], 0, ["i", "0x1"]]', '["Tz", ["i", "0x1"], "x"]',
+    '["nt", "P", ["x", 1], []]', '["nt", "P", ["x"], [["i", "0x1"], ["i", "0x2"]]]', '["nt", "P", ["def"], [["N"]]]',
+    '["En", "Object", "E", [["A", ["i", "0x1"]]], ["i", "0x1"]]', '["En", "Enum", "E", [["A", ["i", "0x1"]]], ["i", "0x2"]]',
+    '["En", "Enum", "E", [["_A_", ["i", "0x1"]]], ["i", "0x1"]]', '["En", "Flag", "E", [["A", ["s", "x"]]], ["s", "x"]]', '["En", "Enum", "E", [["__eq__", ["N"]], ["A", ["N"]]], ["N"]]',
 ])
 def test_malformed_values_do_not_decode(text):
     with pytest.raises((ValueError, TypeError, RecursionError)):
