@@ -204,8 +204,8 @@ class RunConfig(Section):
     that already holds a run is refused unless `resume` or `overwrite` says what to do with it."""
     output_dir: str = "runs"
     """Parent folder of run directories. `OXRL_CHECKPOINT_DIR`, when set, replaces the default."""
-    seed: int = 0
-    """Seed for python, numpy and torch RNGs, data order and mixing."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed for python, numpy and torch RNGs, data order and mixing: 0 to 2**32 - 1 (numpy's seeds)."""
     device: Literal[DEVICES] = "auto"
     """`auto` picks CUDA when available."""
     resume: bool | str = False

@@ -34,6 +34,13 @@ def test_wrong_type_names_key_and_value():
         load_config(None, BASE + ["train.global_batch_size=eight"])
 
 
+@pytest.mark.parametrize("seed, bound", [("-1", "greater than or equal to 0"), ("4294967296", "less than 4294967296")])
+def test_a_seed_numpy_cannot_take_is_refused_naming_the_setting(seed, bound):
+    with pytest.raises(ConfigError, match=rf"`run.seed` = {seed}.*{bound}"):
+        load_config(None, BASE + [f"run.seed={seed}"])
+    assert load_config(None, BASE + ["run.seed=4294967295"]).run.seed == 2**32 - 1
+
+
 def test_bad_choice_lists_the_allowed_values():
     with pytest.raises(ConfigError, match=r"`train.optim.schedule` = 'cosin'.*'constant', 'linear' or 'cosine'"):
         load_config(None, BASE + ["train.optim.schedule=cosin"])
