@@ -9,7 +9,8 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
   position as the state.
   The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
 - `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
-  `vla.env_kwargs`).
+  `vla.env_kwargs`). It is code: in a config that is data (a run directory's saved config.yaml under `oxrl eval`)
+  it is refused before anything is imported, unless --trust-config-code (oxrl/config/trust.py).
 
 An observation is read from what the environment returns: a dict's uint8 arrays of shape [H, W, 3] are the
 cameras (in key order), its 1-D float arrays the state (concatenated in key order); a bare [H, W, 3] array is

@@ -151,7 +151,8 @@ def test_eval_of_a_training_run_reproduces_its_validation_accuracy(tmp_path, mod
     run = tmp_path / "runs" / "grpo"
     logged = rows_of(run / "metrics.jsonl")[-1]
     assert logged["grad_norm"] > 0  # the update moved the weights: final/ is not the initial model
-    report = evaluate_models(EvalRequest(str(run))).reports[0]
+    # The run's saved config names a reward file: code, which a run directory's config runs only when trusted.
+    report = evaluate_models(EvalRequest(str(run), trust_config_code=True)).reports[0]
     assert report.path == str(run / "final")
     assert report.metrics["greedy/accuracy"] == logged["val/accuracy"]
     assert report.metrics["greedy/reward/mean"] == pytest.approx(logged["val/reward"], abs=1e-12)
