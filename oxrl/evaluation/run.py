@@ -33,48 +33,18 @@ import json
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from oxrl.config.names import SAMPLING_ALGORITHMS
 from oxrl.config.schema import Config, DataConfig, RLConfig
 from oxrl.data.rl_tasks import RLPrompt
+from oxrl.evaluation.request import EvalRequest
 from oxrl.loops.rl import correct_flags, summarise
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ALGORITHM = "dr_grpo"  # a Config needs one; evaluation reads only its model, data, rl and run sections
-
-
-@dataclass
-class EvalRequest:
-    """`oxrl eval`'s arguments (None: the config's value)."""
-
-    model: str
-    baseline: str | None = None
-    config: str | None = None
-    task: str | None = None
-    data: list[str] = field(default_factory=list)
-    rewards: list[str] = field(default_factory=list)
-    n: int = 1
-    temperature: float | None = None
-    max_new_tokens: int | None = None
-    limit: int | None = None
-    engine: str | None = None
-    seed: int | None = None
-    out: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    # Run what a run directory's saved config.yaml names as code (extensions, reward and environment files, ...):
-    # off, as that config is data anyone may have written (oxrl/config/trust.py); --config and --set are the user's.
-    trust_config_code: bool = False
-
-    def __post_init__(self) -> None:
-        for flag, value, least in (("--n", self.n, 1), ("--limit", self.limit, 1),
-                                   ("--max-new-tokens", self.max_new_tokens, 1), ("--temperature", self.temperature, 0)):
-            if value is not None and not value >= least:
-                raise ValueError(f"{flag} must be at least {least}, got {value}")
-        if self.task is not None and self.data:
-            raise ValueError("give --task or --data, not both: they are two sources of prompts")
 
 
 @dataclass

@@ -198,3 +198,25 @@ def test_the_critic_still_reports_missing_backbone_weights(tmp_path, capfd, crit
     load_critic(str(tmp_path / "broken"), torch.device("cpu"))
     warnings = [r.getMessage() for r in critic_log.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "model.norm.weight" in warnings[0]
+
+
+BAD_EVAL_FLAGS = """
+import json, sys, time
+started = time.monotonic()
+from oxrl.cli import main
+code = main(sys.argv[1:])
+print("RESULT " + json.dumps({"code": code, "seconds": time.monotonic() - started,
+                              "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("flags", [["--n", "0"], ["--limit", "0"], ["--temperature", "-1"],
+                                   ["--task", "arithmetic", "--data", "x.jsonl"]])
+def test_bad_eval_flags_fail_before_torch_is_imported(flags):
+    result = subprocess.run([sys.executable, "-c", BAD_EVAL_FLAGS, "eval", "smollm2-135m-instruct", *flags],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                            timeout=120)
+    out = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["code"] == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out["torch"] and not out["transformers"]
+    assert out["seconds"] < 1.5, out  # (the CLI's own imports and the check; the interpreter's start is not counted)
