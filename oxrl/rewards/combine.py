@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import math
 import numbers
 import time
@@ -43,8 +42,6 @@ from oxrl.rewards.base import (
     load_reward_fn,
     time_limit,
 )
-
-logger = logging.getLogger(__name__)
 
 # Built-in rewards by config name, each imported only by a run that names it (a `math` run loads no sandbox,
 # judge or reward model); an extension adds its functions themselves (oxrl/extensions.py). Anything else
@@ -268,9 +265,9 @@ class BoundReward:
                     raise RewardError(description) from error
                 failed.append(description)
                 scores.append(0.0)
-        if failed:
-            logger.warning("%d of %d samples scored 0 because reward %r failed; the first:\n%s",
-                           len(failed), len(scores), self.label, failed[0])
+        if failed:  # logged; every sample failed: the run stops (off the path of a run whose rewards never fail)
+            from oxrl.rewards.failures import report_failures
+            report_failures(self.label, failed, len(scores))
         return scores, len(failed)
 
     def _call(self, batch: _Batch, indices: Sequence[int]) -> list[float | list[float]]:

@@ -23,6 +23,7 @@ from oxrl.rewards.judge import (
     parse_verdict,
     score_reward,
 )
+from oxrl.rewards.failures import EveryCallFailedError
 from oxrl.rewards.judge_backends import JudgeRequestError, load_local_model
 from oxrl.rewards.judge_settings import JudgeSettings
 from tests.conftest import save_tiny_model
@@ -344,7 +345,7 @@ def test_pairwise_without_references_is_an_error(server):
 # --- a tiny local judge ----------------------------------------------------------------------------------
 
 
-def test_a_tiny_local_judge_loads_once_and_its_babble_is_counted(tmp_path, smollm2_tokenizer, monkeypatch):
+def test_a_tiny_local_judge_loads_once_and_its_babble_stops_the_run(tmp_path, smollm2_tokenizer, monkeypatch):
     import oxrl.models.load
 
     folder = save_tiny_model(tmp_path / "judge", smollm2_tokenizer)
@@ -354,7 +355,7 @@ def test_a_tiny_local_judge_loads_once_and_its_babble_is_counted(tmp_path, smoll
     spec = {"name": "judge", "kwargs": {"model": str(folder), "device": "cpu", "max_new_tokens": 4,
                                         "max_unparsed_fraction": 1.0}, "on_error": "zero"}
     for _ in range(2):  # a second reward_fn, as a second reward or stage would build: the same judge
-        out = build_reward_fn([spec])(["What is 2+2?", "Name a colour."], ["4", "blue"])
-        assert out.failures["judge"] == 2  # a random model writes no `Score: N`
-        assert out.components["judge"] == [0.0, 0.0]
+        # A random model writes no `Score: N`: every call fails, which stops the run even under `on_error: zero`.
+        with pytest.raises(EveryCallFailedError, match=r"reward 'judge' failed on every sample .*\(2 of 2 calls"):
+            build_reward_fn([spec])(["What is 2+2?", "Name a colour."], ["4", "blue"])
     assert len(loads) == 1

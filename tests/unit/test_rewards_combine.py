@@ -127,6 +127,22 @@ def test_on_error_zero_scores_zero_counts_and_logs(caplog):
     assert "2 of 3 samples scored 0" in caplog.text and "ZeroDivisionError" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["divide", "batched_divide"])
+def test_a_reward_failing_on_every_sample_stops_the_run_even_under_on_error_zero(name, caplog):
+    from oxrl.rewards.failures import EveryCallFailedError
+
+    reward_fn = build_reward_fn([RewardSpec(f"tests.unit.test_rewards_combine:{name}", on_error="zero")])
+    with pytest.raises(EveryCallFailedError) as caught:
+        reward_fn(["p"] * 3, ["c"] * 3, [{"answer": "0"}] * 3)
+    message = str(caught.value)
+    assert message.startswith(f"reward '{name}' failed on every sample of this batch (3 of 3 calls failed)")
+    assert "the checkpoints written so far are intact" in message
+    assert f"The first failure: reward '{name}' failed on sample 1 of 3: ZeroDivisionError" in message
+    assert "scored 0" not in caplog.text  # stopped, not counted
+    # One sample that scores is enough to go on, counted as before.
+    assert reward_fn(["p"] * 3, ["c"] * 3, [{"answer": "0"}, {"answer": "0"}, {"answer": "4"}]).failures == {name: 2}
+
+
 def test_batched_reward_failures_are_located_per_sample():
     rows = [{"answer": "1"}, {"answer": "0"}, {"answer": "4"}]
     out = build_reward_fn([RewardSpec("tests.unit.test_rewards_combine:batched_divide", on_error="zero")])(["p"] * 3, ["c"] * 3, rows)

@@ -32,7 +32,9 @@ def quick(prompt: str, completion: str) -> float:
 
 
 def fails(prompt: str, completion: str) -> float:
-    raise KeyError("no such key")
+    if completion == "abc":  # not every sample: a reward failing on all of a batch stops the run
+        raise KeyError("no such key")
+    return 1.0
 
 
 def timed_call(reward_fn, n: int = 3):
@@ -65,8 +67,8 @@ def test_rewards_within_the_timeout_score_and_fail_as_before():
         RewardSpec("tests.unit.test_timeouts:fails", timeout_s=TIMEOUT_S, on_error="zero"),
     ])
     out = reward_fn(["p", "p"], ["ab", "abc"])
-    assert out.components == {"quick": [2.0, 3.0], "fails": [0.0, 0.0]}
-    assert out.failures["fails"] == 2  # the worker thread's KeyError reached on_error, as without a timeout
+    assert out.components == {"quick": [2.0, 3.0], "fails": [1.0, 0.0]}
+    assert out.failures["fails"] == 1  # the worker thread's KeyError reached on_error, as without a timeout
 
 
 def test_math_keeps_running_in_the_main_thread_under_its_own_alarms():
