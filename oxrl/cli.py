@@ -283,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted")
         return 130
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        from oxrl.dependencies import TORCH_HINT
+
+        logger.error("%s", TORCH_HINT)
+        return 2
     except OSError as error:
         if not (isinstance(error, OutputWriteError) or error.errno in OUTPUT_ERRNOS):
             raise

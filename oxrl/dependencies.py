@@ -29,6 +29,14 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
+# torch is a requirement, not an extra: pip installs it with oxRL, and on Linux PyPI's wheel is the multi-GB CUDA
+# build. Installed first from PyTorch's CPU index, the CPU build satisfies oxRL's `torch>=2.6` and nothing pulls the
+# CUDA one.
+TORCH_HINT = ("oxRL needs torch, which is not installed. On a machine without a GPU, install the CPU build first: "
+              "pip install torch --index-url https://download.pytorch.org/whl/cpu (a plain `pip install torch` pulls "
+              "the multi-GB CUDA build); with a GPU, the build for its CUDA: https://pytorch.org/get-started/locally/")
+
+
 # The built-in rewards that need a package: (import name, distribution name). Checked by `oxrl.preflight` before
 # anything loads and by each reward when it is built.
 REWARD_PACKAGES = {"math": ("math_verify", "math-verify"), "reasoning_gym": ("reasoning_gym", "reasoning-gym")}

