@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,16 +183,12 @@ def schema_default(key: str) -> Any:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict | None = None,
-                trusted: bool = True, given: Mapping[str, Any] | None = None) -> Config:
+                screen: Callable[[dict, str], dict] | None = None) -> Config:
     """Read a YAML file (or start from `base`, which is left as it was), apply `a.b=c` overrides, validate.
-
-    `trusted=False`: the file is data, not a config the user named (a run directory's saved config.yaml): a setting
-    of it that names code is refused before anything is imported (oxrl/config/trust.py), unless an override or
-    `given` (dotted key -> value: what the user set otherwise, e.g. `oxrl eval --reward`) sets it or a section above
-    it, whose value then replaces the file's."""
+    `screen(tree, file)`: what the file's tree becomes first, before validation imports anything (a config that is
+    data, not the user's: oxrl/config/trust.py)."""
     tree: dict = copy.deepcopy(base) if base else {}  # an override sets a key inside a section: not in the caller's
     source = "overrides"
-    parsed = [parse_override(override) for override in overrides]
     if path is not None:
         source = str(path)
         file = Path(path)
@@ -204,10 +200,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         if not isinstance(loaded, dict):
             raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         loaded = find_beside(loaded, file.parent)
-        if not trusted:
-            loaded = without_untrusted_code(loaded, source, {**(given or {}), **{".".join(k): v for k, v in parsed}})
-        tree.update(loaded)
-    for keys, value in parsed:
+        tree.update(screen(loaded, source) if screen is not None else loaded)
+    for override in overrides:
+        keys, value = parse_override(override)
         apply_override(tree, keys, value)
     try:
         return Config.model_validate(tree)
@@ -215,25 +210,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         from oxrl.config.explain import describe_errors
 
         raise ConfigError(describe_errors(error, source)) from None
-
-
-def without_untrusted_code(tree: dict, origin: str, given: Mapping[str, Any]) -> dict:
-    """`tree`, a config that is data (read from `origin`), with each setting of it that names code replaced by what
-    the user set for it or a section above it in `given` (dotted key -> value); a ConfigError naming the settings
-    nothing the user set replaces (oxrl/config/trust.py)."""
-    from oxrl.config.trust import code_settings, refusal, set_by_user
-
-    tree = copy.deepcopy(tree)
-    refused = []
-    for key, value, marker in code_settings(tree):
-        mine = set_by_user(key, given)
-        if mine is None:
-            refused.append((key, value, marker))
-        else:
-            apply_override(tree, mine.split("."), copy.deepcopy(given[mine]))
-    if refused:
-        raise ConfigError(refusal(origin, refused))
-    return tree
 
 
 def find_beside(tree: dict, folder: Path) -> dict:

@@ -12,18 +12,21 @@ names (`math`, `reach`, `pusht`) name no code; a setting the user sets (`--set`,
 compared with it, key by key (oxrl/training/run_dir.py), and nothing it names is imported.
 
 Which settings name code is declared beside each in the schema (`NamesCode`): `code_fields` walks the schema,
-`code_settings` a config tree as read from YAML, before validation (validating imports the extensions).
+`code_settings` a config tree as read from YAML, before validation (validating imports the extensions);
+`load_config(file, screen=as_data(given))` reads a file that is data.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, get_origin
 
 from pydantic import BaseModel
 
 from oxrl.config.explain import bounded
+from oxrl.config.load import ConfigError, apply_override
 from oxrl.config.schema import Config, NamesCode, section_in
 
 TRUST_FLAG = "--trust-config-code"
@@ -72,6 +75,28 @@ def code_settings(tree: Any, model: type[BaseModel] = Config, prefix: str = "") 
         elif not many:
             found += code_settings(value, inner, f"{key}.")
     return found
+
+
+def as_data(given: Mapping[str, Any]) -> Callable[[dict, str], dict]:
+    """A `load_config` screen for a config file that is data: `without_untrusted_code` with what the user set."""
+    return lambda tree, origin: without_untrusted_code(tree, origin, given)
+
+
+def without_untrusted_code(tree: dict, origin: str, given: Mapping[str, Any]) -> dict:
+    """`tree`, a config that is data (read from `origin`), with each setting of it that names code replaced by what
+    the user set for it or a section above it in `given` (dotted key -> value: `--set`, `--reward`); a ConfigError
+    in one line naming the settings nothing the user set replaces."""
+    tree = copy.deepcopy(tree)
+    refused = []
+    for key, value, marker in code_settings(tree):
+        mine = set_by_user(key, given)
+        if mine is None:
+            refused.append((key, value, marker))
+        else:
+            apply_override(tree, mine.split("."), copy.deepcopy(given[mine]))
+    if refused:
+        raise ConfigError(refusal(origin, refused))
+    return tree
 
 
 def set_by_user(key: str, given: Mapping[str, Any]) -> str | None:

@@ -84,6 +84,7 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
     """The config file (module docstring), then the flags, then the `--set` overrides. A run directory's config.yaml
     is data: a setting of it that names code is refused unless `trust_config_code`, or the flags or `--set` set it."""
     from oxrl.config.load import apply_override, load_config, parse_override
+    from oxrl.config.trust import as_data
 
     source, saved = request.config, False
     if source is None and run_dir is not None and (run_dir / "config.yaml").is_file():
@@ -94,7 +95,8 @@ def eval_config(request: EvalRequest, model_path: str, run_dir: Path | None) -> 
         given = {"rl.rewards": [{"name": name} for name in request.rewards], **given}
     tree = {"algorithm": {"name": DEFAULT_ALGORITHM}}
     if source is not None:
-        tree = load_config(source, trusted=not saved or request.trust_config_code, given=given).model_dump(mode="json")
+        screen = as_data(given) if saved and not request.trust_config_code else None
+        tree = load_config(source, screen=screen).model_dump(mode="json")
     if tree["algorithm"]["name"] not in SAMPLING_ALGORITHMS:
         # An offline run's config: evaluation samples, so it keeps what sampling reads (the model, the seed, the
         # `rl` section) under the default RL algorithm; the offline sections would be settings nobody reads.

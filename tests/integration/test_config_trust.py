@@ -21,7 +21,7 @@ import yaml
 from oxrl.cli import main
 from oxrl.config.load import ConfigError, load_config, saved_form
 from oxrl.config.names import REGISTERED, REWARD_NAMES
-from oxrl.config.trust import TRUST_FLAG, code_fields
+from oxrl.config.trust import TRUST_FLAG, as_data, code_fields
 from oxrl.evaluation.run import EvalRequest, evaluate_models
 from tests.conftest import save_tiny_model
 
@@ -113,10 +113,10 @@ def test_every_marked_setting_of_a_saved_config_is_refused_before_anything_is_im
 def test_built_in_names_name_no_code(tmp_path, tiny_model):
     """Built-in rewards and simulators, and trust_remote_code off (in any spelling validation reads), load."""
     saved = merged(SAVED, {"model": {"trust_remote_code": "no"}, "rl": {"rewards": [{"name": n} for n in REWARD_NAMES]}})
-    assert load_config(shared_run(tmp_path, tiny_model, saved) / "config.yaml", trusted=False).rl.rewards
+    assert load_config(shared_run(tmp_path, tiny_model, saved) / "config.yaml", screen=as_data({})).rl.rewards
     for env in ("reach", "pusht"):
         saved = merged(SAVED, {"rl": {"task": None}, "vla": {"env": env}})
-        cfg = load_config(shared_run(tmp_path / env, tiny_model, saved) / "config.yaml", trusted=False)
+        cfg = load_config(shared_run(tmp_path / env, tiny_model, saved) / "config.yaml", screen=as_data({}))
         assert cfg.vla.env == env
 
 
