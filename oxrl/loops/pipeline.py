@@ -29,7 +29,6 @@ from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import ResumeError, Rollout, Sampled, Sampling, finish_sample, start_sample
 from oxrl.models.model_inputs import hf_config
 from oxrl.training.checkpoint import rank_state_name
-from oxrl.training.checkpoint_files import damaged
 
 
 def sampling_version(step: int, max_staleness: int) -> int:
@@ -108,28 +107,13 @@ class RolloutPipeline:
         self._load(state, resumed_step, source)
 
     def _load(self, state: dict, resumed_step: int, source: str) -> None:
-        """Every value checked (oxrl/loops/pipeline_state.py) before any is used: a damaged file is a CheckpointError
-        naming it and the field."""
-        from oxrl.loops.pipeline_state import sampled_from_json
+        """Every value checked against the run (oxrl/loops/pipeline_state.py) before any is used: a damaged file is
+        a CheckpointError naming it and the field."""
+        from oxrl.loops.pipeline_state import read_samples_ahead
 
-        path = Path(source) / "training_state" / rank_state_name(self.rank)
-        if not isinstance(state, dict) or not {"max_staleness", "next_step", "sampled"} <= state.keys():
-            raise damaged(path, "pipeline is not an object of max_staleness, next_step and sampled")
-        if state["max_staleness"] != self.k:
-            raise ResumeError(f"{source} was written with rl.max_staleness = {state['max_staleness']}: resume with "
+        if isinstance(state, dict) and state.get("max_staleness") != self.k:
+            raise ResumeError(f"{source} was written with rl.max_staleness = {state.get('max_staleness')}: resume with "
                               f"that value, not {self.k} (its steps sampled ahead follow that schedule)")
-        next_step = state["next_step"]
-        if type(next_step) is not int or not resumed_step <= next_step <= resumed_step + self.k:
-            raise damaged(path, f"pipeline.next_step is {next_step!r}, not a step from {resumed_step} to "
-                          f"{resumed_step + self.k} (the checkpoint's step + rl.max_staleness)")
-        expected = range(resumed_step, next_step)  # the steps sampled ahead: started, not yet trained on
-        records = state["sampled"] if isinstance(state["sampled"], list) else None
-        if records is None or len(records) != len(expected):
-            raise damaged(path, f"pipeline.sampled holds {len(records) if records is not None else repr(records)} "
-                          f"steps, not the {len(expected)} sampled ahead of step {resumed_step}")
-        loaded = [sampled_from_json(record, i, path, expected, lambda step: sampling_version(step, self.k),
-                                    self.prompts_of, self.vocab_size) for i, record in enumerate(records)]
-        if sorted(s.step for s in loaded) != list(expected):
-            raise damaged(path, f"pipeline.sampled holds steps {sorted(s.step + 1 for s in loaded)}, not "
-                          f"{[step + 1 for step in expected]}")
-        self.next_step, self.sampled = next_step, {s.step: s for s in loaded}
+        path = Path(source) / "training_state" / rank_state_name(self.rank)
+        self.next_step, self.sampled = read_samples_ahead(state, path, resumed_step, self.k, self.prompts_of,
+                                                          self.vocab_size)

@@ -22,7 +22,7 @@ import torch
 from oxrl.data.types import RLPromptBatch
 from oxrl.loops.rl import Rollout, Sampled
 from oxrl.rollout.base import Completion
-from oxrl.training.checkpoint_files import damaged
+from oxrl.training.checkpoint_files import RANK_STATE_LIMIT, damaged, load_json
 
 FINISH_REASONS = get_args(get_type_hints(Completion)["finish_reason"])
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards and log-probs are trained as float32
@@ -81,24 +81,65 @@ class _Reader:
         return value
 
 
-def sampled_from_json(record: Any, index: int, path: Path, steps: range, version_of: Callable[[int], int],
-                      prompts_of: Callable[[int], RLPromptBatch], vocab_size: int | None) -> Sampled:
-    """`sampled[index]` of the file `path`, checked: its step one of `steps` and sampled by the version the schedule
-    names (`version_of`), its prompts the step's (`prompts_of`), every token id below `vocab_size` (None: any), every
-    number finite, every row as long as its completion."""
-    read, at = _Reader(path), f"pipeline.sampled[{index}]"
+def check_samples_ahead(path: Path, resumed_step: int) -> None:
+    """The checks of a rank_state file that need no run (all but the vocabulary and the prompts): made of a
+    checkpoint of step `resumed_step` before a resume changes anything (oxrl/training/checkpoint.py `check_intact`:
+    a rewind deletes the later checkpoints on this one's word)."""
+    state = load_json(path, RANK_STATE_LIMIT).get("pipeline")
+    if state is None:  # not a pipelined run's (a run with rl.max_staleness >= 1 says so when it resumes)
+        return
+    staleness = state.get("max_staleness") if isinstance(state, dict) else None
+    if type(staleness) is not int or staleness < 1:
+        raise damaged(path, f"pipeline.max_staleness is {_shown(staleness)}, not an integer >= 1")
+    read_samples_ahead(state, path, resumed_step, staleness)
+
+
+def read_samples_ahead(state: Any, path: Path, resumed_step: int, max_staleness: int,
+                       prompts_of: Callable[[int], RLPromptBatch] | None = None,
+                       vocab_size: int | None = None) -> tuple[int, dict[int, Sampled]]:
+    """The first step not yet sampled, and the steps sampled ahead of step `resumed_step`, from `state` (the
+    `pipeline` of the rank_state file `path`), every value checked: with `prompts_of` and `vocab_size`, against the
+    run's prompts and the model's token ids too."""
+    read = _Reader(path)
+    if not isinstance(state, dict) or not {"next_step", "sampled"} <= state.keys():
+        read.fail("pipeline", f"is {_shown(state)}, not an object of max_staleness, next_step and sampled")
+    next_step = state["next_step"]
+    if type(next_step) is not int or not resumed_step <= next_step <= resumed_step + max_staleness:
+        read.fail("pipeline.next_step", f"is {_shown(next_step)}, not a step from {resumed_step} to "
+                  f"{resumed_step + max_staleness} (the checkpoint's step + rl.max_staleness)")
+    steps = range(resumed_step, next_step)  # the steps sampled ahead: started, not yet trained on
+    records = read.list(state["sampled"], "pipeline.sampled")
+    if len(records) != len(steps):
+        read.fail("pipeline.sampled", f"holds {len(records)} steps, not the {len(steps)} sampled ahead of step "
+                  f"{resumed_step}")
+    loaded = [_sampled(read, record, i, steps, max_staleness, prompts_of, vocab_size)
+              for i, record in enumerate(records)]
+    if sorted(s.step for s in loaded) != list(steps):
+        read.fail("pipeline.sampled", f"holds steps {sorted(s.step + 1 for s in loaded)}, not "
+                  f"{[step + 1 for step in steps]}")
+    return next_step, {s.step: s for s in loaded}
+
+
+def _sampled(read: _Reader, record: Any, index: int, steps: range, max_staleness: int,
+             prompts_of: Callable[[int], RLPromptBatch] | None, vocab_size: int | None) -> Sampled:
+    """`sampled[index]`: its step one of `steps` and sampled by the version the schedule names, its prompts the
+    step's (`prompts_of`), every token id below `vocab_size`, every number finite, every row as long as its
+    completion."""
+    from oxrl.loops.pipeline import sampling_version
+
+    at = f"pipeline.sampled[{index}]"
     step = read.integer(read.get(record, "step", at), f"{at}.step")
     if step not in steps:
         read.fail(f"{at}.step", f"is {step + 1} (1-based), not one of the steps sampled ahead of this checkpoint, "
                   f"{steps.start + 1}..{steps.stop}")
-    version = read.get(record, "version", at)
-    if version != version_of(step):
-        read.fail(f"{at}.version", f"is {_shown(version)}, not {version_of(step)}, the version the schedule samples "
+    version, scheduled = read.get(record, "version", at), sampling_version(step, max_staleness)
+    if version != scheduled:
+        read.fail(f"{at}.version", f"is {_shown(version)}, not {scheduled}, the version the schedule samples "
                   f"step {step + 1} with")
     metrics = read.get(record, "metrics", at)
     if not isinstance(metrics, dict) or not all(type(v) in (int, float) for v in metrics.values()):
         read.fail(f"{at}.metrics", f"is {_shown(metrics)}, not an object of numbers")
-    batch = _prompts(read, record, at, prompts_of(step))
+    batch = _prompts(read, record, at, None if prompts_of is None else prompts_of(step))
     completions = [_completion(read, fields, f"{at}.completions[{j}]", batch, vocab_size)
                    for j, fields in enumerate(read.list(read.get(record, "completions", at), f"{at}.completions"))]
     rewards = read.floats(read.list(read.get(record, "rewards", at), f"{at}.rewards", len(completions)), f"{at}.rewards")
@@ -111,23 +152,27 @@ def sampled_from_json(record: Any, index: int, path: Path, steps: range, version
     return Sampled(step, version, rollout, {key: float(value) for key, value in metrics.items()})
 
 
-def _prompts(read: _Reader, record: dict, at: str, batch: RLPromptBatch) -> RLPromptBatch:
-    """The step's prompts this rank's samples answer: all of them, or (a shared rollout's share) those `rows` names."""
+def _prompts(read: _Reader, record: dict, at: str, batch: RLPromptBatch | None) -> RLPromptBatch | None:
+    """The step's prompts this rank's samples answer: all of them, or (a shared rollout's share) those `rows` names.
+    Without the step's prompts (`batch` None), only that `rows` are distinct row numbers."""
     rows = read.get(record, "rows", at)
-    if rows == batch.rows:
+    if batch is not None and rows == batch.rows:
         return batch
-    position = {row: i for i, row in enumerate(batch.rows)}
+    position = {row: i for i, row in enumerate(batch.rows)} if batch is not None else None
     seen = set()
     for i, row in enumerate(read.list(rows, f"{at}.rows")):
-        if type(row) is not int or row not in position or row in seen:
-            read.fail(f"{at}.rows[{i}]", f"is {_shown(row)}, not one of the step's prompts {batch.rows} (each once)")
+        if type(row) is not int or row < 0 or row in seen or (position is not None and row not in position):
+            prompts = f" {batch.rows}" if batch is not None else ""
+            read.fail(f"{at}.rows[{i}]", f"is {_shown(row)}, not one of the step's prompts{prompts} (each once)")
         seen.add(row)
-    return batch.subset([position[row] for row in rows])
+    return batch.subset([position[row] for row in rows]) if batch is not None else None
 
 
-def _completion(read: _Reader, fields: Any, at: str, batch: RLPromptBatch, vocab_size: int | None) -> Completion:
-    prompt = read.integer(read.get(fields, "prompt_index", at), f"{at}.prompt_index", 0, len(batch.prompt_ids))
-    if read.get(fields, "prompt_ids", at) != batch.prompt_ids[prompt]:
+def _completion(read: _Reader, fields: Any, at: str, batch: RLPromptBatch | None, vocab_size: int | None) -> Completion:
+    prompts = len(batch.prompt_ids) if batch is not None else None
+    prompt = read.integer(read.get(fields, "prompt_index", at), f"{at}.prompt_index", 0, prompts)
+    read.integers(read.get(fields, "prompt_ids", at), f"{at}.prompt_ids", 0, vocab_size)
+    if batch is not None and fields["prompt_ids"] != batch.prompt_ids[prompt]:
         read.fail(f"{at}.prompt_ids", f"are not the ids of prompt {prompt} of the step's prompts (the schedule gives "
                   "each step its prompts: a resume never trains completions on other prompts)")
     read.integers(read.get(fields, "completion_ids", at), f"{at}.completion_ids", 0, vocab_size)
@@ -149,7 +194,7 @@ def _completion(read: _Reader, fields: Any, at: str, batch: RLPromptBatch, vocab
         completion = Completion(**{key: value for key, value in fields.items() if key != "context_vision"})
     except ValueError as error:  # its own checks: log-probs per sampled token, mask length, context starts
         read.fail(at, f"is inconsistent: {error}")
-    completion.vision = None if batch.vision is None else batch.vision[prompt]
+    completion.vision = None if batch is None or batch.vision is None else batch.vision[prompt]
     return completion
 
 

@@ -74,12 +74,17 @@ def check_intact(checkpoint: Path) -> None:
     """Check, before a resume changes anything (a rewind deletes the later checkpoints on this one's word), that
     `checkpoint` can be read: its trainer state (`read_trainer_state`), every file a regular one, the torch files
     oxRL loads parsed (memory-mapped: their tensors are not read) and of the right kind, every other torch file
-    (DeepSpeed's) a complete archive, every safetensors header whole. A CheckpointError names the first bad file."""
+    (DeepSpeed's) a complete archive, every safetensors header whole, a pipelined RL run's samples ahead checked as
+    far as they can be without the run (oxrl/loops/pipeline_state.py). A CheckpointError names the first bad file."""
     checkpoint = Path(checkpoint)
-    read_trainer_state(checkpoint)
+    step = read_trainer_state(checkpoint)["step"]
     for path in _files(checkpoint):
         if path.suffix == ".pt":
             _check_torch_file(path)
+        elif path.name.startswith("rank_state") and path.parent.name == "training_state":
+            from oxrl.loops.pipeline_state import check_samples_ahead  # (a pipelined RL run's samples ahead)
+
+            check_samples_ahead(path, step)
         elif path.suffix == ".json" and path.parent.name == "training_state":  # (the HF folder's are the model's)
             load_counts(path)
         elif path.suffix == ".safetensors":

@@ -230,6 +230,16 @@ def test_a_resume_trains_on_the_samples_the_checkpoint_holds_and_repeats_the_run
                                               r"needs one engine log-prob per sampled token"):
         run_config(Config.model_validate(tree))
 
+    # The run rewound to that checkpoint: refused before the rewind deletes its later checkpoints or metrics rows.
+    run_dir = tmp_path / "runs" / "full"
+    checkpoints, metrics = sorted(p.name for p in (run_dir / "checkpoints").iterdir()), (run_dir / "metrics.jsonl").read_text()
+    assert checkpoints == ["step_000002", "step_000004", "step_000005"]
+    tree["run"].update(name="full", resume=str(checkpoint))
+    with pytest.raises(CheckpointError, match=r"step_000002/training_state/rank_state.json: damaged checkpoint file"):
+        run_config(Config.model_validate(tree))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
+
 
 def _set(path: str, value):
     """An edit of a pipeline state: the value at `path` (keys and indices, dot-separated) replaced by `value`."""
