@@ -36,6 +36,7 @@ class RunResult:
     losses: list[float]
     final_metrics: dict[str, float]
     samples: dict[str, list[dict]] = field(default_factory=dict)
+    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl's rows, every logged step (filled by oxrl.trainer)
 
 
 def set_seed(seed: int) -> None:

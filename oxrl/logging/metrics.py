@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from oxrl.logging.trackers import Tracker
 
 logger = logging.getLogger(__name__)
+# Trackers of the Python API's own (`Trainer(callbacks=...)`, oxrl/trainer.py), set around its run: every MetricsLogger
+# opened inside gets them, so the loops need no parameter for them.
+EXTRA_TRACKERS: ContextVar[tuple[Tracker, ...]] = ContextVar("oxrl_extra_trackers", default=())
 
 
 class MetricsLogger:
@@ -37,7 +41,7 @@ class MetricsLogger:
         self.enabled = enabled  # False on ranks other than 0
         self.path = Path(run_dir) / "metrics.jsonl"
         self.bar = None
-        self.trackers: list[Tracker] = []
+        self.trackers: list[Tracker] = list(EXTRA_TRACKERS.get())  # (log() calls none on ranks other than 0)
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +49,7 @@ class MetricsLogger:
         if config is not None and config.logging.report_to:
             from oxrl.logging.trackers import open_trackers
 
-            self.trackers = open_trackers(config, self.path.parent, start_step)
+            self.trackers += open_trackers(config, self.path.parent, start_step)
         if progress_bar:
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 

@@ -107,6 +107,82 @@ def test_reasoning_runs_one_step_on_a_tiny_model(tmp_path, tiny_model_dir, own_d
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     step = next(row for row in rows if row["step"] == 1)
     assert math.isfinite(step["loss"]) and math.isfinite(step["reward/mean"]) and "reward/format" in step
+    assert result.metrics == rows and result.losses == [step["loss"]]  # RL's per-step metrics and losses too
     saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
     expected = str(data) if own_data else "bundled:reasoning_openr1.jsonl"
     assert [spec["path"] for spec in saved["data"]["train"]] == [expected]
+
+
+def _chat_rows(count: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": f"The answer is {2 * i}."}]} for i in range(count)]
+
+
+SFT_SETTINGS = {"train.global_batch_size": 4, "train.micro_batch_size_per_device": 4, "data.max_length": 64,
+                "logging.progress_bar": False, "logging.plot": False}
+
+
+def test_a_tiny_sft_from_a_list_of_dicts_learns_and_calls_back_at_every_step(tmp_path, tiny_model_dir):
+    calls = []
+    trainer = Trainer(model=str(tiny_model_dir), algorithm="sft", callbacks=[lambda step, m: calls.append((step, m))])
+    result = trainer.train(data=_chat_rows(8), **{**SFT_SETTINGS, "run.output_dir": str(tmp_path / "runs"),
+                                                 "train.max_steps": 8, "train.optim.lr": 3e-3,
+                                                 "checkpoint.save_final": False})
+    assert result.losses[-1] < result.losses[0] - 0.5 and result.losses == sorted(result.losses, reverse=True)  # it learns
+    saved = result.run_dir / "inputs" / "train.jsonl"
+    assert [json.loads(line) for line in saved.read_text().splitlines()] == _chat_rows(8)
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["data"]["train"][0]["path"] == str(saved)
+    assert [step for step, _ in calls] == list(range(1, 9)) and [m["loss"] for _, m in calls] == result.losses
+    assert [row["step"] for row in result.metrics] == list(range(1, 9)) and result.metrics[-1]["loss"] == result.losses[-1]
+
+
+def test_model_and_tokenizer_objects_a_dataset_and_a_config_object(tmp_path, smollm2_tokenizer):
+    from datasets import Dataset
+
+    from tests.conftest import make_tiny_llama
+
+    model = make_tiny_llama(vocab_size=len(smollm2_tokenizer))
+    base = load_config(None, base={"model": {"name_or_path": "replaced"}, "algorithm": {"name": "sft"},
+                                   "run": {"output_dir": str(tmp_path / "runs"), "name": "objects"},
+                                   "train": {"max_steps": 1, "global_batch_size": 4, "micro_batch_size_per_device": 4},
+                                   "data": {"max_length": 64}, "logging": {"progress_bar": False}})
+    result = Trainer(model, config=base, tokenizer=smollm2_tokenizer).train(data=Dataset.from_list(_chat_rows(4)))
+    inputs = result.run_dir / "inputs"
+    assert result.run_dir == tmp_path / "runs" / "objects" and (inputs / "model" / "model.safetensors").is_file()
+    assert (inputs / "model" / "tokenizer_config.json").is_file() and (inputs / "train.jsonl").is_file()
+    saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert saved["model"]["name_or_path"] == str(inputs / "model") and saved["model"]["tokenizer"] is None
+    assert (result.final_model_dir / "model.safetensors").is_file() and len(result.losses) == 1
+
+
+def test_a_failing_callback_stops_the_run_naming_it(tmp_path, tiny_model_dir, smollm2_tokenizer):
+    """(With a tokenizer object beside a model path: saved to the run's inputs/tokenizer.)"""
+    from oxrl.trainer import CallbackError
+
+    def stop_at_two(step, metrics):
+        if step == 2:
+            raise RuntimeError("enough")
+
+    settings = {**SFT_SETTINGS, "run.output_dir": str(tmp_path / "runs"), "run.name": "cb", "train.max_steps": 4}
+    with pytest.raises(CallbackError, match=r"callback .*stop_at_two raised RuntimeError at step 2: enough"):
+        Trainer(model=str(tiny_model_dir), algorithm="sft", tokenizer=smollm2_tokenizer,
+                callbacks=[stop_at_two]).train(data=_chat_rows(8), **settings)
+    saved = yaml.safe_load((tmp_path / "runs" / "cb" / "config.yaml").read_text())
+    assert saved["model"]["tokenizer"] == str(tmp_path / "runs" / "cb" / "inputs" / "tokenizer")
+    rows = (tmp_path / "runs" / "cb" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2] and not (tmp_path / "runs" / "cb" / "final").exists()
+
+
+def test_bad_rows_and_changed_rows_on_resume_are_refused(tmp_path):
+    from oxrl.trainer import write_rows
+
+    with pytest.raises(TypeError, match="row 1: expected a dict of columns, got str"):
+        write_rows([{"text": "a"}, "b"], tmp_path / "rows.jsonl")
+    with pytest.raises(TypeError, match="row 0: not JSON"):
+        write_rows([{"text": object()}], tmp_path / "rows.jsonl")
+    path = write_rows([{"text": "a"}], tmp_path / "rows.jsonl")
+    assert write_rows([{"text": "a"}], path, resuming=True) == path
+    with pytest.raises(ValueError, match="differ from those the run started with"):
+        write_rows([{"text": "b"}], path, resuming=True)
+    with pytest.raises(TypeError, match="callbacks\\[0\\] is a int"):
+        Trainer(model="m", callbacks=[1])
