@@ -610,7 +610,8 @@ class RLConfig(Section):
     env: Annotated[EnvConfig | None, _IN_UPDATE, _NO_EPISODES] = None
     """Multi-turn environment (docs/environments.md); it supplies the reward, so `rewards` stays empty."""
     on_reward_error: Annotated[Literal[REWARD_ERROR_MODES], _REWARD_FUNCTIONS] = "raise"
-    """A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`)."""
+    """A reward that raises stops the run (`raise`) or scores 0 and is counted (`zero`); a reward that raises on every
+    sample of a step stops the run either way (it is broken: all-zero rewards would train on nothing)."""
     reward_timeout_s: Annotated[float | None, _REWARD_FUNCTIONS] = Field(300.0, gt=0)
     """Seconds one call of a reward, built-in or your own, may take; a call that takes longer stops the run with an
     error naming the reward, whatever `on_reward_error` says (a Python thread cannot be killed: the hung call is left
