@@ -2,10 +2,15 @@
 after the model loaded and sampled.
 
     check_dependencies(cfg)   # MissingDependencyError naming every missing package and the command installing it
+    check_run_outputs(cfg)    # a model another run makes (`runs/<name>/final`), missing: the setting and its maker
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from oxrl.config.load import ConfigError
+from oxrl.config.names import DISTILLATION
 from oxrl.config.rl_presets import is_rl
 from oxrl.config.schema import Config
 from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, installed
@@ -43,6 +48,45 @@ def missing_for(cfg: Config) -> list[str]:
             missing.setdefault(package, []).append(needed_for)
     return [f"{' and '.join(dict.fromkeys(uses))} needs {package}, which is not installed: {install_hint(package)}"
             for package, uses in missing.items()]
+
+
+def check_run_outputs(cfg: Config) -> None:
+    """A model setting that names another run's output that is not there (an example chained to another, run before
+    it): one ConfigError naming the setting and the command that makes it. The reward model's `path` is checked by
+    its own preflight (oxrl/rewards/reward_model_reward.py)."""
+    settings = [("model.name_or_path", cfg.model.name_or_path), ("model.tokenizer", cfg.model.tokenizer)]
+    if cfg.algorithm.name in DISTILLATION:
+        settings.append(("preference.teacher", cfg.preference.teacher))
+    for setting, path in settings:
+        missing = missing_run_output(setting, path)
+        if missing is not None:
+            raise ConfigError(missing)
+
+
+def missing_run_output(setting: str, path: str | None) -> str | None:
+    """`<setting>: <path> does not exist: it is what run <name> writes (`oxrl train examples/<file>` makes it)` when
+    `path` is a run's `final/` folder or checkpoint that does not exist; None otherwise."""
+    folder = Path(path or "")
+    if len(folder.parts) < 3 or folder.expanduser().exists():  # (`org/final` is a hub id, not <output_dir>/<run>/final)
+        return None
+    run = folder.parent if folder.name == "final" else folder.parent.parent if folder.parent.name == "checkpoints" else None
+    if run is None or not run.name:
+        return None
+    made_by = _example_named(run.name)
+    how = f"`oxrl train {made_by}` makes it" if made_by else f"train run `{run.name}` first, or set {setting}"
+    return f"{setting}: {path} does not exist: it is what the run `{run.name}` writes, which has not run here ({how})"
+
+
+def _example_named(run_name: str) -> str | None:
+    """The example config (the source tree's examples/) whose run.name is `run_name`, as a path to type."""
+    import yaml
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    for path in sorted(examples.glob("*.yaml")):
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if isinstance(tree, dict) and (tree.get("run") or {}).get("name") == run_name:
+            return f"examples/{path.name}" if Path("examples", path.name).resolve() == path else str(path)
+    return None
 
 
 def check_dependencies(cfg: Config) -> None:

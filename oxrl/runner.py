@@ -285,10 +285,11 @@ def run(cfg: Config) -> RunResult:
     from oxrl.logging.setup import setup_logging
 
     setup_logging()
-    from oxrl.preflight import check_dependencies
+    from oxrl.preflight import check_dependencies, check_run_outputs
     from oxrl.config.rl_presets import is_rl
 
     check_dependencies(cfg)  # a package the config needs and lacks: one line now, not a traceback mid-run
+    check_run_outputs(cfg)  # a model an earlier run makes, missing: which run, and the example that makes it
     if cfg.run.launcher == "ray":
         from oxrl.cluster.driver import run_on_ray
 

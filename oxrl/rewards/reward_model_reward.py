@@ -81,6 +81,11 @@ def check_reward_model_reward(**kwargs: Any) -> None:
     path = kwargs.get("path")
     if not isinstance(path, str) or not path:
         raise ValueError(f"{WHAT} needs `path`, the folder or hub id of a one-output sequence classifier; got {path!r}")
+    from oxrl.preflight import missing_run_output
+
+    missing = missing_run_output("rl.rewards: reward_model's kwargs.path", path)  # an `rm` run not yet trained here
+    if missing is not None:
+        raise ValueError(missing)
     if kwargs.get("dtype", "auto") not in DTYPE_CHOICES:
         raise ValueError(f"{WHAT}: dtype must be one of {DTYPE_CHOICES}, got {kwargs['dtype']!r}")
     batch_size, max_length = kwargs.get("batch_size", 16), kwargs.get("max_length")
