@@ -295,14 +295,20 @@ DATA_TESTS = [
 
 
 @needs_sandbox
-def test_values_of_standard_library_and_data_classes_are_compared(caplog):
+def test_values_of_standard_library_and_data_classes_are_compared():
     assert score(DATA_TYPES, DATA_TESTS) == 1.0
     assert score(DATA_TYPES.replace("GREEN\n", "RED\n").replace("2024, 2, 29", "2024, 3, 1"), DATA_TESTS) == 0.6
-    # A value whose record passes max_output_bytes (1 MiB) fails its test and is counted in the logs.
-    with caplog.at_level("WARNING", logger="oxrl.rewards.code_reward"):
-        assert score(DATA_TYPES, ["assert len(big()) == 2 << 20", "assert leap_day().year == 2024"]) == 0.5
-    assert "code reward: 1 value(s) that programs returned were too large to compare" in caplog.text
-    assert "1048576 bytes" in caplog.text
+
+
+@needs_sandbox
+def test_a_value_over_the_output_limit_fails_its_test_and_is_counted_in_the_metrics():
+    from oxrl.rewards.combine import RewardSpec, build_reward_fn
+
+    reward = build_reward_fn([RewardSpec("code", kwargs=FAST)])
+    tests = ["assert len(big()) == 2 << 20", "assert leap_day().year == 2024"]
+    out = reward(["p", "p"], [fenced(DATA_TYPES)] * 2, fields=[{"tests": tests}, {"tests": tests[1:]}])
+    assert out.components["code"] == [0.5, 1.0]
+    assert out.metrics()["reward/code/values_too_large"] == 1.0
 
 
 @needs_sandbox
