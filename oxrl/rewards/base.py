@@ -36,7 +36,7 @@ which cut a pathological expression after seconds and score it 0 instead of stop
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from oxrl.errors import UserError
@@ -58,16 +58,6 @@ def batched(fn: F) -> F:
 
 def is_batched(fn: RewardFn) -> bool:
     return bool(getattr(fn, BATCHED_ATTRIBUTE, False))
-
-
-class Scores(list):
-    """A `@batched` reward's scores with counts for the run's metrics, `reward/<label>/<name>` (summed over
-    the batch): what the scores alone do not say, such as the `code` reward's values too large to compare.
-    A plain list of scores works wherever this does."""
-
-    def __init__(self, scores: Iterable[Any] = (), counts: dict[str, float] | None = None):
-        super().__init__(scores)
-        self.counts = dict(counts or {})
 
 
 def signal_timed(fn: F) -> F:

@@ -26,8 +26,8 @@ The program is the completion's last ```python block (0.0 when there is none). T
 - a JSON string of either of the above.
 
 A value the program returns whose record would pass the sandbox's `max_output_bytes` (1 MiB: all
-that is read back of a run's output) fails the test that needs it; the batch's count of those is the
-metric `reward/code/values_too_large`.
+that is read back of a run's output) fails the test that needs it; a batch that had such values logs
+a warning with their count (a metric would need the reward combiner, which is on every run's path).
 
 Every stdin/stdout test, and the program's part of every assert-style test, runs in its own
 sandboxed process (`oxrl.rewards.sandbox`), so one crashing test does not fail the others; a
@@ -47,14 +47,17 @@ model-written code, only for trusted code on a machine without bwrap (it logs a 
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from oxrl.rewards.base import Scores, batched
+from oxrl.rewards.base import batched
 from oxrl.rewards.code_harness import AssertTest, count_passed, parse_assert_test, stopped_by_limit
 from oxrl.data.extract import extract_code
 from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,13 @@ def code_reward(
     parsed = [parse_tests(row_tests) for row_tests in tests]
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="oxrl-code-reward") as pool:
         scored = list(pool.map(lambda item: score_program(*item, limits), zip(completions, parsed)))
-    # A metric (reward/code/values_too_large): an honest program's large answer fails its test, and says so.
-    return Scores([score for score, _ in scored], {"values_too_large": sum(count for _, count in scored)})
+    too_large = sum(count for _, count in scored)
+    if too_large:  # an honest program's large answer fails its test: say so, or it would look like a wrong one
+        logger.warning(
+            "code reward: %d value(s) that programs returned were too large to compare (a record over "
+            "max_output_bytes, %d bytes); the tests that needed them failed", too_large, limits.max_output_bytes,
+        )
+    return [score for score, _ in scored]
 
 
 def check_code_reward(**kwargs: Any) -> None:

@@ -28,7 +28,7 @@ import inspect
 import math
 import numbers
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,7 +37,6 @@ from oxrl.rewards.base import (
     RewardFn,
     RewardLoadError,
     RewardTimeoutError,
-    Scores,
     call_with_timeout,
     is_batched,
     load_reward_fn,
@@ -93,8 +92,6 @@ class RewardOutput:
     # Per sample: the weighted sum of the per-token rewards, one value per completion token, or None when
     # every reward scored the sample as a whole. Part of `totals` already.
     token_rewards: list[list[float] | None] = field(default_factory=list)
-    # label -> {name: count} that a reward reported with its scores (`Scores.counts`), summed over the batch.
-    counts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def concat(cls, parts: list[RewardOutput]) -> RewardOutput:
@@ -105,16 +102,14 @@ class RewardOutput:
                    {label: [s for p in parts for s in p.components[label]] for label in labels},
                    {label: sum(p.failures[label] for p in parts) for label in labels},
                    {label: max(p.seconds[label] for p in parts) for label in labels},
-                   [r for p in parts for r in (p.token_rewards or [None] * len(p.totals))],
-                   {label: _summed(p.counts.get(label, {}) for p in parts) for label in labels})
+                   [r for p in parts for r in (p.token_rewards or [None] * len(p.totals))])
 
     def subset(self, indices: list[int]) -> RewardOutput:
         """The samples at `indices`, in that order; failures and seconds stay the whole batch's."""
         token_rewards = self.token_rewards or [None] * len(self.totals)
         return RewardOutput([self.totals[i] for i in indices],
                             {label: [scores[i] for i in indices] for label, scores in self.components.items()},
-                            dict(self.failures), dict(self.seconds), [token_rewards[i] for i in indices],
-                            dict(self.counts))
+                            dict(self.failures), dict(self.seconds), [token_rewards[i] for i in indices])
 
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
         out = {f"{prefix}/total": _mean(self.totals)}
@@ -122,16 +117,7 @@ class RewardOutput:
             out[f"{prefix}/{label}"] = _mean(scores)
             out[f"{prefix}/{label}/failures"] = float(self.failures[label])
             out[f"{prefix}/{label}/seconds"] = self.seconds[label]
-            out.update({f"{prefix}/{label}/{name}": value for name, value in self.counts.get(label, {}).items()})
         return out
-
-
-def _summed(counts: Iterable[dict[str, float]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for part in counts:
-        for name, value in part.items():
-            total[name] = total.get(name, 0.0) + value
-    return total
 
 
 def _mean(values: list[float]) -> float:
@@ -164,18 +150,17 @@ class CombinedReward:
                        list(completion_ids) if completion_ids is not None else None)
         totals = [0.0] * len(batch.prompts)
         token_rewards: list[list[float] | None] = [None] * len(batch.prompts)
-        components, failures, seconds, counts = {}, {}, {}, {}
+        components, failures, seconds = {}, {}, {}
         for reward in self.rewards:
             start = time.perf_counter()
             scores, failures[reward.label] = reward.score(batch)
-            counts[reward.label] = scores.counts
             seconds[reward.label] = time.perf_counter() - start
             components[reward.label] = [sum(score) if isinstance(score, list) else score for score in scores]
             totals = [total + reward.weight * score for total, score in zip(totals, components[reward.label])]
             for index, score in enumerate(scores):
                 if isinstance(score, list):
                     token_rewards[index] = _add_per_token(token_rewards[index], score, reward, batch, index)
-        return RewardOutput(totals, components, failures, seconds, token_rewards, counts)
+        return RewardOutput(totals, components, failures, seconds, token_rewards)
 
 
 def build_reward_fn(specs: Sequence[RewardSpec | dict[str, Any] | str]) -> CombinedReward:
@@ -242,7 +227,7 @@ class BoundReward:
         return cls(fn, label, spec.weight, dict(spec.kwargs), spec.on_error, is_batched(fn), takes_all, names,
                    spec.timeout_s)
 
-    def score(self, batch: _Batch) -> tuple[Scores, int]:
+    def score(self, batch: _Batch) -> tuple[list[float | list[float]], int]:
         """Scores for the batch and the number of samples that failed (scored 0, only with on_error="zero")."""
         clash = sorted({key for row in batch.rows for key in row if self._takes(key)} & set(self.kwargs))
         if clash:  # a configuration error, whatever on_error says
@@ -265,14 +250,12 @@ class BoundReward:
     def _takes(self, key: str) -> bool:
         return self.takes_all_fields or key in self.field_names
 
-    def _score_one_by_one(self, batch: _Batch) -> tuple[Scores, int]:
-        scores = Scores()
+    def _score_one_by_one(self, batch: _Batch) -> tuple[list[float | list[float]], int]:
+        scores: list[float | list[float]] = []
         failed: list[str] = []
         for index in range(len(batch.prompts)):
             try:
-                part = self._call(batch, [index])
-                scores.extend(part)
-                scores.counts = _summed([scores.counts, part.counts])
+                scores.extend(self._call(batch, [index]))
             except RewardTimeoutError:
                 raise  # on_error does not apply: the hung call keeps running in the background
             except Exception as error:  # noqa: BLE001 - raised with the sample, or counted and logged
@@ -287,7 +270,7 @@ class BoundReward:
             report_failures(self.label, failed, len(scores))
         return scores, len(failed)
 
-    def _call(self, batch: _Batch, indices: Sequence[int]) -> Scores:
+    def _call(self, batch: _Batch, indices: Sequence[int]) -> list[float | list[float]]:
         rows = [batch.rows[i] for i in indices]
         if TOKEN_IDS in self.field_names:  # asked for by name only: `**fields` rewards get the row's fields alone
             rows = [{**row, TOKEN_IDS: batch.completion_ids[i] if batch.completion_ids else None}
@@ -308,7 +291,7 @@ class BoundReward:
             what = f"reward {self.label!r} on sample {index + 1} of {len(batch.prompts)}{origin}"
             call = functools.partial(self.fn, batch.prompts[index], batch.completions[index], **selected, **self.kwargs)
             values = [call_with_timeout(call, time_limit(self.fn, self.timeout_s), what)]
-        return Scores([_as_score(value) for value in values], getattr(values, "counts", None))
+        return [_as_score(value) for value in values]
 
     def _describe(self, error: BaseException, batch: _Batch, index: int, where: str) -> str:
         """One line (the console's error line): the reward, the sample, what it raised, and what to do."""

@@ -301,14 +301,13 @@ def test_values_of_standard_library_and_data_classes_are_compared():
 
 
 @needs_sandbox
-def test_a_value_over_the_output_limit_fails_its_test_and_is_counted_in_the_metrics():
-    from oxrl.rewards.combine import RewardSpec, build_reward_fn
-
-    reward = build_reward_fn([RewardSpec("code", kwargs=FAST)])
+def test_a_value_over_the_output_limit_fails_its_test_and_is_counted_in_a_warning(caplog):
     tests = ["assert len(big()) == 2 << 20", "assert leap_day().year == 2024"]
-    out = reward(["p", "p"], [fenced(DATA_TYPES)] * 2, fields=[{"tests": tests}, {"tests": tests[1:]}])
-    assert out.components["code"] == [0.5, 1.0]
-    assert out.metrics()["reward/code/values_too_large"] == 1.0
+    with caplog.at_level("WARNING", logger="oxrl.rewards.code_reward"):
+        scores = code_reward(["p", "p"], [fenced(DATA_TYPES)] * 2, tests=[tests, tests[1:]], **FAST)
+    assert scores == [0.5, 1.0]
+    assert "code reward: 1 value(s) that programs returned were too large to compare" in caplog.text
+    assert "1048576 bytes" in caplog.text
 
 
 @needs_sandbox

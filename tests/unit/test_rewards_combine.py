@@ -160,26 +160,3 @@ def test_invalid_return_values_are_errors(name):
 def test_missing_field_names_the_field():
     with pytest.raises(RewardError, match="answer"):
         build_reward_fn(["math"])(["p"], ["\\boxed{1}"], [{"solution": "1"}])
-
-
-
-@batched
-def counted(prompts: list[str], completions: list[str]) -> list[float]:
-    """Counts its odd-length completions for the metrics; "bad" raises, so its batch is scored one by one."""
-    from oxrl.rewards.base import Scores
-
-    if "bad" in completions:
-        raise ValueError("one bad sample")
-    return Scores([1.0] * len(prompts), {"odd": float(sum(len(c) % 2 for c in completions))})
-
-
-def test_counts_a_reward_reports_with_its_scores_become_metrics():
-    from oxrl.rewards.combine import RewardOutput
-
-    reward = build_reward_fn([RewardSpec("tests.unit.test_rewards_combine:counted", on_error="zero")])
-    out = reward(["p"] * 3, ["a", "bb", "ccc"])
-    assert out.metrics()["reward/counted/odd"] == 2.0
-    split = reward(["p"] * 3, ["a", "bad", "ccc"])  # one sample at a time: the counts are summed all the same
-    assert split.metrics()["reward/counted/odd"] == 2.0 and split.failures["counted"] == 1
-    assert RewardOutput.concat([out, split]).metrics()["reward/counted/odd"] == 4.0
-    assert out.subset([0]).counts == out.counts
