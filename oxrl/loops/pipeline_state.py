@@ -6,7 +6,9 @@ or, worse, train: a token id outside the model's vocabulary is an IndexError in 
 row of the wrong length a shape error in the loss, a reward beyond float32's range an inf in the metrics, a NaN
 log-prob poisons the off-policy weights, and prompt ids other than those the step's schedule gives would train the
 completions on another prompt. Each is refused in one line that names the file and the field, e.g.
-`sampled[0].completions[3].logprobs[2]`, before the first step.
+`pipeline.sampled[0].completions[3].logprobs[2]`: what needs no run when the checkpoint is checked, before a resume
+changes anything (`check_samples_ahead`), the token ids and prompts once the run has loaded its model and data,
+before the first step (`read_samples_ahead`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, NoReturn, get_args, get_type_hints
 
 import torch
 
@@ -46,7 +48,7 @@ class _Reader:
     def __init__(self, path: Path):
         self.path = path
 
-    def fail(self, field: str, problem: str):
+    def fail(self, field: str, problem: str) -> NoReturn:
         raise damaged(self.path, f"{field} {problem}")
 
     def get(self, record: Any, key: str, field: str) -> Any:
