@@ -44,10 +44,17 @@ def paper_of(algorithm: str) -> str | None:
     return found.group(1) if found else None
 
 
+def _data_files(cfg: Config) -> list:
+    """The training datasets' specs: none for an RL run on a generated task (`rl.task`), which reads no files."""
+    from oxrl.config.rl_presets import is_rl
+
+    return [] if is_rl(cfg.algorithm.name) and cfg.rl.task is not None else cfg.data.train
+
+
 def _dataset_names(cfg: Config) -> list[str]:
     """Hub dataset ids as they are, files by their own name (`bundled:chat.jsonl` -> `chat.jsonl`)."""
     names = []
-    for spec in cfg.data.train:
+    for spec in _data_files(cfg):
         path = spec.path.removeprefix("bundled:")
         names.append(path if _HUB_ID.fullmatch(path) and not Path(path).exists() else Path(path).name)
     return list(dict.fromkeys(names))
@@ -82,8 +89,8 @@ def model_card(cfg: Config, metrics: dict[str, float], step: int | None = None) 
     meta = {key: value for key, value in meta.items() if value}
     paper = paper_of(algorithm)
     method = f"**{algorithm}**" + (f" ([arXiv:{paper}](https://arxiv.org/abs/{paper}))" if paper else "")
-    data = [f"- `{spec.path}` (format `{spec.format}`, split `{spec.split}`)" for spec in cfg.data.train]
-    if cfg.rl.task is not None:
+    data = [f"- `{spec.path}` (format `{spec.format}`, split `{spec.split}`)" for spec in _data_files(cfg)]
+    if not data and cfg.rl.task is not None:
         data.append(f"- the generated task `{cfg.rl.task}` (oxRL's `rl.task`)")
     when = f"at step {step}" if step is not None else "at the end of training"
     results = [f"| {key} | {value:.6g} |" for key, value in metrics.items() if isinstance(value, (int, float))]
