@@ -481,7 +481,8 @@ class PreferenceConfig(Section):
     reference: Annotated[Literal[REFERENCE_MODES], read_by("dpo", "rdpo", "hinge", "ipo", "kto")] = "frozen_copy"
     """Reference model of `dpo`/`rdpo`/`hinge`/`ipo`/`kto` (never built for the others): `frozen_copy` keeps a frozen
     copy of the initial policy; `lora_disabled` runs the policy with its LoRA adapters off (needs `lora.enabled`, no
-    second copy); `precomputed` scores the whole dataset once before training and keeps only the sequence log-probs
+    second copy); `precomputed` scores the rows the run will read once before training (its steps' batches, and the
+    validation rows when `train.eval_every` validates), with a progress bar, and keeps only the sequence log-probs
     (not `kto`, whose mismatched pairs change every batch)."""
     teacher: Annotated[str | None, read_by(*DISTILLATION)] = None
     """The teacher, like `model.name_or_path` (same tokenizer and vocabulary as the student)."""
