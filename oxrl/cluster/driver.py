@@ -53,8 +53,13 @@ def run_on_ray(cfg: Config, entry):
     started_here = not ray.is_initialized()
     if started_here:
         # `local`, not None, for no address: None would attach to whatever cluster `ray start` left on this machine.
+        # Ray's own start-up lines ("Started a local Ray instance", the notice that token authentication is on by
+        # default) say nothing to an oxRL user: its `ray` logger is quiet for the start (ray.init's logging_level),
+        # then back at warnings. The workers' lines (the trainers' logs) still reach this console (log_to_driver).
         ray.init(address=cfg.ray.address or "local", include_dashboard=False, log_to_driver=True,
+                 logging_level=logging.ERROR,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+        logging.getLogger("ray").setLevel(logging.WARNING)
     actors, groups = [], []
     try:
         layout = placements(cfg.ray)

@@ -2,6 +2,7 @@
 
     quiet_other_libraries()     # once, by `setup_logging`: DeepSpeed's "Setting accelerator to CPU" notice
     with no_progress_bars():    # transformers' bars (loading and writing weights), for the block only
+    with no_key_report():       # transformers' table of missing/unexpected keys of a load, for the block only
     with no_dataset_bars():     # datasets' bars ("Generating train split" of a local file), for the block only
 
 Scoped toggles, never the libraries' global switches: a user's own code in the same process, and the
@@ -72,3 +73,26 @@ def no_dataset_bars():
     finally:
         if enabled:
             datasets_logging.enable_progress_bar()
+
+
+class KeyReportFilter(logging.Filter):
+    """Drops transformers' key report: 5.x's "<Model> LOAD REPORT" table (with ANSI colours), 4.x's "Some weights of
+    ..." lines. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return "LOAD REPORT" not in message and not message.startswith("Some weights of")
+
+
+@contextmanager
+def no_key_report():
+    """Within the block, transformers' `from_pretrained` shows no table of missing and unexpected keys, for a load
+    whose new head is the point (PPO's critic, a reward model built from a causal LM): the caller reads the keys from
+    `output_loading_info=True` and says in one line what is new. A filter on the logger the report is logged to."""
+    report = logging.getLogger("transformers.modeling_utils")
+    hold_back = KeyReportFilter()
+    report.addFilter(hold_back)
+    try:
+        yield
+    finally:
+        report.removeFilter(hold_back)

@@ -1,6 +1,6 @@
 """A run's own log file and, when a run fails, its traceback: what `oxrl report` puts in a bug report.
 
-    <run>/train.log      every log line of rank 0 for this run (appended to on resume)
+    <run>/train.log      every log line of rank 0 for this run, DEBUG included (appended to on resume)
     <run>/failure.txt    the traceback of the exception that stopped the run (removed by a run that ends well); after
                          a SIGTERM or Ctrl-C, the step it stopped after and how to continue (oxrl/training/signals.py)
 
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from oxrl.logging.redaction import RedactingFilter, redact
+from oxrl.logging.setup import EarlyRecords
 
 LOG_FILE, FAILURE_FILE = "train.log", "failure.txt"
 logger = logging.getLogger(__name__)
@@ -33,6 +34,10 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
     handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(RedactingFilter())
+    early = [kept for kept in root.handlers if isinstance(kept, EarlyRecords)]
+    for kept in early:  # what was logged before this file opened (the strategy's choices), then this run's lines
+        root.removeHandler(kept)
+        kept.replay(handler)
     root.addHandler(handler)
     try:
         yield
@@ -56,3 +61,5 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
     finally:
         root.removeHandler(handler)
         handler.close()
+        for kept in early:
+            root.addHandler(kept)

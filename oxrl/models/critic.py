@@ -10,38 +10,26 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-class _KeyReportFilter(logging.Filter):
-    """Drops transformers' key report: 5.x's "<Model> LOAD REPORT" table, 4.x's "Some weights of ..." lines.
-    Every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        return "LOAD REPORT" not in message and not message.startswith("Some weights of")
-
-
 def load_critic(path: str, device: torch.device, trust_remote_code: bool = False):
     """The checkpoint at `path` as a one-output token classifier: its backbone, and a new value head
     (scaled to start near V = 0) unless the checkpoint already has one.
 
     Loading a causal LM this way leaves its LM head unused and the value head missing, which is the
-    point, so transformers' table of missing/unexpected keys is not shown for it: a logging filter
-    holds that one record back during the call, and the keys come back through the documented
-    `output_loading_info=True` instead, where any other missing or unused key is logged as a warning.
+    point, so transformers' table of missing/unexpected keys is not shown for it (`no_key_report`), nor its
+    "Loading weights" bar: the keys come back through the documented `output_loading_info=True` instead, where any
+    other missing or unused key is logged as a warning.
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    report = logging.getLogger("transformers.modeling_utils")  # where from_pretrained logs its key report
-    hold_back = _KeyReportFilter()
-    report.addFilter(hold_back)
-    try:
+    from oxrl.logging.quiet import no_key_report, no_progress_bars
+
+    with no_key_report(), no_progress_bars():
         config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
         # A token classifier puts dropout (0.1 unless the config says otherwise) before its head: a value model
         # trained with it would fit noisy values and score others than it trains, so it is off.
         config.classifier_dropout = 0.0
         critic, info = AutoModelForTokenClassification.from_pretrained(
             path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
-    finally:
-        report.removeFilter(hold_back)
     backbone = critic.base_model_prefix + "."
     head = {name for name, _ in critic.named_parameters() if not name.startswith(backbone)}
     missing, unused = set(info["missing_keys"]), set(info["unexpected_keys"])

@@ -263,6 +263,6 @@ def use_packed_attention(model) -> bool:
         logger.info("keeping attention %r: %s cannot switch its attention implementation at runtime",
                     model.config._attn_implementation, type(model).__name__)
         return False
-    logger.info("attention: %s (variable-length attention over packed rows: per-sequence SDPA on a CPU, varlen "
+    logger.debug("attention: %s (variable-length attention over packed rows: per-sequence SDPA on a CPU, varlen "
                 "FlashAttention or FlexAttention on CUDA)", PACKED_ATTENTION)
     return True

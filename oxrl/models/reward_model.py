@@ -14,11 +14,15 @@ the head: per-token scores [1, T, 1]) and gather each sequence's last non-pad po
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from oxrl.models.model_inputs import forward_inputs
 from oxrl.config.schema import ModelConfig
 from oxrl.data.types import PackedBatch
+
+logger = logging.getLogger(__name__)
 
 
 def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int):
@@ -28,20 +32,25 @@ def load_reward_model(cfg: ModelConfig, device: torch.device, pad_token_id: int)
 
     from oxrl.models.load import compile_blocks, enable_activation_checkpointing, hf_attn_implementation, resolve_dtype
     from oxrl.models.source import from_pretrained_or_explain, resolve_source
+    from oxrl.logging.quiet import no_key_report
 
     source = resolve_source(cfg.name_or_path)
-    model = from_pretrained_or_explain(
-        AutoModelForSequenceClassification,
-        source,
-        "reward model",
-        num_labels=1,
-        pad_token_id=pad_token_id,
-        dtype=resolve_dtype(cfg.dtype, device),
-        attn_implementation=hf_attn_implementation(cfg.attn_implementation),
-        trust_remote_code=cfg.trust_remote_code,
-        revision=cfg.revision,
-        use_safetensors=None if source.gguf_file else True,
-    )
+    with no_key_report():  # a causal LM's lm_head unused and its score head new: the point, said in one line below
+        model, info = from_pretrained_or_explain(
+            AutoModelForSequenceClassification,
+            source,
+            "reward model",
+            num_labels=1,
+            pad_token_id=pad_token_id,
+            dtype=resolve_dtype(cfg.dtype, device),
+            attn_implementation=hf_attn_implementation(cfg.attn_implementation),
+            trust_remote_code=cfg.trust_remote_code,
+            revision=cfg.revision,
+            use_safetensors=None if source.gguf_file else True,
+            output_loading_info=True,
+        )
+    if info["missing_keys"]:
+        logger.info("reward model: %s with a new score head (%s)", cfg.name_or_path, ", ".join(sorted(info["missing_keys"])))
     model.to(device)
     if cfg.compile_blocks:
         compile_blocks(model)

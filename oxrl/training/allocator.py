@@ -34,13 +34,13 @@ def keep_freed_memory() -> bool:
     """Ask glibc malloc to serve every size from its heap and never shrink it; True when it accepted (once a process:
     later calls return the first answer). False, with the reason logged, on a libc without `mallopt` (musl, macOS)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        logger.info("allocator: not glibc (%s %s); freed memory goes back to the system as usual",
+        logger.debug("allocator: not glibc (%s %s); freed memory goes back to the system as usual",
                     platform.system(), platform.libc_ver()[0] or "unknown libc")
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     accepted = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     if accepted:
-        logger.info("allocator: glibc malloc keeps freed memory for reuse (no mmap, no trim): no page faults "
+        logger.debug("allocator: glibc malloc keeps freed memory for reuse (no mmap, no trim): no page faults "
                     "on every step's tensors (run.keep_freed_memory)")
     else:
         logger.warning("allocator: glibc refused mallopt; freed memory goes back to the system as usual")

@@ -45,7 +45,7 @@ def build_strategy(cfg) -> Strategy:
     env = distributed.init_distributed(cfg.run.device, process_group=name != "single",
                                        timeout_s=cfg.strategy.collective_timeout_s)
     if env.rank == 0:
-        logger.info("%s", precision.describe(cfg.train.mixed_precision, env.device.type))
+        logger.debug("%s", precision.describe(cfg.train.mixed_precision, env.device.type))  # train.log, not the console
     if env.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
     if name == "single":

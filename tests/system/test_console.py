@@ -22,7 +22,9 @@ from tests.conftest import save_tiny_model, write_chat_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISE = ("Setting accelerator to CPU", "Loading weights", "Generating train split", "Writing model shards",
-         "past_key_values")
+         "past_key_values", "LOAD REPORT", "\x1b[",
+         # oxRL's own choices for this machine: in train.log, not on the console
+         "allocator: ", "attention: oxrl_packed_sdpa", "train.mixed_precision=auto")
 
 
 def odd_length(prompt: str, completion: str) -> float:
@@ -40,6 +42,9 @@ def _configs(tmp_path: Path, model: Path) -> dict[str, dict]:
     rl = {"task": "arithmetic", "task_size": 8, "validation_size": 2, "validation_every": 2, "prompts_per_step": 2,
           "rollout": {"n": 4, "max_new_tokens": 6}}
     write_chat_rows(tmp_path / "chat.jsonl", 8)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 2)}) + "\n"
+                             for i in range(8)))
     common = {"model": {"name_or_path": str(model)}, "logging": {"plot": False}}
     return {
         "sft": {**common, "run": {"name": "sft", "output_dir": str(tmp_path / "runs")}, "algorithm": {"name": "sft"},
@@ -47,6 +52,12 @@ def _configs(tmp_path: Path, model: Path) -> dict[str, dict]:
                 "train": {"global_batch_size": 4, "micro_batch_size_per_device": 2, "max_steps": 3, "optim": optim}},
         "grpo": {**common, "run": {"name": "grpo", "output_dir": str(tmp_path / "runs")}, "algorithm": {"name": "grpo"},
                  "rl": rl, "train": {"max_steps": 3, "micro_batch_size_per_device": 8, "optim": optim}},
+        # PPO loads a critic (transformers' "Loading weights" bar); rm a sequence classifier (its LOAD REPORT table)
+        "ppo": {**common, "run": {"name": "ppo", "output_dir": str(tmp_path / "runs")}, "algorithm": {"name": "ppo"},
+                "rl": rl, "train": {"max_steps": 1, "micro_batch_size_per_device": 8, "optim": optim}},
+        "rm": {**common, "run": {"name": "rm", "output_dir": str(tmp_path / "runs")}, "algorithm": {"name": "rm"},
+               "data": {"train": [{"path": str(pairs)}], "max_length": 64},
+               "train": {"global_batch_size": 4, "micro_batch_size_per_device": 2, "max_steps": 1, "optim": optim}},
         "online_dpo": {**common, "run": {"name": "online", "output_dir": str(tmp_path / "runs")},
                        "algorithm": {"name": "online_dpo"},
                        "rl": {**rl, "rewards": [{"name": "tests.system.test_console:odd_length"}]},
@@ -64,7 +75,7 @@ def _console(tmp_path: Path, config: dict) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["sft", "grpo"])
+@pytest.mark.parametrize("algorithm", ["sft", "grpo", "ppo", "rm"])
 def test_the_console_of_a_short_run_is_a_summary_without_noise(tmp_path, tiny_model_dir, algorithm):
     config = _configs(tmp_path, tiny_model_dir)[algorithm]
     console = _console(tmp_path, config)
@@ -73,11 +84,13 @@ def test_the_console_of_a_short_run_is_a_summary_without_noise(tmp_path, tiny_mo
         assert noise not in console, noise
     run_dir = tmp_path / "runs" / config["run"]["name"]
     assert f"run directory {run_dir} (the whole config: {run_dir / 'config.yaml'})" in console
-    assert f"{algorithm} on tiny; changed from the defaults: " in console and "train.max_steps=3" in console
+    steps = config["train"]["max_steps"]
+    assert f"{algorithm} on tiny; changed from the defaults: " in console and f"train.max_steps={steps}" in console
     assert "sample_max_new_tokens" not in console and "sample_max_new_tokens" in (run_dir / "config.yaml").read_text()
     warnings = Counter(re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines if "warn" in line.lower())
     assert all(count == 1 for count in warnings.values()), warnings
     assert len([line for line in lines if not line.startswith("train:")]) < 25, console  # log lines, not bar frames
+    assert "DEBUG" in (run_dir / "train.log").read_text()  # (the choices left off the console are in the file)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "online_dpo"])
