@@ -174,7 +174,8 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     answers: dict[str, list[dict]] = {}
     try:
         answers["before"] = answer_samples(cfg, model, tokenizer)
-        with StopSignals(strategy, cfg.checkpoint.on_signal) as stop:  # SIGTERM, Ctrl-C: stop when a step ends
+        # SIGTERM, Ctrl-C: stop when a step ends (a Ray trainer rank leaves its signals to Ray, which stops its actors)
+        with StopSignals(strategy, cfg.checkpoint.on_signal, catch=cfg.run.launcher != "ray") as stop:
             trained = job.train(run_dir, stop)
         final_dir = save_final(strategy, saved_with, run_dir, cfg.lora.save_mode,
                                model_card(cfg, trained.final_metrics)) if cfg.checkpoint.save_final else None

@@ -44,16 +44,16 @@ class RunStopped(BaseException):
 
 
 class StopSignals:
-    """Catches SIGTERM and SIGINT while the block runs (in the main thread; elsewhere, as in a Ray actor, nothing is
+    """Catches SIGTERM and SIGINT while the block runs (in the main thread, and when `catch`; otherwise nothing is
     installed and `agreed` only joins the other ranks' answer); the previous handlers are back afterwards."""
 
-    def __init__(self, strategy, checkpoint: bool):
-        self.strategy, self.checkpoint = strategy, checkpoint
+    def __init__(self, strategy, checkpoint: bool, catch: bool = True):
+        self.strategy, self.checkpoint, self.catch = strategy, checkpoint, catch
         self.received: int | None = None
         self.previous: dict = {}
 
     def __enter__(self) -> StopSignals:
-        self.previous = install(self._handle)
+        self.previous = install(self._handle) if self.catch else {}
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,7 +4,6 @@ the run, which then repeats the uninterrupted one. A user's own mistake is not p
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -18,28 +17,15 @@ import pytest
 import yaml
 
 from tests.conftest import save_tiny_model, write_chat_rows
+from tests.system.test_rl_resume import REWARD_FILE, rows_by_step  # a slow user reward; the metrics rows by step
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 COMPARED = ("reward/mean", "loss", "grad_norm", "lr")
-# A user reward that takes a moment, so that the run is still going when the test signals it.
-REWARD_FILE = '''
-import time
-
-
-def slow_varied(prompt, completion):
-    time.sleep(0.05)
-    return (len(completion) % 5) / 4
-'''
 
 
 def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # runs that agree to float rounding
-
-
-def rows_by_step(run_dir: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {row["step"]: row for row in rows}  # a resumed run logs its steps again: the last wins
 
 
 @pytest.fixture
