@@ -53,7 +53,7 @@ def redact(text: str, extra: Iterable[str] = ()) -> str:
         return text
     from oxrl.logging.secret_forms import masked  # read only where there is a secret to look for
 
-    return masked(text, tuple(values))
+    return masked(text, tuple(values), MASK)
 
 
 class RedactingFilter(logging.Filter):

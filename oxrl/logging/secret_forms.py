@@ -16,18 +16,16 @@ import html.entities
 import re
 from collections import defaultdict
 
-from oxrl.logging.redaction import MASK
 
-
-def masked(text: str, values: tuple[str, ...]) -> str:
-    """`text` with each of `values`, in every written form, replaced by `***`."""
+def masked(text: str, values: tuple[str, ...], mask: str) -> str:
+    """`text` with each of `values`, in every written form, replaced by `mask`."""
     pieces, written = [], 0
     for found in secrets_pattern(values).finditer(text):
         start = found.start()
         # A base64 core's neighbour mixes the value's bits with the text's around it: masked too.
         if found["base64"] is not None and (edge := _BASE64_BEFORE.search(text, max(written, start - 2), start)):
             start = edge.start()
-        pieces += [text[written:start], MASK]
+        pieces += [text[written:start], mask]
         written = found.end()
     return "".join(pieces) + text[written:]
 
