@@ -48,13 +48,17 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
 
         if isinstance(error, RunStopped):  # no failure: the CLI says how to continue
             error.run_dir = run_dir
-            (run_dir / FAILURE_FILE).write_text(f"{error}; continue with run.name={run_dir.name} run.resume=true\n",
-                                                encoding="utf-8")
+            stopped = f"{error}; continue with run.name={run_dir.name} run.resume=true"
+            (run_dir / FAILURE_FILE).write_text(stopped + "\n", encoding="utf-8")
+            _file_only(handler, logging.WARNING, stopped)
             raise
         (run_dir / FAILURE_FILE).write_text(redact("".join(traceback.format_exception(error))), encoding="utf-8")
-        # The error itself is reported once, by whoever handles it (the CLI); for what may be a bug, this line says
-        # where to go next. A user's own mistake (a missing file, a bad row) is not one.
-        if not isinstance(error, USER_ERRORS):
+        # The error itself is reported once on the console, by whoever handles it (the CLI), after this file closes:
+        # the file gets it here. For what may be a bug, a line says where to go next; a user's own mistake (a missing
+        # file, a bad row) is not one.
+        if isinstance(error, USER_ERRORS):
+            _file_only(handler, logging.ERROR, f"the run stopped with {type(error).__name__}: {error}")
+        else:
             logger.info("the run stopped with %s; its traceback is in %s, and `oxrl report %s` writes a bug report to "
                         "paste into an issue", type(error).__name__, run_dir / FAILURE_FILE, run_dir)
         raise
@@ -63,3 +67,8 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
         handler.close()
         for kept in early:
             root.addHandler(kept)
+
+
+def _file_only(handler: logging.Handler, level: int, message: str) -> None:
+    """A line in `train.log` that the console does not get (it gets the CLI's own)."""
+    handler.handle(logging.LogRecord(logger.name, level, __file__, 0, message, None, None))

@@ -33,6 +33,8 @@ def test_a_possible_bug_points_to_a_report_and_a_users_mistake_does_not(tmp_path
         raise ConfigError("data.train[0].path: data/missing.jsonl does not exist")
     assert "bug report" not in oxrl_log.text and "oxrl report" not in oxrl_log.text
     assert "missing.jsonl" in (tmp_path / "mistake" / "failure.txt").read_text()  # kept, for whoever asks
+    assert "the run stopped with ConfigError: data.train[0].path" in (tmp_path / "mistake" / "train.log").read_text()
+    assert "the run stopped" not in oxrl_log.text  # (the console gets the CLI's one line)
 
 
 def test_a_signalled_stop_names_its_step_and_how_to_continue(tmp_path, oxrl_log):
@@ -44,3 +46,4 @@ def test_a_signalled_stop_names_its_step_and_how_to_continue(tmp_path, oxrl_log)
     assert (run_dir / "failure.txt").read_text() == (f"stopped by SIGTERM after step 4, checkpoint {run_dir}/checkpoints/"
                                                      "step_000004; continue with run.name=grpo-1 run.resume=true\n")
     assert "bug report" not in oxrl_log.text
+    assert "stopped by SIGTERM after step 4" in (run_dir / "train.log").read_text()
