@@ -31,7 +31,8 @@ class FakeHfApi:
     def upload_folder(self, *, repo_id, folder_path, repo_type, commit_message):
         if self.fail:
             raise OSError(f"401 Client Error: Unauthorized (Authorization: Bearer {TOKEN})\nmore detail")
-        self.calls.append(("upload_folder", repo_id, {"files": sorted(p.name for p in Path(folder_path).iterdir())}))
+        self.calls.append(("upload_folder", repo_id, {"folder": Path(folder_path),
+                                                       "files": sorted(p.name for p in Path(folder_path).iterdir())}))
 
 
 def test_a_tiny_sft_run_writes_a_model_card_in_final_and_every_checkpoint(tmp_path, tiny_model_dir):
@@ -74,7 +75,7 @@ def test_push_to_hub_uploads_final_to_a_private_repo_and_never_logs_the_token(tm
     result = run(cfg)
     assert tokens == [TOKEN]
     assert fake.calls[0] == ("create_repo", "me/tiny-sft", {"private": True, "exist_ok": True})
-    assert fake.calls[1][0:2] == ("upload_folder", "me/tiny-sft")
+    assert fake.calls[1][0:2] == ("upload_folder", "me/tiny-sft") and fake.calls[1][2]["folder"] == result.final_model_dir
     assert {"README.md", "config.json", "model.safetensors"} <= set(fake.calls[1][2]["files"])
     assert 'from_pretrained("me/tiny-sft")' in (result.final_model_dir / "README.md").read_text()
     assert "pushed" in oxrl_log.text and TOKEN not in oxrl_log.text
