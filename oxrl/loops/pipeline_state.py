@@ -6,9 +6,10 @@ or, worse, train: a token id outside the model's vocabulary is an IndexError in 
 row of the wrong length a shape error in the loss, a reward beyond float32's range an inf in the metrics, a NaN
 log-prob poisons the off-policy weights, and prompt ids other than those the step's schedule gives would train the
 completions on another prompt. Each is refused in one line that names the file and the field, e.g.
-`pipeline.sampled[0].completions[3].logprobs[2]`: what needs no run when the checkpoint is checked, before a resume
-changes anything (`check_samples_ahead`), the token ids and prompts once the run has loaded its model and data,
-before the first step (`read_samples_ahead`).
+`pipeline.sampled[0].completions[3].logprobs[2]`: all but the prompts when the checkpoint is checked, before the
+model loads (`check_samples_ahead`, the token ids against the vocabulary of the checkpoint's config.json), and
+everything again, the prompts included, once the run has loaded its model and data, before the first step and before
+a rewind deletes the later checkpoints (`read_samples_ahead`; oxrl/training/run_dir.py `drop_abandoned_checkpoints`).
 """
 
 from __future__ import annotations
@@ -84,16 +85,29 @@ class _Reader:
 
 
 def check_samples_ahead(path: Path, resumed_step: int) -> None:
-    """The checks of a rank_state file that need no run (all but the vocabulary and the prompts): made of a
-    checkpoint of step `resumed_step` before a resume changes anything (oxrl/training/checkpoint.py `check_intact`:
-    a rewind deletes the later checkpoints on this one's word)."""
+    """The checks of a rank_state file that need no run (all but the prompts; the token ids against the vocabulary of
+    the checkpoint's saved config.json): made of a checkpoint of step `resumed_step` before a resume loads anything
+    (oxrl/training/checkpoint.py `check_intact`), so that a damaged file is refused before the model loads."""
     state = load_json(path, RANK_STATE_LIMIT).get("pipeline")
     if state is None:  # not a pipelined run's (a run with rl.max_staleness >= 1 says so when it resumes)
         return
     staleness = state.get("max_staleness") if isinstance(state, dict) else None
     if type(staleness) is not int or staleness < 1:
         raise damaged(path, f"pipeline.max_staleness is {_shown(staleness)}, not an integer >= 1")
-    read_samples_ahead(state, path, resumed_step, staleness)
+    read_samples_ahead(state, path, resumed_step, staleness, vocab_size=saved_vocab_size(path.parent.parent))
+
+
+def saved_vocab_size(checkpoint: Path) -> int | None:
+    """The vocabulary size in `checkpoint`'s config.json (its `text_config`'s, a vision-language model's), read as
+    JSON: no model, nor transformers, loads. None where it holds none (an adapter-only checkpoint): the run checks the
+    ids against the loaded model then (`RolloutPipeline.load_state_dict`), before a rewind deletes anything."""
+    path = checkpoint / "config.json"
+    if not path.is_file():
+        return None
+    config = load_json(path)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    size = text.get("vocab_size")
+    return size if type(size) is int and size > 0 else None
 
 
 def read_samples_ahead(state: Any, path: Path, resumed_step: int, max_staleness: int,

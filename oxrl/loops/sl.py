@@ -27,7 +27,7 @@ from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
 from oxrl.algorithms.sft import LossOutput
 from oxrl.data.types import Example, PackedBatch, pack
 from oxrl.training.optim import build_optimizer, build_scheduler
-from oxrl.training.run_dir import resume_path
+from oxrl.training.run_dir import drop_abandoned_checkpoints, resume_path
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.models.packed_attention import prefix_sharing
 
@@ -136,6 +136,7 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
         state = strategy.load_checkpoint(resume_from)
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
         strategy.nonfinite.load_state_dict(state)
+        drop_abandoned_checkpoints(run_dir, resume_from, start_step, strategy)  # a rewind's: every check has passed
 
     metrics_log = MetricsLogger(run_dir, total_steps, start_step, enabled=strategy.is_main,
                                 progress_bar=cfg.logging.progress_bar, config=cfg)

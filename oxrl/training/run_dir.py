@@ -25,7 +25,9 @@ Rank 0 claims the directory before anything is written (`claim_run_dir`):
 - a resume lists every config key that differs from the run's saved `config.yaml` and stops unless
   `run.accept_config_changes` is set; then the new values apply from the resumed step;
 - a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
-  the abandoned continuation (MetricsLogger drops their metrics rows the same way).
+  the abandoned continuation (MetricsLogger drops their metrics rows the same way), but only once the run has
+  loaded the checkpoint and checked it against its model and data (`drop_abandoned_checkpoints`, called by the
+  loops): a refusal at any point before leaves every checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class RunLock:
 
 def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
     """Create and lock `run_dir`, then check that `cfg` may use it (module docstring). Writes nothing
-    but the lock file, unless `run.overwrite` clears an old run or a rewind drops later checkpoints."""
+    but the lock file and the marker, unless `run.overwrite` clears an old run."""
     run_dir = Path(run_dir)
     _make_dir(run_dir)
     lock = RunLock(run_dir).acquire()
@@ -160,10 +162,6 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
                 raise RunDirError(f"run.overwrite: {run_dir} was not cleared: overwrite deletes only an oxRL run's "
                                   f"outputs, and it holds {_foreign(run_dir)}")
             clear_run(run_dir)
-        if inside:
-            from oxrl.training.checkpoint import step_of
-
-            _drop_checkpoints_after(run_dir, step_of(resume_from))
         _unlink_linked_outputs(run_dir)
         _write_marker(run_dir)
     except BaseException:
@@ -338,13 +336,21 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
                    "the learning rate and schedule included:\n  %s", step_of(checkpoint), listing)
 
 
-def _drop_checkpoints_after(run_dir: Path, step: int) -> None:
+def drop_abandoned_checkpoints(run_dir: Path, checkpoint: Path, step: int, strategy) -> None:
+    """A rewind (a resume from `checkpoint`, of step `step`, of this run, which has later ones): rank 0 removes the
+    later checkpoints, the abandoned continuation's. Every rank calls this once it has loaded `checkpoint` and checked
+    what it holds against the run (the model's weights, a pipelined run's prompts: oxrl/loops/pipeline_state.py), and
+    before the metrics log drops the same steps' rows: those checks need the model and the data, and a refusal must
+    leave the run as it was."""
     from oxrl.training.checkpoint import list_checkpoints
     from oxrl.training.checkpoint_files import folder_step
 
-    later = [c for c in list_checkpoints(run_dir / "checkpoints") if folder_step(c) > step]
-    for checkpoint in later:
-        remove_path(checkpoint)  # a step folder that is a symlink is unlinked: what it points to is not this run's
+    strategy.world_objects(None)  # every rank's checks passed (a rank that failed has left, and its launcher stops us)
+    if not strategy.is_main or Path(checkpoint).parent.resolve() != (Path(run_dir) / "checkpoints").resolve():
+        return
+    later = [c for c in list_checkpoints(Path(run_dir) / "checkpoints") if folder_step(c) > step]
+    for folder in later:
+        remove_path(folder)  # a step folder that is a symlink is unlinked: what it points to is not this run's
     if later:
         logger.warning("resuming from step %d of %s: removed the later checkpoints %s (the abandoned continuation)",
                        step, run_dir, ", ".join(c.name for c in later))

@@ -319,3 +319,41 @@ def test_a_resume_refuses_damaged_samples_ahead_naming_the_file_and_the_field(tm
     assert message.startswith(f"{path}: damaged checkpoint file (pipeline."), message
     assert re.search(problem, message), message
     assert (run_dir / "metrics.jsonl").read_text() == metrics_before  # nothing trained, no row dropped
+
+
+
+def _file_bytes(folder) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["a token id outside the vocabulary", "replaced prompt ids"])
+def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_path, pipelined_run, damage):
+    """A rewind to step 2 of a 4-step run, as `oxrl train` makes it: the run directory claimed (the checkpoint
+    checked: the token ids against its config.json, before the model loads), then the loop (the prompts checked
+    against the run's data). Either refusal names the file and the field, and leaves the step-4 checkpoint, the one a
+    rewind abandons, byte for byte."""
+    import shutil
+
+    from oxrl.training.checkpoint_files import CheckpointError
+    from oxrl.training.run_dir import claim_run_dir
+
+    edit, problem = DAMAGED_SAMPLES[damage]
+    run_dir = tmp_path / "run"
+    shutil.copytree(pipelined_run, run_dir)
+    path = run_dir / "checkpoints" / "step_000002" / "training_state" / "rank_state.json"
+    state = json.loads(path.read_text())
+    edit(state["pipeline"])
+    path.write_text(json.dumps(state))
+    later, metrics = _file_bytes(run_dir / "checkpoints" / "step_000004"), (run_dir / "metrics.jsonl").read_bytes()
+    h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
+    h.cfg.run.resume = str(path.parent.parent)
+    with pytest.raises(CheckpointError) as refused:
+        claim_run_dir(run_dir, h.cfg).release()
+        assert damage == "replaced prompt ids", "the claim let a token id outside the vocabulary through"
+        train_rl(h, prompts(), NO_VALIDATION, run_dir)  # (the prompts are the run's data: checked once it has them)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: damaged checkpoint file (pipeline."), message
+    assert re.search(problem, message), message
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+    assert _file_bytes(run_dir / "checkpoints" / "step_000004") == later and later
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
