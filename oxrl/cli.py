@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as stop:  # SIGTERM or Ctrl-C: no failure, one line on how to continue
         if stop.run_dir is not None:
             logger.warning("%s; continue with: %s", stop, continue_command(args, stop.run_dir))
-        else:  # (a rank other than 0, or a run stopped before its directory was claimed)
-            logger.info("%s", stop)
+        else:  # a run stopped before it claimed its directory (or a rank other than 0, which logs no INFO)
+            logger.info("%s, before the run began: nothing to resume", stop)
         return stop.exit_code
     except KeyboardInterrupt:
         logger.warning("interrupted")
