@@ -54,7 +54,7 @@ from typing import Any
 
 from oxrl.rewards.base import batched
 from oxrl.rewards.code_harness import AssertTest, count_passed, parse_assert_test, stopped_by_limit
-from oxrl.data.extract import extract_code
+from oxrl.data.code_blocks import extract_code
 from oxrl.rewards.sandbox import SandboxLimits, require_sandbox, run_python
 
 logger = logging.getLogger(__name__)

@@ -607,7 +607,7 @@ def test_phase_one_records_values_and_failures():
 def test_code_extraction_is_linear_in_runs_of_backticks():
     import time
 
-    from oxrl.data.extract import extract_code
+    from oxrl.data.code_blocks import extract_code
 
     start = time.perf_counter()
     for text in ("`" * 200_000, "```\n" + "`" * 200_000, "```python\n" + "`\n" * 100_000):
@@ -625,7 +625,7 @@ def test_code_extraction_is_linear_in_runs_of_backticks():
     ("no fences", None),
 ])
 def test_code_extraction_keeps_its_behaviour(text, code):
-    from oxrl.data.extract import extract_code
+    from oxrl.data.code_blocks import extract_code
 
     assert extract_code(text) == code
 
@@ -634,7 +634,7 @@ def test_code_blocks_match_the_regex_they_replace():
     import random
     import re
 
-    from oxrl.data.extract import code_blocks
+    from oxrl.data.code_blocks import code_blocks
 
     regex = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)  # quadratic, but the reference
     rng = random.Random(0)

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from oxrl.rewards.code_reward import code_reward, parse_tests
-from oxrl.data.extract import extract_code, final_answer, last_boxed, last_number, tag_content
+from oxrl.data.code_blocks import extract_code
+from oxrl.data.extract import final_answer, last_boxed, last_number, tag_content
 from oxrl.rewards.format_reward import format_reward
 from oxrl.rewards.math_reward import math_reward
 
