@@ -3,13 +3,14 @@
     with StopSignals(strategy, checkpoint=cfg.checkpoint.on_signal) as stop:  # oxrl/runner.py, around training
         ... step ...
         if stop.agreed():          # the loop, at each step's end: every rank sees the same answer
-            save a checkpoint (when stop.checkpoint); raise stop.stopped(step, checkpoint)
+            save a checkpoint (when stop.checkpoint); raise stop.stopped(step, run_dir)
 
 A cluster scheduler preempts a job with SIGTERM, then SIGKILL a grace period later; Ctrl-C is SIGINT. The first
 signal lets the current step finish (a step cut in half leaves weights and optimizer out of step with each other);
 the loop then writes a checkpoint and raises `RunStopped`, which the CLI turns into one line saying how to
 continue and the exit code 128 + the signal (130, 143). A second signal abandons the step at once. Outside the
-training loop (loading, the final save) a signal stops the run at once: there is no step to finish.
+training loop (loading, the final save) `oxrl train` stops at once (`stop_at_once`, installed by oxrl/cli.py): there
+is no step to finish.
 
 Under torchrun each rank receives the signal itself, not necessarily before the same step ends, so the ranks sum
 their flags (`Strategy.world_sum`) at every step's end and all stop after the same step.
