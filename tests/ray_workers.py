@@ -19,6 +19,7 @@ class StaleRolloutWorker(RolloutWorker):
     def receive_weights(self, specs, bucket_bytes, probe):
         for _ in self.channel.receive(specs, bucket_bytes):
             pass
+        self.synced = True
         return self.engine.probe_logprobs(probe).tolist()
 
 
@@ -42,3 +43,16 @@ def grpo_update_on_a_ray_rank(cfg, remote):
         return {"rank": strategy.rank, "world": strategy.world_size, "pid": os.getpid(), **grpo_update(cfg, strategy)}
     finally:
         strategy.close()
+
+
+def run_rl_noting_nodes(cfg, remote):
+    """oxrl.runner.run_rl as a Ray trainer rank, and the node id of this rank and of every rollout and reward worker
+    (asked of the workers themselves, while they still run)."""
+    import ray
+
+    from oxrl.runner import run_rl
+
+    result = run_rl(cfg, remote)
+    node_of = lambda actor: ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))  # noqa: E731
+    return {"result": result, "trainer": ray.get_runtime_context().get_node_id(),
+            "rollout": [node_of(actor) for actor in remote.rollout], "reward": [node_of(actor) for actor in remote.reward]}

@@ -6,11 +6,15 @@
     place     every group's placement group fits the cluster, or PlacementError naming the group
     start     rollout workers and reward workers, then the trainer ranks, which run the RL loop
     watch     the first trainer that fails or dies stops the run; every worker is ended with it
+    rebuild   a trainer that died (its node lost): with `ray.trainer_restarts` left, every group is placed and started
+              again, on whatever nodes hold the resources now, and the run continues from its last checkpoint
 
 Ray is the control plane only: weights move over torch.distributed groups (the trainers' own, and the weight
 group of oxrl/cluster/weight_channel.py), never through Ray's object store; prompts, completions and rewards
-travel as task arguments and results. Ray restarts a dead rollout or reward worker (`ray.max_restarts`); a
-trainer that dies ends the run, which `run.resume: true` continues from its last checkpoint.
+travel as task arguments and results. Ray restarts a dead rollout or reward worker (`ray.max_restarts`), on another
+node when its node was lost; a trainer that dies ends the attempt, which the driver continues from the last
+checkpoint `ray.trainer_restarts` times (a resume is exact: the run repeats the uninterrupted one), then the run
+stops and `run.resume: true` continues it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,17 @@ INSTALL_HINT = f"install it with `{install_hint('ray')}`"
 
 
 class TrainerDiedError(RuntimeError):
-    """A trainer rank's process died: the run stopped at its last checkpoint."""
+    """A trainer rank's process died: the run stopped at its last checkpoint. `what`: which rank, and why."""
+
+    def __init__(self, message: str, what: str):
+        super().__init__(message)
+        self.what = what
+
+    @classmethod
+    def of(cls, rank: int, error: Exception) -> TrainerDiedError:
+        what = f"trainer rank {rank} died ({error})"
+        return cls(f"{what}; the run stopped (ray.trainer_restarts spent or 0). Its last checkpoint is kept: run the "
+                   "same config with run.resume: true to continue it", what)
 
 
 def require_ray():
@@ -49,6 +63,11 @@ def require_ray():
 def run_on_ray(cfg: Config, entry):
     """Run `entry(cfg, remote)` (oxrl.runner.run_rl) on every trainer rank; rank 0's result."""
     ray = require_ray()
+    if cfg.ray.trainer_restarts and not cfg.run.name:  # a run the driver may continue needs its directory known now
+        from oxrl.training.run_dir import default_run_name
+
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={
+            "name": default_run_name(cfg.algorithm.name, cfg.run.output_dir)})})
     _check_inputs(cfg)
     started_here = not ray.is_initialized()
     if started_here:
@@ -60,20 +79,44 @@ def run_on_ray(cfg: Config, entry):
                  logging_level=logging.ERROR,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
         logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        restarts = 0
+        while True:
+            try:
+                return _attempt(ray, cfg, entry, rebuilt=restarts > 0)
+            except TrainerDiedError as error:
+                if restarts >= cfg.ray.trainer_restarts:
+                    raise
+                restarts += 1
+                logger.warning("%s; rebuilding the worker groups and continuing from the last checkpoint (trainer "
+                               "restart %d of ray.trainer_restarts = %d)", error.what, restarts, cfg.ray.trainer_restarts)
+                # The run's own directory, from its newest checkpoint (none yet: from the start, rows rewritten).
+                cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": True, "overwrite": False})})
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _attempt(ray, cfg: Config, entry, rebuilt: bool):
+    """Place and start every group, run the trainers to the end; every worker and placement group is ended with it.
+    A rebuilt attempt (after a trainer died) waits up to `ray.node_wait_s` for nodes with the resources to join."""
     actors, groups = [], []
     try:
         layout = placements(cfg.ray)
-        check_fits(layout, [node["Resources"] for node in ray.nodes() if node["Alive"]])
+        if not rebuilt:  # (after a lost node the cluster may be short until a replacement joins: reserve waits)
+            check_fits(layout, [node["Resources"] for node in ray.nodes() if node["Alive"]])
         reserved = {}
         for placement in layout:
             if placement.bundles:
-                reserved[placement.group] = reserve(placement, cfg.ray.placement_timeout_s)
+                reserved[placement.group] = reserve(
+                    placement, cfg.ray.node_wait_s if rebuilt else cfg.ray.placement_timeout_s)
                 groups.append(reserved[placement.group])
         reserved.setdefault("rollout", reserved["trainers"])  # colocated: in the trainers' bundles
         by_group = {p.group: p for p in layout}
-        logger.info("Ray %s: %d trainer rank(s), %d rollout worker(s) (`%s` engine), %d reward worker(s), %s; cluster %s",
-                    ray.__version__, cfg.ray.trainers.count, cfg.ray.rollout.count, cfg.rl.rollout.engine,
-                    cfg.ray.reward.count, cfg.ray.layout, ray.cluster_resources())
+        logger.info("Ray %s: %d trainer rank(s), %d rollout worker(s) (`%s` engine), %d reward worker(s), %s; cluster %s; "
+                    "nodes per group %s", ray.__version__, cfg.ray.trainers.count, cfg.ray.rollout.count,
+                    cfg.rl.rollout.engine, cfg.ray.reward.count, cfg.ray.layout, ray.cluster_resources(),
+                    {group: _nodes_of(ray, pg) for group, pg in reserved.items()})
 
         def start(cls, group: str, index: int, *args, restarts: int = 0):
             bundle, cpus, gpus = by_group[group].workers[index]
@@ -102,8 +145,12 @@ def run_on_ray(cfg: Config, entry):
             ray.kill(actor, no_restart=True)
         for group in groups:
             ray.util.remove_placement_group(group)
-        if started_here:
-            ray.shutdown()
+
+
+def _nodes_of(ray, group) -> list[str]:
+    """The node id (first 8 hex digits) holding each bundle of a placement group."""
+    table = ray.util.placement_group_table(group)
+    return [str(node)[:8] for _, node in sorted(table.get("bundles_to_node_id", {}).items())]
 
 
 def _check_inputs(cfg: Config) -> None:
@@ -148,10 +195,21 @@ def _watch(ray, runs: list):
         try:
             results[rank] = ray.get(ref)
         except ray.exceptions.RayActorError as error:
-            raise TrainerDiedError(
-                f"trainer rank {rank} died ({error}); the run stopped. Its last checkpoint is kept: run the same config "
-                "with run.resume: true to continue it") from error
+            raise TrainerDiedError.of(rank, error) from error
         except ray.exceptions.RayTaskError as error:
+            _died_meanwhile(ray, runs, pending)  # a rank's collective broke because another rank died: that death
             cause = getattr(error, "cause", None)
             raise (cause if isinstance(cause, Exception) else error) from None
     return results[0]
+
+
+def _died_meanwhile(ray, runs: list, pending: list, grace_s: float = 10.0) -> None:
+    """TrainerDiedError when one of the other ranks died (seen within `grace_s`): their failure is its consequence."""
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s) if pending else ([], [])
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            raise TrainerDiedError.of(runs.index(ref), error) from error
+        except ray.exceptions.RayTaskError:
+            continue

@@ -2,8 +2,11 @@
 anything starts, and placement groups that are ready within `ray.placement_timeout_s` or an error naming the
 group and what is missing (never a placement group pending forever).
 
-    disaggregated   trainers: N bundles {CPU, GPU}; rollout: M bundles; reward: K bundles (CPU)
+    disaggregated   trainers: N bundles {CPU, GPU, custom}; rollout: M bundles; reward: K bundles (CPU, custom)
     colocated       bundle i holds trainer i and rollout worker i (i < M); a GPU there is shared, half each
+
+A group's custom resources (`ray.<group>.resources`, e.g. {trainer_node: 1}) are in each of its bundles: Ray
+places the bundle only on a node started with them, which is how a group is pinned to chosen nodes.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class Placement:
 
 
 def _bundle(group: WorkerGroupConfig) -> dict[str, float]:
-    return {key: value for key, value in (("CPU", group.cpus), ("GPU", group.gpus)) if value > 0}
+    return {**{key: value for key, value in (("CPU", group.cpus), ("GPU", group.gpus)) if value > 0}, **group.resources}
 
 
 def placements(ray_cfg: RayConfig) -> list[Placement]:
@@ -43,8 +46,11 @@ def placements(ray_cfg: RayConfig) -> list[Placement]:
         for i in range(t.count):
             shares = i < r.count
             gpus = max(t.gpus, r.gpus if shares else 0.0)
-            bundles.append({key: value for key, value in (("CPU", t.cpus + (r.cpus if shares else 0.0)), ("GPU", gpus))
-                            if value > 0})
+            custom = dict(t.resources)  # a shared bundle is pinned where both groups' resources are
+            for key, value in (r.resources.items() if shares else ()):
+                custom[key] = max(value, custom.get(key, 0.0))
+            bundles.append({**{key: value for key, value in (("CPU", t.cpus + (r.cpus if shares else 0.0)), ("GPU", gpus))
+                               if value > 0}, **custom})
             trainers.append((i, t.cpus, gpus / 2 if shares else gpus))
             if shares:
                 rollout.append((i, r.cpus, gpus / 2))
@@ -82,7 +88,7 @@ def check_fits(groups: list[Placement], nodes: list[dict[str, float]]) -> None:
 
 
 def _field(resource: str) -> str:
-    return {"CPU": "cpus", "GPU": "gpus"}.get(resource, resource)
+    return {"CPU": "cpus", "GPU": "gpus"}.get(resource, f"resources.{resource}")
 
 
 def reserve(placement: Placement, timeout_s: float):

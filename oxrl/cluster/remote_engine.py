@@ -12,10 +12,12 @@ group. A failure on rank 0 is sent to the others too, so no rank waits in a coll
                   worker -> each worker's probe log-probs against the trainer's (WeightSyncError naming it)
     rewards       the completions split into slices scored by the reward workers at once (else on rank 0)
 
-A rollout worker that dies is restarted by Ray (`ray.max_restarts`); the step's sampling is then retried after
-every worker has joined a new weight group and received the current weights. Once its restarts are spent, or
-with `ray.max_restarts: 0`, the run stops with an error naming the worker. Under `rl.max_staleness` >= 1 a step
-sampled ahead cannot be sampled again (its weights are gone): the run stops with an error that says to resume.
+A rollout worker that dies is restarted by Ray (`ray.max_restarts`; on another node when its node was lost,
+waiting up to `ray.node_wait_s` for one); the step's sampling is then retried after every worker has joined a new
+weight group and received the current weights. Once its restarts are spent, or with `ray.max_restarts: 0`, the
+run stops with an error naming the worker. Under `rl.max_staleness` >= 1 (requests `submit`ted ahead) rank 0 keeps
+the weights of every version a request still in flight was submitted under: a request whose worker died is
+sampled again from its own version's weights, broadcast to every worker, and then the current weights go back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from oxrl.cluster.weight_channel import (
     ROOT, GroupAddress, WeightChannel, channel_backend, free_port, node_address, specs_of,
 )
+from oxrl.cluster.workers import NoWeightsError
 from oxrl.config.schema import RayConfig
 from oxrl.data.types import VisionInputs
 from oxrl.models.value_head import without_value_head
@@ -39,10 +42,10 @@ from oxrl.rollout.probe import DEFAULT_TOLERANCE, WeightSyncError, probe_ids, tr
 logger = logging.getLogger(__name__)
 
 
-# Why a step sampled ahead cannot be sampled again once its worker died: said where either side finds it.
-AHEAD_LOST = ("died while it sampled a step ahead (rl.max_staleness): the weights that step is scheduled to be sampled "
-              "from are no longer held; resume the run from its last checkpoint (run.resume=true), which holds the "
-              "steps sampled before it")
+# Why a request cannot be sampled again once its worker died: its version's weights were not kept (a request made
+# with `generate`, whose weights a later sync replaced).
+AHEAD_LOST = ("died while it sampled a request whose weights are no longer held; resume the run from its last "
+              "checkpoint (run.resume=true), which holds the steps sampled before it")
 
 
 class WorkerError(RuntimeError):
@@ -120,19 +123,31 @@ class RayRolloutEngine:
         self.restarts = [0] * len(workers.rollout)
         self.synced = False
         self.syncs = 0  # weight syncs so far: a request sampled again after a restart needs its own weights
+        self.held = 0  # the version the workers hold now (another than `syncs` only while one is sampled again)
         self.tickets = 0
         self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, syncs), on every rank
         self.pending: dict[int, tuple[list[range], list]] = {}  # ticket -> (slices, Ray refs), on rank 0
+        # Requests submitted ahead (`submit`): each sync's weights (rank 0; None elsewhere) and the trainer's probe
+        # log-probs, kept while a request of that version is in flight. One CPU copy of the policy per version.
+        self.keep_versions = False
+        self.kept: dict[int, tuple[dict[str, torch.Tensor] | None, torch.Tensor]] = {}
+        self.counted: set = set()  # refs whose worker's death is counted in `restarts` already
 
     # ---- sampling ---------------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  vision: list[VisionInputs | None] | None = None) -> list[Completion]:
-        return self.collect(self.submit(prompts, params, vision))
+        return self.collect(self._request(prompts, params, vision))
 
     def submit(self, prompts: list[list[int]], params: SamplingParams,
                vision: list[VisionInputs | None] | None = None) -> int:
-        """Every rank: start the workers sampling (rank 0 holds the requests); returns the ticket for `collect`."""
+        """Every rank: start the workers sampling (rank 0 holds the requests); returns the ticket for `collect`.
+        From the first submit on, every sync's weights are kept while a request of theirs is in flight."""
+        self.keep_versions = True
+        return self._request(prompts, params, vision)
+
+    def _request(self, prompts: list[list[int]], params: SamplingParams,
+                 vision: list[VisionInputs | None] | None) -> int:
         if not self.synced:  # the first call: workers get (and prove they hold) the trainer's weights
             self.sync_weights(self.model)
         vision = vision if vision is not None else [None] * len(prompts)
@@ -145,16 +160,42 @@ class RayRolloutEngine:
     def collect(self, ticket: int) -> list[Completion]:
         """Every rank: the completions of a submitted request. A worker restarted meanwhile gets the weights again and
         the request is sampled again, if the weights are still those it was submitted with."""
-        _, _, vision, syncs = self.requests[ticket]
+        _, _, vision, version = self.requests[ticket]
         while True:
             outcome = _from_rank0(self.strategy, lambda: self._results(self.pending.pop(ticket), vision))
             if outcome is not None:
-                del self.requests[ticket]
-                return outcome
-            if self.syncs != syncs:
+                break
+            # A worker was restarted: every worker gets the request's weights again, and it is sampled again.
+            if version == self.syncs and version not in self.kept:
+                self.sync_weights(self.model)  # the live weights are the request's: every rank takes part in the gather
+                version = self.syncs
+                self.requests[ticket] = (*self.requests[ticket][:3], version)
+            elif version in self.kept:
+                logger.warning("rollout request %d (weights version %d, the current is %d) is sampled again from its "
+                               "own version's weights, kept for it", ticket, version, self.syncs)
+                self._push_kept(version)
+            else:
                 raise WorkerError(f"a rollout worker {AHEAD_LOST}")
-            self.sync_weights(self.model)  # a worker was restarted: every rank takes part in the gather
             self._start(ticket)
+        del self.requests[ticket]
+        if self.held != self.syncs:  # back to the current weights before anything else is sampled
+            self._push_kept(self.syncs)
+        self._forget_versions()
+        return outcome
+
+    def _push_kept(self, version: int) -> None:
+        """Every rank: a kept version's weights to every worker (rank 0 broadcasts and checks them)."""
+        state, trainer_probe = self.kept[version]
+        while _from_rank0(self.strategy, lambda: self._push(without_value_head(state), trainer_probe)) is None:
+            pass
+        self.held = version
+
+    def _forget_versions(self) -> None:
+        """Only the current version and those of requests in flight stay kept."""
+        needed = {self.syncs} | {request[3] for request in self.requests.values()}
+        for version in [v for v in self.kept if v not in needed]:
+            del self.kept[version]
+        self.counted &= {ref for _, refs in self.pending.values() for ref in refs}
 
     def _start(self, ticket: int) -> None:
         """Every rank: rank 0 hands the request's slices to the workers and keeps their refs."""
@@ -200,14 +241,28 @@ class RayRolloutEngine:
                 died.append((i, error))
             except ray.exceptions.RayTaskError as error:
                 failed.append((i, _cause(error)))
+        return self._sort_out(refs, results, died, failed, what)
+
+    def _count_death(self, i: int, ref, error: Exception, what: str) -> None:
+        """A restart of worker i counted once per death (every request in flight on it died with it), within
+        `ray.max_restarts`."""
+        if ref in self.counted:
+            return
+        self.counted.update(refs[i] for _, refs in self.pending.values() if i < len(refs))
+        self.counted.add(ref)
+        if self.restarts[i] >= self.settings.max_restarts:
+            raise WorkerError(f"rollout worker {i} died during {what} and its ray.max_restarts "
+                              f"({self.settings.max_restarts}) restarts are spent: {error}") from error
+        self.restarts[i] += 1
+        logger.warning("rollout worker %d died during %s; Ray restarts it (restart %d of %d; on another node if its "
+                       "node was lost) and the %s is retried with the weights it was asked under", i, what,
+                       self.restarts[i], self.settings.max_restarts, what)
+
+    def _sort_out(self, refs: list, results: list, died: list, failed: list, what: str) -> list:
         for i, error in died:  # (the others' failures then are the broken group's, not their own)
-            if self.restarts[i] >= self.settings.max_restarts:
-                raise WorkerError(f"rollout worker {i} died during {what} and its ray.max_restarts "
-                                  f"({self.settings.max_restarts}) restarts are spent: {error}") from error
-            self.restarts[i] += 1
-            logger.warning("rollout worker %d died during %s; Ray restarts it (restart %d of %d) and the step's %s is "
-                           "retried with the current weights", i, what, self.restarts[i], self.settings.max_restarts, what)
-        if died:
+            self._count_death(i, refs[i], error, what)
+        restarted = [i for i, error in failed if isinstance(error, NoWeightsError)]  # restarted before this call
+        if died or restarted:
             self.channel = None  # the dead member's group is gone: all join a new one
             raise _Resync()
         if failed:
@@ -228,12 +283,16 @@ class RayRolloutEngine:
                 break
         self.synced = True
         self.syncs += 1
+        self.held = self.syncs
+        if self.keep_versions:  # requests submitted under it may have to be sampled again after a worker died
+            self.kept[self.syncs] = (state, trainer_probe)
+            self._forget_versions()
         return {"time/weight_sync": time.perf_counter() - started, "weight_sync/probe_gap": gap}
 
     def _push(self, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
         """Broadcast to every worker and compare probes; None when a restarted worker needs the push again."""
         settings = self.settings
-        self._check_sampling_ahead()
+        self._note_deaths_ahead()
         specs = specs_of(state)
         bucket_bytes = int(settings.sync_bucket_mb * 2**20)
         try:
@@ -255,12 +314,12 @@ class RayRolloutEngine:
                     f"average (tolerance {self.tolerance}): it is not sampling from the weights being trained")
         return max(gaps)
 
-    def _check_sampling_ahead(self) -> None:
-        """A worker that died under a request still in flight (a step sampled ahead, `rl.max_staleness`) ends the run
-        here: the weights that request is scheduled to be sampled from would be gone after this sync, and the
-        broadcast would wait for the dead member."""
+    def _note_deaths_ahead(self) -> None:
+        """A worker that died under a request still in flight (a step sampled ahead, `rl.max_staleness`): its
+        restart is counted and the weight group formed again before this sync (the broadcast would wait for the
+        dead member); `collect` samples the request again from its own version's weights."""
         ray = _ray()
-        for parts, refs in self.pending.values():
+        for parts, refs in list(self.pending.values()):
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for i, ref in enumerate(refs):
                 if ref not in ready:
@@ -268,7 +327,8 @@ class RayRolloutEngine:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError as error:
-                    raise WorkerError(f"rollout worker {i} {AHEAD_LOST}") from error
+                    self._count_death(i, ref, error, "sampling a request ahead")
+                    self.channel = None
                 except ray.exceptions.RayTaskError:
                     continue  # its own failure: `collect` reports it
 
@@ -279,7 +339,7 @@ class RayRolloutEngine:
         self.generation += 1
         timeout = self.settings.sync_timeout_s
         for i, worker in enumerate(self.workers.rollout):  # a restarted worker first: the group waits for every member
-            self._wait_alive(i, worker, timeout)
+            self._wait_alive(i, worker, self.settings.node_wait_s)
         members = self._get([w.members.remote() for w in self.workers.rollout], timeout, "joining the weight group")
         address = GroupAddress(node_address(), free_port(), 1 + sum(members), self.generation, timeout, channel_backend())
         offsets = [1 + sum(members[:i]) for i in range(len(members))]  # rank 0 is ROOT, this trainer rank
@@ -288,19 +348,22 @@ class RayRolloutEngine:
         self._get(joined, timeout, "joining the weight group")
 
     def _wait_alive(self, index: int, worker, timeout_s: float) -> None:
-        """Until the worker answers (Ray may still be restarting it: its model loads again), within `timeout_s`."""
+        """Until the worker answers (Ray may still be restarting it: its model loads again, on a replacement node
+        when its node was lost), within `timeout_s` (ray.node_wait_s)."""
         ray = _ray()
         deadline = time.monotonic() + timeout_s
+        late = (f"rollout worker {index} was not back within ray.node_wait_s = {timeout_s:g}s of its restart (a lost "
+                "node: no node with its resources joined in time)")
         while True:
             try:
                 ray.get(worker.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
                 return
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
-                    raise WorkerError(f"rollout worker {index} was not back within {timeout_s:g}s of its restart") from None
+                    raise WorkerError(late) from None
                 time.sleep(0.5)
             except ray.exceptions.GetTimeoutError as error:
-                raise WorkerError(f"rollout worker {index} was not back within {timeout_s:g}s of its restart") from error
+                raise WorkerError(late) from error
             except ray.exceptions.RayActorError as error:
                 raise WorkerError(f"rollout worker {index} died and Ray could not restart it: {error}") from error
 

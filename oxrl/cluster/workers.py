@@ -27,6 +27,11 @@ from oxrl.rollout.base import Completion, SamplingParams
 logger = logging.getLogger(__name__)
 
 
+class NoWeightsError(RuntimeError):
+    """A rollout worker asked to sample or receive before it joined a weight group and got the trainer's weights:
+    Ray restarted it (its process or node died) since the trainer last synced it."""
+
+
 def _worker_logging() -> None:
     from oxrl.logging.setup import setup_logging
 
@@ -82,6 +87,7 @@ class RolloutWorker:
             self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size,
                                    autocast=autocast_for(cfg.train.mixed_precision, device.type))
         self.channel: WeightChannel | None = None
+        self.joined = self.synced = False  # a restarted worker is neither: it must not sample its initial weights
 
     def ready(self) -> int:
         """The worker's process id, once its engine is up."""
@@ -97,13 +103,17 @@ class RolloutWorker:
             self.engine.join_weight_group(address, rank_offset)
         else:
             self.channel = WeightChannel(address, rank_offset, self.device)
+        self.joined = True
 
     @torch.no_grad()
     def receive_weights(self, specs: list[TensorSpec], bucket_bytes: int, probe: list[int]) -> list[float]:
         """Take the broadcast weights (into vLLM, or into this worker's model) and return the probe's log-probs
         under what the engine now samples from."""
+        if not self.joined:
+            raise NoWeightsError(f"rollout worker {self.index} was restarted and has not joined the weight group")
         if self.into_vllm:
             self.engine.receive_broadcast(specs, bucket_bytes)
+            self.synced = True
             return self.engine.probe_logprobs(probe).tolist()
         own = self.model.state_dict()
         unknown = sorted({s.name for s in specs} - set(own))
@@ -111,9 +121,12 @@ class RolloutWorker:
             raise KeyError(f"rollout worker {self.index}: the trainer sent weights this model does not have: {unknown[:5]}")
         for name, tensor in self.channel.receive(specs, bucket_bytes):
             own[name].copy_(tensor)
+        self.synced = True
         return self.engine.probe_logprobs(probe).tolist()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, vision=None) -> list[Completion]:
+        if not self.synced:
+            raise NoWeightsError(f"rollout worker {self.index} was restarted and holds no weights of the trainer yet")
         if params.seed is not None:  # the hf engine samples from torch's RNG: seed it for the call
             random.seed(params.seed)
             np.random.seed(params.seed % 2**32)

@@ -853,6 +853,21 @@ class WorkerGroupConfig(Section):
     """CPUs reserved for each worker (its torch threads)."""
     gpus: float = Field(0.0, ge=0)
     """GPUs reserved for each worker (e.g. 1 per trainer rank on a GPU node)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources reserved for each worker, e.g. `{trainer_node: 1}`: the group then goes only to nodes
+    started with that resource (`ray start --resources='{"trainer_node": 4}'`), which is how a group is pinned to
+    chosen nodes. `CPU` and `GPU` are set by `cpus` and `gpus`, not here."""
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"`{name}` is not a custom resource: set it with cpus/gpus (resources holds names such "
+                                 "as trainer_node)")
+            if not amount > 0:
+                raise ValueError(f"resource `{name}` = {amount}: each amount must be > 0")
+        return resources
 
 
 class RayConfig(Section):
@@ -871,8 +886,15 @@ class RayConfig(Section):
     """Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on trainer rank 0."""
     max_restarts: int = Field(1, ge=0)
     """Times Ray restarts a rollout or reward worker that died; the step is then retried (a restarted rollout worker
-    first gets the current weights). 0: a dead worker stops the run with an error. A dead trainer always stops the
-    run; `run.resume: true` continues it from the last checkpoint."""
+    first gets the current weights). 0: a dead worker stops the run with an error. A worker whose node was lost
+    restarts on another node holding its resources (waiting up to `node_wait_s` for one)."""
+    node_wait_s: float = Field(300.0, gt=0)
+    """Seconds a restarted rollout worker may take to be back (its node lost: until a node with its resources joins
+    and it has loaded its model), and a rebuilt group to be placed after a trainer died; then the run stops naming it."""
+    trainer_restarts: int = Field(0, ge=0)
+    """Times the driver rebuilds every worker group after a trainer rank died (its node lost, its process killed) and
+    continues the run from its last checkpoint by itself (as `run.resume: true` would: the same steps again, exactly).
+    0: a dead trainer stops the run; `run.resume: true` continues it."""
     placement_timeout_s: float = Field(60.0, gt=0)
     """Seconds to wait for the cluster to place a worker group before failing with the missing resources."""
     call_timeout_s: float = Field(1800.0, gt=0)

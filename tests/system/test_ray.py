@@ -330,25 +330,37 @@ def _engine_free_copy(model, weights):
     return probe
 
 
-def test_a_worker_dead_under_a_step_sampled_ahead_stops_the_run_with_what_to_do(ray_cluster, model_cfg):
+def test_a_worker_dead_under_a_step_sampled_ahead_is_sampled_again_from_that_steps_weights(ray_cluster, model_cfg,
+                                                                                          oxrl_log):
+    """rl.max_staleness >= 1: a request submitted under version v, its worker killed while it samples, then a sync to
+    v + 1. The request is sampled again from v's weights (kept for it), exactly as it would have been, and the
+    workers then hold v + 1 again."""
     from oxrl.cluster.workers import RolloutWorker
-
     from tests.ray_workers import SlowRolloutWorker
 
     engine, model, actors = _engine(model_cfg, [RolloutWorker, SlowRolloutWorker], restarts=2)
     try:
-        engine.sync_weights(model)
+        expected_ticket = engine.submit(PROMPTS, PARAMS)  # version 1, undisturbed: what the request must give
+        expected = engine.collect(expected_ticket)
         pid = ray.get(actors[1].ready.remote())
         ticket = engine.submit(PROMPTS, PARAMS)
         os.kill(pid, signal.SIGKILL)  # while it samples
         (_, refs), = engine.pending.values()
         ray.wait([refs[1]], timeout=30)  # until Ray has seen the death
         _nudge(model, 3)
-        # The update's sync would replace the weights the step in flight is scheduled to be sampled from.
-        with pytest.raises(WorkerError, match=r"rollout worker 1 died while it sampled a step ahead \(rl.max_staleness\)"
-                                              r".*run.resume=true"):
-            engine.sync_weights(model)
-        assert ticket in engine.requests  # not collected: the run stops here
+        engine.sync_weights(model)  # version 2, while version 1's request is in flight
+        assert sorted(engine.kept) == [1, 2]  # the weights of the request in flight are kept
+        again = engine.collect(ticket)
+        assert [(c.completion_ids, c.logprobs) for c in again] == [(c.completion_ids, c.logprobs) for c in expected]
+        assert "rollout worker 1 died during sampling a request ahead" in oxrl_log.text
+        assert "sampled again from its own version's weights" in oxrl_log.text
+        assert sorted(engine.kept) == [2] and engine.held == 2  # back on the current weights; v1 freed
+        newer = engine.collect(engine.submit(PROMPTS, PARAMS))  # sampled by version 2: the live weights
+        from oxrl.loops.rl_update import score_logprobs
+
+        for c, logprobs in zip(newer, score_logprobs(model, newer, 8, 1.0)):
+            torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
+        assert engine.restarts == [0, 1]  # one death, counted once
     finally:
         for actor in actors:
             ray.kill(actor)
