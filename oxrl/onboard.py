@@ -292,17 +292,17 @@ def run_smoke(name: str, tree: dict) -> CheckResult:
 
     try:
         result = run(load_config(None, base=tree))
+        loss = last_logged_loss(result.run_dir)  # (a damaged metrics.jsonl: a MetricsFileError naming the line)
     except check_errors() as error:
         run_dir = Path(tree["run"]["output_dir"]) / tree["run"]["name"]
         return CheckResult(name, FAIL, f"{first_line(error)} (log: {run_dir / 'train.log'})")
-    loss = last_logged_loss(result.run_dir / "metrics.jsonl")
     if loss is None or not math.isfinite(loss):
         return CheckResult(name, FAIL, f"the step's loss is {loss} ({result.run_dir / 'metrics.jsonl'})")
     return CheckResult(name, PASS, f"1 step, loss {loss:.4f} ({result.run_dir})")
 
 
-def last_logged_loss(metrics: Path) -> float | None:
-    if not metrics.is_file():
-        return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return next((float(row["loss"]) for row in reversed(rows) if "loss" in row), None)
+def last_logged_loss(run_dir: Path) -> float | None:
+    """The loss of the last row of `run_dir`'s metrics.jsonl that has one, read by oxrl/logging/metrics.py."""
+    from oxrl.logging.metrics import read_metrics
+
+    return next((float(row["loss"]) for row in reversed(read_metrics(run_dir)) if "loss" in row), None)

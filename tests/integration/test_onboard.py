@@ -217,3 +217,26 @@ def test_the_default_output_folder_is_named_after_the_model(tmp_path):
     (tmp_path / "SmolLM2-1.7B").mkdir()
     assert model_slug(str(tmp_path / "SmolLM2-1.7B")) == "SmolLM2-1.7B"
     assert model_slug("Qwen/Qwen3-0.6B") == "Qwen--Qwen3-0.6B"
+
+
+def test_a_smoke_runs_damaged_metrics_line_fails_that_check_naming_the_file_and_line(tmp_path, monkeypatch):
+    """The smoke checks read the loss through oxrl/logging/metrics.py: a damaged row is its one-line error, reported
+    as the check's failure; a torn last line (a write cut short) is dropped, as a resume drops it."""
+    import oxrl.runner
+    from oxrl.logging.metrics import MetricsFileError
+    from oxrl.onboard import last_logged_loss, smoke_grpo
+    from oxrl.runner import RunResult
+
+    run_dir = tmp_path / "runs" / "grpo"  # where smoke_grpo's run writes
+    run_dir.mkdir(parents=True)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 2.5}\n{"step": "2", "loss": 1.5}\n')
+    monkeypatch.setattr(oxrl.runner, "run", lambda cfg: RunResult(run_dir, None, [], {}))  # (the run, done)
+    result = smoke_grpo(tmp_path / "model", tmp_path, False)
+    assert result.status == FAIL, result
+    assert f'{metrics}, line 2: not a metrics row oxRL writes (its step is "2", not an integer)' in result.detail, \
+        result.detail
+    with pytest.raises(MetricsFileError, match="line 2"):
+        last_logged_loss(run_dir)
+    metrics.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    assert last_logged_loss(run_dir) == 1.5
