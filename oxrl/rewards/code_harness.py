@@ -36,8 +36,8 @@ test's (`list(map(square, xs))`, `sorted(xs, key=k)`) is a ValueError too: a fun
 plain data. A probe cannot use a name the test binds itself
 (`all(f(i) == i * i for i in range(5))` would need the test's values in the program's process): that
 is a ValueError too; write one assert per case. Phase 1 evaluates every probe of a test, also those
-that `and`/`or` would have skipped. A probe whose value is not plain data (an object of the program's
-class, a numpy array, a function), or whose encoding exceeds the sandbox's output limit
+that `and`/`or` would have skipped. A probe whose value is not plain data (`harness_codec`: an object of
+the program's class other than a namedtuple or an enum member, a numpy array, a function), or whose encoding exceeds the sandbox's output limit
 (`max_output_bytes`), fails, as does a test whose assert needs it. A test of only `assert True` passes when
 the program runs to its end.
 
