@@ -344,7 +344,7 @@ ROBOT_FORMATS = ("lerobot",)  # robot demonstrations (oxrl/vla/lerobot.py), read
 class DatasetSpec(Section):
     path: str
     """Local .json/.jsonl/.csv/.parquet/.arrow file, a saved HF dataset folder, or a hub dataset name. Relative paths
-    are looked up in `OXRL_DATA_DIR` first when it is set."""
+    are looked up in `OXRL_DATA_DIR` first when it is set. An empty path is refused with the config."""
     format: Literal[("auto", *OFFLINE_FORMATS, *RL_PROMPT_FORMATS, *ROBOT_FORMATS)] = "auto"
     """Row format; `auto` picks it from the columns. Offline objectives: `messages`, `prompt_response`, `text`,
     `preference`, `kto`. RL prompts: `gsm8k` (question, answer ending in `#### 42`), `openr1` (problem, solution with
@@ -364,6 +364,13 @@ class DatasetSpec(Section):
     string is always sent as it is."""
     name: str | None = None
     """Name used in logs; defaults to the file name."""
+
+    @field_validator("path")
+    @classmethod
+    def _path_given(cls, path: str) -> str:
+        if not path.strip():  # Path("") is the working directory, which would be read as a folder of data files
+            raise ValueError("is empty; set it to a data file, a folder of them, or a hub dataset name")
+        return path
 
 
 class DataConfig(Section):

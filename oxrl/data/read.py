@@ -93,9 +93,6 @@ def resolve_local(path: str) -> Path | None:
 
 def read_dataset(spec: DatasetSpec) -> RawDataset:
     """All rows of one dataset (at most `spec.max_rows`), columns renamed per `spec.columns`."""
-    if not spec.path.strip():  # Path("") is the working directory, which would be read as a folder of data files
-        raise DataError(repr(spec.path), None, "path", "a dataset's path (data.train / data.validation) is empty; set "
-                        "it to a data file, a folder of them, or a hub dataset name")
     local = resolve_local(spec.path)
     if local is None:
         if Path(spec.path).suffix.lower() in FILE_BUILDERS or spec.path.startswith(("/", "./", "../", "~")):

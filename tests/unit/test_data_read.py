@@ -327,9 +327,13 @@ def test_bytes_that_are_not_utf8_in_a_jsonl_file_are_refused_naming_the_file(tmp
         read_dataset(DatasetSpec(path=str(path)))
 
 
-@pytest.mark.parametrize("path", ["", "  "])
-def test_an_empty_data_path_is_refused_not_read_as_the_working_directory(path, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    write_jsonl(tmp_path / "train.jsonl", ROWS)  # what reading the working directory would find
-    with pytest.raises(DataError, match=r"field 'path': a dataset's path \(data.train / data.validation\) is empty"):
-        read_dataset(DatasetSpec(path=path))
+@pytest.mark.parametrize("data, setting", [
+    ({"train": [{"path": "a.jsonl"}, {"path": "  "}]}, "data.train.1.path"),
+    ({"train": [{"path": "a.jsonl"}], "validation": [{"path": ""}]}, "data.validation.0.path"),
+])
+def test_an_empty_data_path_is_refused_by_the_config_naming_the_setting(data, setting):
+    """Not read as the working directory (`Path("")`): refused when the config is validated, before anything runs."""
+    from oxrl.config.load import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=rf"`{re.escape(setting)}` = '\s*': is empty; set it to a data file"):
+        load_config(None, base={"model": {"name_or_path": "m"}, "algorithm": {"name": "sft"}, "data": data})
