@@ -236,8 +236,9 @@ def add_eval_parser(sub) -> None:
                     help="dotted config override, e.g. --set rl.task_config.max_operand=20; repeatable")
     ev.add_argument("--trust-config-code", action="store_true",
                     help="run the code a run directory's saved config.yaml names (extensions, reward and environment "
-                    "files, module:factory, trust_remote_code): off, as anyone may have written that config; --config "
-                    "and --set are yours and always run")
+                    "files, module:factory, trust_remote_code) and send to the hosts it names (a judge's url, with "
+                    "your api_key_env key): off, as anyone may have written that config; --config and --set are yours "
+                    "and always run")
     ev.set_defaults(func=_cmd_eval)
 
 

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -57,14 +57,38 @@ class ReadOnly:
 
 
 @dataclass(frozen=True)
-class NamesCode:
-    """Declared beside a setting, `Annotated[type, NamesCode(...)]`: a value for which `names` holds makes a run
-    import or run code (a Python file or module, a model repository's own code). In a config that is data, not named
-    by the user (a run directory's saved config.yaml under `oxrl eval`), such a value is refused before anything is
-    imported unless the user opts in with --trust-config-code (oxrl/config/trust.py walks the schema for these)."""
+class NeedsTrust:
+    """A setting whose value only a config the user wrote may decide: `NamesCode` or `SendsOut`, declared beside it
+    (`Annotated[type, NamesCode(...)]`). In a config that is data, not named by the user (a run directory's saved
+    config.yaml under `oxrl eval`), a value for which `names` holds is refused before anything is imported or sent,
+    unless the user opts in with --trust-config-code or sets it (oxrl/config/trust.py walks the schema for these)."""
 
     what: str  # what the value names, completing "it names ...": "a Python file or module, to import"
     names: Callable[[Any], bool]  # of the value as the file gives it: it is checked before validation imports it
+    refused: ClassVar[str] = ""  # what the refusal keeps from happening, completing "so ...": "the code it names is not run"
+
+
+@dataclass(frozen=True)
+class NamesCode(NeedsTrust):
+    """The value makes a run import or run code (a Python file or module, a model repository's own code)."""
+
+    refused: ClassVar[str] = "the code it names is not run"
+
+
+@dataclass(frozen=True)
+class SendsOut(NeedsTrust):
+    """The value makes a run send data (prompts, completions, metrics, weights) to a host it names, with a secret read
+    from the user's environment where there is one (a judge's `api_key_env`, MLflow's MLFLOW_TRACKING_TOKEN): whoever
+    wrote the config would receive them."""
+
+    refused: ClassVar[str] = "nothing is sent to the hosts it names"
+
+
+def _remote_tracking_uri(uri: Any) -> bool:
+    """An MLflow tracking URI that names a server (`http(s)://host`, a database URL), not a local store (`sqlite:///`,
+    `file://`, a path): MLflow sends the server the run, and MLFLOW_TRACKING_TOKEN (or _USERNAME, _PASSWORD)."""
+    scheme, sep, _ = uri.strip().lower().partition("://") if isinstance(uri, str) else ("", "", "")
+    return bool(sep) and scheme not in ("sqlite", "file")
 
 
 def _switched_on(value: Any) -> bool:
@@ -585,7 +609,11 @@ class RewardConfig(Section):
     """Weight in the total reward."""
     kwargs: Annotated[dict, NamesCode("`trust_remote_code`: the reward model repository's own Python code, to run",
                                       lambda kwargs: isinstance(kwargs, dict)
-                                      and _switched_on(kwargs.get("trust_remote_code")))] = Field(default_factory=dict)
+                                      and _switched_on(kwargs.get("trust_remote_code"))),
+                      SendsOut("`url`: a judge server, to send the prompts, the completions and the API key from the "
+                               "environment variable `api_key_env` names",
+                               lambda kwargs: isinstance(kwargs, dict) and kwargs.get("url") is not None)
+                      ] = Field(default_factory=dict)
     """Keyword arguments for the reward."""
 
 
@@ -878,7 +906,9 @@ class WorkerGroupConfig(Section):
 
 
 class RayConfig(Section):
-    address: str | None = None
+    address: Annotated[str | None, SendsOut(
+        "a Ray cluster, to run the workers on and send the model, the data and the config",
+        lambda address: isinstance(address, str) and address.strip().lower() not in ("auto", "local"))] = None
     """Ray cluster to attach to: `auto` (the one `ray start --head` runs on this machine) or `host:port`; null starts a
     private Ray instance in this process for the run."""
     layout: Literal[RAY_LAYOUTS] = "disaggregated"
@@ -938,7 +968,9 @@ class LoggingConfig(Section):
     'wandb>=0.19.10'` (`oxrl` on PyPI is another project)."""
     project: Annotated[str, _NAMED_PROJECT] = Field("oxrl", min_length=1)
     """MLflow experiment and Weights & Biases project the run is logged under (named `run.name` there)."""
-    mlflow_tracking_uri: Annotated[str | None, _MLFLOW] = None
+    mlflow_tracking_uri: Annotated[str | None, _MLFLOW, SendsOut(
+        "an MLflow server, to send the run's settings and metrics and MLFLOW_TRACKING_TOKEN (or _USERNAME and "
+        "_PASSWORD) from the environment", _remote_tracking_uri)] = None
     """MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."""
     plot: bool = False
     """At the end of the run (rank 0), write `curves.png` (the logged metrics that moved, with matplotlib) and

@@ -1,11 +1,13 @@
 """A config the user did not name is data: a run directory's saved config.yaml that names code (an extension, a
-reward or environment file, a `module:factory`, trust_remote_code, ...) is refused by `oxrl eval` before anything
-is imported, naming the setting and --trust-config-code; a config named on the command line, `--set` and the flags
-are the user's. Every setting the schema marks (`NamesCode`) is tried, and a scan of the package checks that every
-place that imports or runs code by a config's word is fed by a marked setting.
+reward or environment file, a `module:factory`, trust_remote_code, ...) or a host to send to (a judge's `url`, with
+the user's API key; an MLflow server; a Ray cluster) is refused by `oxrl eval` before anything is imported or sent,
+naming the setting and --trust-config-code; a config named on the command line, `--set` and the flags are the
+user's. Every setting the schema marks (`NamesCode`, `SendsOut`) is tried, and a scan of the package checks that
+every place that imports or runs code by a config's word is fed by a marked setting.
 
-Each hostile file writes a witness file when it is imported: the witness must not exist after a refusal, and does
-after the opt-in (so the test can tell).
+Each hostile file writes a witness file when it is imported, and each host is a server thread on 127.0.0.1 that
+records what it is sent: neither may see anything after a refusal, and both do after the opt-in (so the test can
+tell).
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ import yaml
 from oxrl.cli import main
 from oxrl.config.load import ConfigError, load_config, saved_form
 from oxrl.config.names import REGISTERED, REWARD_NAMES
-from oxrl.config.trust import TRUST_FLAG, as_data, code_fields
+from oxrl.config.schema import NamesCode, SendsOut
+from oxrl.config.trust import TRUST_FLAG, as_data, trust_fields
 from oxrl.evaluation.run import EvalRequest, evaluate_models
+from oxrl.rewards.judge import judge_for
 from tests.conftest import save_tiny_model
+from tests.integration.test_judge_hostile import Server, chat, reply
 
 PACKAGE = Path(__file__).resolve().parents[2] / "oxrl"
 FAST = ["--task", "arithmetic", "--limit", "1", "--max-new-tokens", "2"]
 SAVED = {"model": {"name_or_path": "tiny"}, "algorithm": {"name": "grpo"}, "rl": {"task": "arithmetic"}}
+KEY_ENV, KEY = "OXRL_TEST_JUDGE_KEY", "sk-evaluators-own-4b7e9c1d"  # the evaluating user's key, in their environment
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,21 @@ def evil(tmp_path, witness) -> Path:
     return path
 
 
+@pytest.fixture
+def host(monkeypatch) -> Server:
+    """A server on 127.0.0.1 standing for whoever wrote a shared config, answering as a judge; the user's key is set."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    judge_for.cache_clear()  # a judge is kept per settings for the process: this test's must be built here
+    server = Server(lambda handler, body: reply(handler, 200, chat("Fine.\nScore: 10")))
+    yield server
+    server.close()
+    judge_for.cache_clear()
+
+
+def judge_at(host: Server) -> dict:
+    return {"rl": {"rewards": [{"name": "judge", "kwargs": {"url": host.url, "model_name": "judge", "api_key_env": KEY_ENV}}]}}
+
+
 def shared_run(tmp_path: Path, tiny_model: Path, config: dict) -> Path:
     """A run directory as someone shares it: its final model and the saved config.yaml they wrote."""
     run = tmp_path / "shared-run"
@@ -67,7 +88,7 @@ def merged(*trees: dict) -> dict:
     return out
 
 
-# Per marked setting: a saved config naming code there (evil: the hostile file, witness: what it writes).
+# Per setting marked NamesCode: a saved config naming code there (evil: the hostile file, witness: what it writes).
 HOSTILE = {
     "extensions": lambda evil, witness: {"extensions": [str(evil)]},
     "model.trust_remote_code": lambda evil, witness: {"model": {"trust_remote_code": True}},
@@ -78,9 +99,16 @@ HOSTILE = {
     "strategy.deepspeed_config": lambda evil, witness: {"strategy": {"deepspeed_config": str(_deepspeed_json(evil))}},
     "vla.env": lambda evil, witness: {"vla": {"env": "os:system", "env_kwargs": {"command": f"touch {witness}"}}},
 }
-SETTINGS = {  # the dotted key the refusal names, for HOSTILE's values
+# Per setting marked SendsOut: a saved config naming `host` there (a judge with the user's key, trackers, Ray).
+SENDING = {
+    "rl.rewards[].kwargs": judge_at,
+    "logging.mlflow_tracking_uri": lambda host: {"logging": {"report_to": ["mlflow"], "mlflow_tracking_uri": host.origin}},
+    "ray.address": lambda host: {"run": {"launcher": "ray"}, "ray": {"address": host.origin.removeprefix("http://")}},
+}
+SETTINGS = {  # the dotted key the refusal names, for HOSTILE's and SENDING's values
     "rl.rewards[].name": "rl.rewards[1].name", "rl.rewards[].kwargs": "rl.rewards[0].kwargs",
 }
+MARKED = [("code", field) for field in sorted(HOSTILE)] + [("host", field) for field in sorted(SENDING)]
 
 
 def _deepspeed_json(evil: Path) -> Path:
@@ -90,24 +118,43 @@ def _deepspeed_json(evil: Path) -> Path:
     return path
 
 
-def test_the_marked_settings_are_the_ones_that_name_code():
-    marked = set(code_fields())
-    assert marked == set(HOSTILE), "give each marked setting a hostile value in HOSTILE"
-    assert {"extensions", "rl.rewards[].name", "rl.env.path", "vla.env", "model.trust_remote_code"} <= marked
+def marked_as(kind: type) -> set[str]:
+    """The dotted keys of the settings the schema marks with a `kind` marker."""
+    return {key for key, markers in trust_fields().items() if any(isinstance(marker, kind) for marker in markers)}
 
 
-@pytest.mark.parametrize("field", sorted(HOSTILE))
-def test_every_marked_setting_of_a_saved_config_is_refused_before_anything_is_imported(
-        tmp_path, tiny_model, evil, witness, field):
-    run = shared_run(tmp_path, tiny_model, merged(SAVED, HOSTILE[field](evil, witness)))
+def test_the_marked_settings_are_the_ones_that_name_code_or_a_host():
+    names_code, sends = marked_as(NamesCode), marked_as(SendsOut)
+    assert names_code == set(HOSTILE), "give each setting marked NamesCode a hostile value in HOSTILE"
+    assert sends == set(SENDING), "give each setting marked SendsOut a value naming the test's host in SENDING"
+    assert names_code | sends == set(trust_fields())
+    assert {"extensions", "rl.rewards[].name", "rl.env.path", "vla.env", "model.trust_remote_code"} <= names_code
+    assert {"rl.rewards[].kwargs", "logging.mlflow_tracking_uri", "ray.address"} <= sends
+
+
+@pytest.mark.parametrize("kind, field", MARKED)
+def test_every_marked_setting_of_a_saved_config_is_refused_before_anything_is_imported_or_sent(
+        tmp_path, tiny_model, evil, witness, host, kind, field):
+    hostile = HOSTILE[field](evil, witness) if kind == "code" else SENDING[field](host)
+    run = shared_run(tmp_path, tiny_model, merged(SAVED, hostile))
     with pytest.raises(ConfigError) as refused:
         evaluate_models(EvalRequest(str(run), limit=1, max_new_tokens=2))
     message = str(refused.value)
     assert len(message.splitlines()) == 1, message
     assert message.startswith(f"{run / 'config.yaml'} is data") and f"{SETTINGS.get(field, field)} = " in message
     assert TRUST_FLAG in message and "trust_config_code=True" in message
-    assert not witness.exists()
+    assert ("the code it names is not run" if kind == "code" else "nothing is sent to the hosts it names") in message
+    assert KEY not in message
+    assert not witness.exists() and host.requests == []
     assert str(evil.resolve()) not in {getattr(module, "__file__", None) for module in list(sys.modules.values())}
+
+
+def test_local_stores_and_clusters_name_no_host(tmp_path, tiny_model):
+    """A SQLite or file MLflow store, and the Ray cluster of this machine (`auto`), are not refused."""
+    for index, uri in enumerate(("sqlite:///runs/mlflow.db", "file:///tmp/mlruns", "./mlruns")):
+        tree = merged(SAVED, {"logging": {"mlflow_tracking_uri": uri}, "run": {"launcher": "ray"}, "ray": {"address": "auto"}})
+        saved = shared_run(tmp_path / str(index), tiny_model, tree) / "config.yaml"
+        assert as_data({})(yaml.safe_load(saved.read_text()), str(saved)) == tree
 
 
 def test_built_in_names_name_no_code(tmp_path, tiny_model):
@@ -127,6 +174,17 @@ def test_the_built_in_reward_names_are_the_reward_registry_s():
 
 
 # --- the attacks, through `oxrl eval RUN_DIR` ---------------------------------------------------------------------
+
+def test_a_judge_url_is_sent_neither_samples_nor_the_users_key_unless_trusted(tmp_path, tiny_model, host, oxrl_log):
+    """The saved config's judge names the author's server and the user's key variable: the key would go in the
+    Authorization header of every request. Refused, the server hears nothing; with the opt-in, it gets the key."""
+    run = shared_run(tmp_path, tiny_model, merged(SAVED, judge_at(host)))
+    assert main(["eval", str(run), *FAST]) == 2
+    assert "rl.rewards[0].kwargs = " in oxrl_log.text and host.url in oxrl_log.text and TRUST_FLAG in oxrl_log.text
+    assert KEY not in oxrl_log.text and host.requests == []
+    assert main(["eval", str(run), *FAST, "--reward", "math"]) == 0 and host.requests == []  # the user's reward
+    assert main(["eval", str(run), *FAST, TRUST_FLAG]) == 0
+    assert host.requests and {request["headers"]["Authorization"] for request in host.requests} == {f"Bearer {KEY}"}
 
 def test_os_system_as_a_simulator_factory_runs_nothing(tmp_path, tiny_model, witness, oxrl_log):
     run = shared_run(tmp_path, tiny_model, merged(SAVED, {"rl": {"task": None}, "vla": {
@@ -234,4 +292,4 @@ def test_every_call_that_runs_code_is_fed_by_a_marked_setting_or_none():
     assert calls == set(FED_BY), (f"new: {sorted(calls - set(FED_BY))} (mark the settings that reach them with "
                                   f"NamesCode and list them here); gone: {sorted(set(FED_BY) - calls)}")
     fed = {key for settings in FED_BY.values() if isinstance(settings, list) for key in settings}
-    assert fed == set(code_fields())
+    assert fed == marked_as(NamesCode)
