@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/async_rl.py speed                 # Ray: k = 0, 1, 2; 1 warm-up + 5 timed steps each
     .venv/bin/python benchmarks/async_rl.py accuracy --seeds 0 1 2 --jobs 2
-    .venv/bin/python benchmarks/async_rl.py speed --steps 2 --k 0 1 model.name_or_path=DIR   # demo overrides
+    .venv/bin/python benchmarks/async_rl.py speed model.name_or_path=DIR --steps 2 --k 0 1   # demo overrides first
 
 `speed`: under Ray with one trainer rank and one rollout worker, each on a core of its own (Ray's cluster is given 2
 logical CPUs, every actor runs torch with 1 thread), in this process. Reported per k over the timed steps: steps per

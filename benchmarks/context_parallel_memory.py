@@ -104,7 +104,7 @@ def main() -> None:
                      "peak growth per rank, MiB": " / ".join(f"{g:,.0f}" for g in result["growth_mib"]),
                      "step s, median (min..max)": spread(steps)})
     print_table([machine_summary()])
-    print_table(rows)
+    print_table(rows, title=f"peak memory per rank, {args.steps} SFT steps on one {args.tokens:,}-token row, by layout")
 
 
 if __name__ == "__main__":

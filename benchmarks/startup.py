@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/startup.py                      # 3 tiny runs, 2 SmolLM2 runs, 3 x `oxrl --help`
     .venv/bin/python benchmarks/startup.py --runs 1 --example-runs 0   # a quick check that it works
+    .venv/bin/python benchmarks/startup.py --runs 1 --example-runs 0 --tokenizer DIR   # and no GGUF tokenizer to read
 
 What is measured (each run a fresh `python -m oxrl ...` process, as a user starts it):
 
@@ -49,15 +50,19 @@ NOISE = {
 LOADED = re.compile(r"oxrl\.models\.load: loaded ")
 
 
-def build_tiny(folder: Path) -> Path:
-    """A tiny random Llama with the bundled SmolLM2 tokenizer, a chat file and a config; the config's path."""
+def build_tiny(folder: Path, tokenizer_dir: Path | None) -> Path:
+    """A tiny random Llama with the bundled SmolLM2 tokenizer (or the one in `tokenizer_dir`), a chat file and a
+    config; the config's path."""
     import yaml
     from transformers import AutoTokenizer
 
     from tests.conftest import bundled_gguf, save_tiny_model, write_chat_rows
 
-    gguf = bundled_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if tokenizer_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    else:
+        gguf = bundled_gguf()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     save_tiny_model(folder / "tiny-model", tokenizer)
     write_chat_rows(folder / "chat.jsonl", 24)
     config = {
@@ -112,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="timed tiny runs (and `oxrl --help` runs)")
     parser.add_argument("--example-runs", type=int, default=2, help="timed SmolLM2 example runs (0: skip)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a folder with tokenizer files for the tiny run (default: the bundled SmolLM2's GGUF file)")
     args = parser.parse_args(argv)
 
     print(machine_summary())
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="oxrl-startup-") as tmp:
         tmp = Path(tmp)
         rows.append(summarise("oxrl --help", [time_process(["--help"]) for _ in range(args.runs)]))
-        tiny = build_tiny(tmp)
+        tiny = build_tiny(tmp, args.tokenizer)
         run_dir = tmp / "runs" / "tiny"
         time_process(["train", str(tiny), "run.overwrite=true"], run_dir)  # warm the page cache
         rows.append(summarise("tiny SFT, 1 step", [time_process(["train", str(tiny), "run.overwrite=true"], run_dir)

@@ -3,7 +3,7 @@ demonstrations, behaviour cloning, then GRPO over episodes, with the environment
 
     .venv/bin/python benchmarks/vla_pusht.py                 # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/vla_pusht.py --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
-    .venv/bin/python benchmarks/vla_pusht.py --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --tokenizer DIR
+    .venv/bin/python benchmarks/vla_pusht.py --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns PushT from the demonstrations alone. The score is LeRobot's PushT
@@ -29,11 +29,11 @@ if __package__ in (None, ""):
 VLA = {"env": "pusht", "bins": 64, "chunk": 4, "max_chunks": 25, "reward": "env_max"}
 
 
-def config(out: Path, model: Path, name: str, algorithm: str, **sections) -> Path:
+def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, **sections) -> Path:
     tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": 0, "device": "cpu", "overwrite": True},
             "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm},
             # SFT reads the action tokens' settings; the episodes' (max_chunks, reward) are RL's and evaluation's
-            "vla": VLA if algorithm != "sft" else {key: VLA[key] for key in ("env", "bins", "chunk")},
+            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "bins", "chunk")},
             "logging": {"progress_bar": False, "plot": False}, "checkpoint": {"every": None}, **sections}
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -49,7 +49,7 @@ def evaluate(model: Path, rl_config: Path, held_out: int) -> dict:
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-def expert_score(held_out: int) -> dict:
+def expert_score(held_out: int, vla: dict) -> dict:
     """The scripted demonstrator on the same held-out initial states, in as many actions as a policy gets."""
     from oxrl.vla.build import VALIDATION_SEEDS
     from oxrl.vla.envs import expert, make_env
@@ -59,7 +59,7 @@ def expert_score(held_out: int) -> dict:
     for seed in range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out):
         env.reset(seed)
         rewards, success = [0.0], False
-        for _ in range(VLA["chunk"] * VLA["max_chunks"]):
+        for _ in range(vla["chunk"] * vla["max_chunks"]):
             transition = env.step(act(env.info), f"seed {seed}")
             rewards.append(transition.reward)
             success = success or transition.success
@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8)
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
+    parser.add_argument("--max-chunks", type=int, default=VLA["max_chunks"], help="action chunks an episode at most")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
@@ -99,19 +100,20 @@ def main() -> None:
         tokenizer = smollm2_tokenizer.__wrapped__()
     model = save_tiny_qwen2_vl(out / "model", tokenizer, width="vllm")
     started = time.perf_counter()
-    demos, _ = record_demonstrations("pusht", args.demos, out / "demos", max_steps=4 * VLA["max_chunks"])
+    vla = {**VLA, "max_chunks": args.max_chunks}
+    demos, _ = record_demonstrations("pusht", args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"])
     expert = {"stage": "demonstrations", "episodes": args.demos, "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(expert), flush=True)
 
     rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": 4, "rollout": {"n": 4},
           "validation_every": None}
-    grpo = config(out, model, "grpo", "grpo", rl=rl, data={"max_length": 512},
+    grpo = config(out, model, "grpo", "grpo", vla, rl=rl, data={"max_length": 512},
                   train={"max_steps": args.grpo_steps, "micro_batch_size_per_device": 32, "optim": {"lr": 3e-4}})
-    results = {"scripted_expert": expert_score(args.held_out), "untrained": evaluate(model, grpo, args.held_out)}
+    results = {"scripted_expert": expert_score(args.held_out, vla), "untrained": evaluate(model, grpo, args.held_out)}
     print(json.dumps({"stage": "scripted_expert", **results["scripted_expert"]}), flush=True)
     print(json.dumps({"stage": "untrained", **results["untrained"]}), flush=True)
 
-    sft = config(out, model, "sft", "sft", data={"train": [{"path": str(demos), "format": "lerobot"}],
+    sft = config(out, model, "sft", "sft", vla, data={"train": [{"path": str(demos), "format": "lerobot"}],
                                                   "max_length": 512, "validation_fraction": 0},
                  train={"max_steps": args.sft_steps, "global_batch_size": 32, "micro_batch_size_per_device": 32,
                         "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 10}})
