@@ -113,6 +113,9 @@ def test_a_reward_that_always_gives_full_marks(tmp_path, model_dirs, capsys):
 
 
 def test_a_run_directory_resolves_to_its_final_model_else_its_latest_checkpoint(tmp_path, model_dirs, oxrl_log):
+    # Which model a run directory resolves to is logged at INFO: captured at that level whether or not an earlier
+    # `oxrl` command in this process set up logging (else the `oxrl` logger is at the root's WARNING).
+    oxrl_log.set_level(logging.INFO, logger="oxrl")
     run = tmp_path / "run"
     for step, weights in ((1, model_dirs[1]), (2, model_dirs[0])):  # step 2 holds model 0
         shutil.copytree(weights, run / "checkpoints" / f"step_00000{step}")
