@@ -16,12 +16,12 @@ clipping at 1.0, no gradient checkpointing, no autocast.
 
 * oxRL: `pack` (padding-free: whole examples end to end in one row, position ids restarting per
   sequence) + `get_objective("sft")` + `run_micro_batches` + `SingleDevice.step()`.
-* TRL: `SFTTrainer` on the same weights, loaded with transformers' plain sdpa attention (TRL's collator hands
-  the model its own packed layout, which oxRL's packed kernel does not read), on the same token ids and masks (as a pre-tokenized dataset with a
-  `completion_mask`), `padding_free=True` by default (TRL's padding-free collator: the K examples
-  flattened into one row with restarting position ids, exactly oxRL's layout), or its default
-  right-padding with `--trl-mode padded`. Its other defaults stay (fused AdamW, its fused lm_head
-  loss, its per-step metrics), since that is what a TRL user gets.
+* TRL: `SFTTrainer` on the same weights, loaded with transformers' plain sdpa attention, what a TRL user gets
+  (oxRL's packed kernel refuses a packed row that did not come from oxRL's packer), on the same token ids and
+  masks (as a pre-tokenized dataset with a `completion_mask`), `padding_free=True` by default (TRL's padding-free
+  collator: the K examples flattened into one row with restarting position ids, exactly oxRL's layout), or its
+  default right-padding with `--trl-mode padded`. Its other defaults stay (fused AdamW, its fused lm_head loss, its
+  per-step metrics), since that is what a TRL user gets.
 
 Each trainer runs in its own fresh child process (spawned one after the other, never at the same
 time), so that its peak RSS (ru_maxrss, which is per process and never reset) is its own and
