@@ -48,7 +48,7 @@ from oxrl.rollout.base import Completion, SamplingParams, Submits
 from oxrl.training.model_card import model_card
 from oxrl.training.nonfinite import NonFiniteError
 from oxrl.training.optim import build_optimizer, build_scheduler
-from oxrl.training.run_dir import drop_abandoned_checkpoints, resume_path
+from oxrl.training.run_dir import resume_path
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +198,8 @@ def train_rl(h: RLHandles, train: RLPromptBatch, val: RLPromptBatch, run_dir: Pa
                          "(RLHandles.ahead = oxrl.loops.pipeline.RolloutPipeline.of)")
     schedule = (h.ahead if rl.max_staleness else InTurn)(h, total_steps, prompts_of)  # which policy samples a step
     if checkpoint is not None:
+        from oxrl.training.checkpoint import drop_abandoned_checkpoints  # (the checkpoint modules: a resume's only)
+
         schedule.load_state_dict((sampled_ahead or {}).get("pipeline"), start_step, str(checkpoint))
         drop_abandoned_checkpoints(run_dir, checkpoint, start_step, strategy)  # a rewind's: every check has passed
     validating = bool(val.prompt_ids) and rl.validation_every is not None

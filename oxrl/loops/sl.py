@@ -27,7 +27,7 @@ from oxrl.data.sampler import StepSampler, balanced_split, micro_batches
 from oxrl.algorithms.sft import LossOutput
 from oxrl.data.types import Example, PackedBatch, pack
 from oxrl.training.optim import build_optimizer, build_scheduler
-from oxrl.training.run_dir import drop_abandoned_checkpoints, resume_path
+from oxrl.training.run_dir import resume_path
 from oxrl.logging.metrics import MetricsLogger
 from oxrl.models.packed_attention import prefix_sharing
 
@@ -133,6 +133,8 @@ def train_offline(cfg: Config, objective: Objective, model, tokenizer, train_set
     start_step, tokens_seen = 0, 0
     resume_from = resume_path(cfg, run_dir)
     if resume_from is not None:
+        from oxrl.training.checkpoint import drop_abandoned_checkpoints  # (the checkpoint modules: a resume's only)
+
         state = strategy.load_checkpoint(resume_from)
         start_step, tokens_seen = state["step"], state.get("tokens_seen", 0)
         strategy.nonfinite.load_state_dict(state)

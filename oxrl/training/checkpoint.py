@@ -266,6 +266,23 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def drop_abandoned_checkpoints(run_dir: Path, checkpoint: Path, step: int, strategy) -> None:
+    """A rewind (a resume from `checkpoint`, of step `step`, of this run, which has later ones): rank 0 removes the
+    later checkpoints, the abandoned continuation's. Every rank calls this once it has loaded `checkpoint` and checked
+    what it holds against the run (the model's weights, a pipelined run's prompts: oxrl/loops/pipeline_state.py), and
+    before the metrics log drops the same steps' rows: those checks need the model and the data, and a refusal must
+    leave the run as it was."""
+    strategy.world_objects(None)  # every rank's checks passed (a rank that failed has left, and its launcher stops us)
+    if not strategy.is_main or Path(checkpoint).parent.resolve() != (Path(run_dir) / "checkpoints").resolve():
+        return
+    later = [c for c in list_checkpoints(Path(run_dir) / "checkpoints") if folder_step(c) > step]
+    for folder in later:
+        remove_path(folder)  # a step folder that is a symlink is unlinked: what it points to is not this run's
+    if later:
+        logger.warning("resuming from step %d of %s: removed the later checkpoints %s (the abandoned continuation)",
+                       step, run_dir, ", ".join(c.name for c in later))
+
+
 def _load_weights(model, checkpoint: Path) -> None:
     try:
         _copy_weights(model, checkpoint)

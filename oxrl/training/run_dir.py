@@ -26,8 +26,8 @@ Rank 0 claims the directory before anything is written (`claim_run_dir`):
   `run.accept_config_changes` is set; then the new values apply from the resumed step;
 - a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
   the abandoned continuation (MetricsLogger drops their metrics rows the same way), but only once the run has
-  loaded the checkpoint and checked it against its model and data (`drop_abandoned_checkpoints`, called by the
-  loops): a refusal at any point before leaves every checkpoint as it was.
+  loaded the checkpoint and checked it against its model and data (oxrl/training/checkpoint.py
+  `drop_abandoned_checkpoints`, called by the loops): a refusal at any point before leaves every checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -334,23 +334,3 @@ def _check_resumable(checkpoint: Path, cfg: Config) -> None:
                           "from the resumed step, the learning rate and schedule included), or restore the saved ones")
     logger.warning("resuming with config changes (run.accept_config_changes); the new values apply from step %d, "
                    "the learning rate and schedule included:\n  %s", step_of(checkpoint), listing)
-
-
-def drop_abandoned_checkpoints(run_dir: Path, checkpoint: Path, step: int, strategy) -> None:
-    """A rewind (a resume from `checkpoint`, of step `step`, of this run, which has later ones): rank 0 removes the
-    later checkpoints, the abandoned continuation's. Every rank calls this once it has loaded `checkpoint` and checked
-    what it holds against the run (the model's weights, a pipelined run's prompts: oxrl/loops/pipeline_state.py), and
-    before the metrics log drops the same steps' rows: those checks need the model and the data, and a refusal must
-    leave the run as it was."""
-    from oxrl.training.checkpoint import list_checkpoints
-    from oxrl.training.checkpoint_files import folder_step
-
-    strategy.world_objects(None)  # every rank's checks passed (a rank that failed has left, and its launcher stops us)
-    if not strategy.is_main or Path(checkpoint).parent.resolve() != (Path(run_dir) / "checkpoints").resolve():
-        return
-    later = [c for c in list_checkpoints(Path(run_dir) / "checkpoints") if folder_step(c) > step]
-    for folder in later:
-        remove_path(folder)  # a step folder that is a symlink is unlinked: what it points to is not this run's
-    if later:
-        logger.warning("resuming from step %d of %s: removed the later checkpoints %s (the abandoned continuation)",
-                       step, run_dir, ", ".join(c.name for c in later))

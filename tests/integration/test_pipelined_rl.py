@@ -357,3 +357,21 @@ def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
     assert _file_bytes(run_dir / "checkpoints" / "step_000004") == later and later
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_rewind_that_passes_every_check_drops_the_later_checkpoints_then_trains(tmp_path, pipelined_run, oxrl_log):
+    import shutil
+
+    from oxrl.training.run_dir import claim_run_dir
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(pipelined_run, run_dir)
+    h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
+    h.cfg.checkpoint.every, h.cfg.checkpoint.keep_last = 2, 5
+    h.cfg.run.resume = str(run_dir / "checkpoints" / "step_000002")
+    claim_run_dir(run_dir, h.cfg).release()
+    assert (run_dir / "checkpoints" / "step_000004").is_dir()  # the claim deletes nothing: the loop checks first
+    train_rl(h, prompts(), NO_VALIDATION, run_dir)
+    assert "removed the later checkpoints step_000004 (the abandoned continuation)" in oxrl_log.text
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
