@@ -102,9 +102,16 @@ class Trainer:
     def config(self, task: str | None = None, data: str | list[str] | None = None, **overrides: Any) -> Config:
         """The validated config of `train(task, data, **overrides)`, where `data` names files (rows and objects are
         written by `train`, which then names them here)."""
-        if data is not None and not _names_files(data):
+        return self._config(task, data, overrides)
+
+    def _config(self, task: str | None, data: str | list[str] | None, overrides: dict[str, Any],
+                probe_memory: bool = True) -> Config:
+        """`config`; `probe_memory=False` skips the LoRA-first estimate (`lora_first`), which reads the model."""
+        if not _names_files(data):
             raise TypeError("Trainer.config takes data as file names; rows (a list of dicts or a datasets.Dataset) are "
                             "written under the run directory by Trainer.train")
+        if task is not None and self.base is not None:
+            raise ValueError("Trainer: give a task preset or a config, not both (a config is a whole recipe)")
         tree = task_preset(task) if task is not None else saved_form(self.base) if self.base is not None else {}
         if isinstance(self.model, str):
             tree.setdefault("model", {})["name_or_path"] = self.model
@@ -120,7 +127,7 @@ class Trainer:
         for key, value in {**self.overrides, **overrides}.items():
             apply_override(tree, key.split("."), value)
         cfg = load_config(None, base=tree)
-        if "enabled" not in tree.get("lora", {}) and lora_first(cfg):
+        if probe_memory and "enabled" not in tree.get("lora", {}) and lora_first(cfg):
             apply_override(tree, ["lora", "enabled"], True)
             cfg = load_config(None, base=tree)
         return cfg
@@ -131,10 +138,10 @@ class Trainer:
         from oxrl.logging.metrics import EXTRA_TRACKERS
 
         settings = {**overrides}
-        if data is not None and not _names_files(data) or not isinstance(self.model, (str, type(None))) or \
-                not isinstance(self.tokenizer, (str, type(None))):
+        objects = [given for given in (self.model, self.tokenizer) if not isinstance(given, (str, type(None)))]
+        if objects or not _names_files(data):  # written under the run directory first
             data, settings = self._write_inputs(task, data, settings)
-        cfg = self.config(task, data, **settings)
+        cfg = self._config(task, data, settings)
         token = EXTRA_TRACKERS.set((StepCallbacks(self.callbacks),)) if self.callbacks else None
         try:
             result = run(cfg)
@@ -150,21 +157,21 @@ class Trainer:
 
         placeholder = Trainer(self.model if isinstance(self.model, str) else "(a model object)", self.algorithm,
                               config=self.base, **self.overrides)
-        draft = placeholder.config(task, None if data is None or not _names_files(data) else data,
-                                   **{"lora.enabled": False, **settings})  # only its name, output_dir and resume
+        draft = placeholder._config(task, data if _names_files(data) else None, settings,
+                                    probe_memory=False)  # for its name, output_dir and resume only
         name = draft.run.name or default_run_name(draft.algorithm.name, draft.run.output_dir)
         inputs = run_dir_for(draft.run.output_dir, name) / "inputs"
         resuming = draft.run.resume is not False
         settings = {**settings, "run.name": name}
-        if data is not None and not _names_files(data):
+        if not _names_files(data):
             data = str(write_rows(data, inputs / "train.jsonl", resuming))
         if not isinstance(self.model, (str, type(None))):
             settings["model.name_or_path"] = str(self._save_model(inputs / "model", resuming))
             if self.tokenizer is None:  # the tokenizer the model was loaded with, where it says (a hub id or folder)
                 settings["model.tokenizer"] = getattr(self.model, "name_or_path", "") or None
                 if settings["model.tokenizer"] is None:
-                    raise ValueError("Trainer(model=<a model object>) needs tokenizer= (a name, a path or a tokenizer): "
-                                     "the model does not say where its tokenizer is")
+                    raise ValueError("Trainer(model=<a model object>) needs tokenizer= (a name, a path or a "
+                                     "tokenizer): the model does not say where its tokenizer is")
         elif not isinstance(self.tokenizer, (str, type(None))):
             settings["model.tokenizer"] = str(_save_once(inputs / "tokenizer", resuming,
                                                          lambda out: _save_tokenizer(self.tokenizer, draft, out)))
@@ -188,7 +195,8 @@ def _save_tokenizer(tokenizer, draft: Config, folder: Path) -> None:
 
 
 def _names_files(data: Any) -> bool:
-    return isinstance(data, str) or isinstance(data, (list, tuple)) and bool(data) and all(
+    """Whether `data` is None or names files (the config takes those as they are)."""
+    return data is None or isinstance(data, str) or isinstance(data, (list, tuple)) and bool(data) and all(
         isinstance(item, str) for item in data)
 
 

@@ -53,5 +53,6 @@ def push_folder(folder: Path, repo_id: str, private: bool) -> str:
 def push_final(cfg: Config, final_dir: Path | None) -> str:
     """`run.push_to_hub`: the run's final folder to `run.hub_model_id` (the config requires `checkpoint.save_final`)."""
     if final_dir is None:
-        raise HubPushError(f"run.push_to_hub: no final model was written, so nothing was pushed to {cfg.run.hub_model_id}")
+        raise HubPushError(f"run.push_to_hub: no final model was written, so nothing was pushed to "
+                           f"{cfg.run.hub_model_id}")
     return push_folder(final_dir, cfg.run.hub_model_id, cfg.run.hub_private)

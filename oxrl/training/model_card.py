@@ -94,11 +94,14 @@ def model_card(cfg: Config, metrics: dict[str, float], step: int | None = None) 
         data.append(f"- the generated task `{cfg.rl.task}` (oxRL's `rl.task`)")
     when = f"at step {step}" if step is not None else "at the end of training"
     results = [f"| {key} | {value:.6g} |" for key, value in metrics.items() if isinstance(value, (int, float))]
-    target = cfg.run.hub_model_id if cfg.run.push_to_hub else "path/to/this/folder"
+    # Only the final folder is pushed (step None); a checkpoint loads from where it is.
+    target = cfg.run.hub_model_id if cfg.run.push_to_hub and step is None else "path/to/this/folder"
     adapter = cfg.lora.enabled and cfg.lora.save_mode == "adapter"
-    load = (f'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("{target}")'
-            if adapter else
-            f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("{target}")')
+    model_class = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
+    load = (("from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer" if adapter else
+             "from transformers import AutoModelForCausalLM, AutoTokenizer")
+            + f'\n\nmodel = {model_class}.from_pretrained("{target}")'
+            + f'\ntokenizer = AutoTokenizer.from_pretrained("{target}")')
     config_text = redact(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     sections = [
         f"---\n{yaml.safe_dump(meta, sort_keys=False)}---",
@@ -108,8 +111,7 @@ def model_card(cfg: Config, metrics: dict[str, float], step: int | None = None) 
         "## Data\n\n" + ("\n".join(data) or "- (none recorded)"),
         f"## Results\n\nThe last logged metrics {when}:\n\n| metric | value |\n|---|---|\n" + "\n".join(results)
         if results else f"## Results\n\nNo metrics were logged {when}.",
-        "## Use it\n\n```python\nfrom transformers import AutoTokenizer\n" + load
-        + f'\ntokenizer = AutoTokenizer.from_pretrained("{target}")\n```',
+        f"## Use it\n\n```python\n{load}\n```",
         f"## Training config\n\n```yaml\n{config_text}```",
     ]
     return "\n\n".join(sections) + "\n"

@@ -186,3 +186,15 @@ def test_bad_rows_and_changed_rows_on_resume_are_refused(tmp_path):
         write_rows([{"text": "b"}], path, resuming=True)
     with pytest.raises(TypeError, match="callbacks\\[0\\] is a int"):
         Trainer(model="m", callbacks=[1])
+
+
+def test_a_config_object_is_refined_by_overrides_and_is_not_mixed_with_a_task():
+    base = load_config(None, base={"model": {"name_or_path": "m"}, "algorithm": {"name": "sft"},
+                                   "data": {"train": [{"path": "chat.jsonl"}]}, "lora": {"enabled": True, "rank": 8}})
+    cfg = Trainer(config=base, **{"train.max_steps": 3}).config()
+    assert cfg.train.max_steps == 3 and cfg.lora.rank == 8 and cfg.data.train[0].path == "chat.jsonl"
+    assert Trainer("other", config=base).config().model.name_or_path == "other"
+    with pytest.raises(ValueError, match="a task preset or a config, not both"):
+        Trainer(config=base).config(task="math")
+    with pytest.raises(ValueError, match="needs a model"):
+        Trainer()
