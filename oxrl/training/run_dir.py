@@ -67,6 +67,7 @@ IGNORED_ON_RESUME = frozenset({
     "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",
     "logging.progress_bar", "logging.plot", "logging.report_to", "logging.project", "logging.mlflow_tracking_uri",
     "checkpoint.keep_last",
+    "checkpoint.on_signal",  # how a run stops, not what it computes (and absent from the config.yaml of older runs)
     "logging.mlflow",  # replaced by logging.report_to; still in the config.yaml of runs saved before
     "rl.data_format",  # replaced by data.train[].format; likewise
 })

@@ -42,3 +42,11 @@ def test_a_rank_that_heard_no_signal_stops_with_the_others(tmp_path):
         assert stop.agreed()
         stopped = stop.stopped(5, tmp_path)
     assert stopped.signum == signal.SIGTERM and stopped.checkpoint is None and stopped.exit_code == 143
+
+
+def test_a_resume_may_change_on_signal_and_an_older_run_without_it_resumes():
+    from oxrl.training.run_dir import config_changes
+
+    saved = {"checkpoint": {"every": 2, "save_final": True}}  # a run saved before checkpoint.on_signal existed
+    assert config_changes(saved, {"checkpoint": {"every": 2, "save_final": True, "on_signal": False}}) == []
+    assert config_changes(saved, {"checkpoint": {"every": 3, "save_final": True}}) == ["checkpoint.every: 2 -> 3"]
