@@ -138,7 +138,7 @@ def _attempt(ray, cfg: Config, entry, rebuilt: bool):
         trainers = [start(TrainerWorker, "trainers", rank, rank, cfg.ray.trainers.count)
                     for rank in range(cfg.ray.trainers.count)]
         master = ray.get(trainers[0].rendezvous.remote())
-        remote = RemoteWorkers(rollout, reward, cfg.ray)
+        remote = RemoteWorkers(rollout, reward, cfg.ray, keep_versions=cfg.rl.max_staleness > 0)
         return _watch(ray, [t.run.remote(entry, cfg, remote, master) for t in trainers])
     finally:
         for actor in actors:

@@ -75,6 +75,7 @@ class RemoteWorkers:
     rollout: list  # RolloutWorker actor handles
     reward: list  # RewardWorker actor handles (may be empty)
     settings: RayConfig
+    keep_versions: bool = False  # rl.max_staleness >= 1: requests span syncs, so each sync's weights are kept for them
 
     def engine(self, model, tokenizer, strategy, dtype_name: str, tolerance: float | None) -> RayRolloutEngine:
         return RayRolloutEngine(self, model, tokenizer, strategy, dtype_name, tolerance)
@@ -127,9 +128,9 @@ class RayRolloutEngine:
         self.tickets = 0
         self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, syncs), on every rank
         self.pending: dict[int, tuple[list[range], list]] = {}  # ticket -> (slices, Ray refs), on rank 0
-        # Requests submitted ahead (`submit`): each sync's weights (rank 0; None elsewhere) and the trainer's probe
-        # log-probs, kept while a request of that version is in flight. One CPU copy of the policy per version.
-        self.keep_versions = False
+        # Requests sampled ahead (rl.max_staleness >= 1): each sync's weights (rank 0; None elsewhere) and the trainer's
+        # probe log-probs, kept while a request of that version is in flight. One CPU copy of the policy per version.
+        self.keep_versions = workers.keep_versions
         self.kept: dict[int, tuple[dict[str, torch.Tensor] | None, torch.Tensor]] = {}
         self.counted: set = set()  # refs whose worker's death is counted in `restarts` already
 
@@ -137,17 +138,11 @@ class RayRolloutEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  vision: list[VisionInputs | None] | None = None) -> list[Completion]:
-        return self.collect(self._request(prompts, params, vision))
+        return self.collect(self.submit(prompts, params, vision))
 
     def submit(self, prompts: list[list[int]], params: SamplingParams,
                vision: list[VisionInputs | None] | None = None) -> int:
-        """Every rank: start the workers sampling (rank 0 holds the requests); returns the ticket for `collect`.
-        From the first submit on, every sync's weights are kept while a request of theirs is in flight."""
-        self.keep_versions = True
-        return self._request(prompts, params, vision)
-
-    def _request(self, prompts: list[list[int]], params: SamplingParams,
-                 vision: list[VisionInputs | None] | None) -> int:
+        """Every rank: start the workers sampling (rank 0 holds the requests); returns the ticket for `collect`."""
         if not self.synced:  # the first call: workers get (and prove they hold) the trainer's weights
             self.sync_weights(self.model)
         vision = vision if vision is not None else [None] * len(prompts)
@@ -158,8 +153,9 @@ class RayRolloutEngine:
         return ticket
 
     def collect(self, ticket: int) -> list[Completion]:
-        """Every rank: the completions of a submitted request. A worker restarted meanwhile gets the weights again and
-        the request is sampled again, if the weights are still those it was submitted with."""
+        """Every rank: the completions of a submitted request. A worker restarted meanwhile: every worker gets the
+        weights the request was submitted under again (the live ones, or the version kept for it), the request is
+        sampled again, identically, and the workers go back to the current weights."""
         _, _, vision, version = self.requests[ticket]
         while True:
             outcome = _from_rank0(self.strategy, lambda: self._results(self.pending.pop(ticket), vision))

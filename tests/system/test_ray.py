@@ -339,6 +339,7 @@ def test_a_worker_dead_under_a_step_sampled_ahead_is_sampled_again_from_that_ste
     from tests.ray_workers import SlowRolloutWorker
 
     engine, model, actors = _engine(model_cfg, [RolloutWorker, SlowRolloutWorker], restarts=2)
+    engine.keep_versions = True  # rl.max_staleness >= 1: what the driver's RemoteWorkers says then
     try:
         expected_ticket = engine.submit(PROMPTS, PARAMS)  # version 1, undisturbed: what the request must give
         expected = engine.collect(expected_ticket)
