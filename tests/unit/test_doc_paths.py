@@ -89,3 +89,48 @@ def test_no_install_hint_in_the_package_names_the_pypi_oxrl():
              if path.is_relative_to(ROOT / "oxrl") and path != ROOT / "oxrl" / "dependencies.py"
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if hint.search(line)]
     assert not named, f"install hints that would install PyPI's other `oxrl`: {named}"
+
+
+# [text](target) in Markdown, outside code blocks; a target with a scheme (https:, mailto:) is not checked.
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCE = re.compile(r"```.*?```", re.DOTALL)
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but `-` and `_` dropped, spaces as `-`,
+    a repeated heading's anchor suffixed -1, -2, ..."""
+    anchors, repeats = set(), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", FENCE.sub("", markdown), re.MULTILINE):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        repeats[anchor] = repeats.get(anchor, -1) + 1
+        anchors.add(anchor if repeats[anchor] == 0 else f"{anchor}-{repeats[anchor]}")
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rule():
+    page = "# A\n## The `oxrl eval` flags (2026-11-27)\n```\n# not a heading\n```\n## A\n"
+    assert heading_anchors(page) == {"a", "the-oxrl-eval-flags-2026-11-27", "a-1"}
+
+
+def test_every_link_in_the_readme_and_docs_reaches_its_file_and_heading():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such heading in {linked.name}")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    listed = set(LINK.findall(index))
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert pages <= listed, f"docs/README.md does not list {sorted(pages - listed)}"
+    assert "docs/README.md" in set(LINK.findall((ROOT / "README.md").read_text()))

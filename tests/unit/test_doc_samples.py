@@ -30,3 +30,41 @@ def test_the_models_table_in_docs_is_what_oxrl_models_prints():
                 f"docs/models.md quotes\n{line}\n`oxrl models` prints\n{entry and catalog_row(entry)}"
         else:
             assert line in notes, f"docs/models.md quotes a note `oxrl models` does not print: {line!r}"
+
+
+README = DOCS.parent / "README.md"
+
+
+def fenced(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
+
+
+def test_the_readmes_python_example_names_tasks_and_files_that_exist(monkeypatch):
+    import ast
+
+    from oxrl.config.presets import task_preset
+    from oxrl.data.read import resolve_local
+
+    monkeypatch.chdir(README.parent)
+    [block] = fenced(README.read_text(), "python")
+    calls = [node for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "train"]
+    assert len(calls) >= 2
+    for call in calls:
+        given = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords if keyword.arg}
+        if "task" in given:
+            assert task_preset(given["task"])  # an unknown task raises, naming the valid ones
+        if "data" in given:  # a shipped file (`bundled:` or in the checkout), not one the reader must bring
+            assert resolve_local(given["data"]) is not None, given["data"]
+
+
+def test_the_readmes_yaml_example_is_a_config_that_loads(tmp_path, monkeypatch):
+    from oxrl.config.load import load_config
+    from oxrl.data.read import resolve_local
+
+    monkeypatch.chdir(README.parent)  # its data path is relative to the checkout, where the README is read
+    [block] = fenced(README.read_text(), "yaml")
+    (tmp_path / "example.yaml").write_text(block)
+    cfg = load_config(tmp_path / "example.yaml")
+    assert cfg.algorithm.name == "dpo"
+    assert all(resolve_local(spec.path) is not None for spec in cfg.data.train)
