@@ -89,7 +89,7 @@ def test_saving_draws_no_progress_bar(tiny_config, tmp_path):
 
 
 # What a config must name to load: the core path (one process, the built-in engine, a generated task or offline rows)
-# imports none of these (README: Layout; docs/extending.md).
+# imports none of these (docs/layout.md; docs/extending.md).
 EXTENSIONS = (
     "oxrl.loops.pipeline", "oxrl.loops.online", "oxrl.loops.critic", "oxrl.loops.multiturn", "oxrl.logging.trackers",
     "oxrl.logging.report", "oxrl.logging.plot", "oxrl.data.rl_prompts", "oxrl.models.registry", "oxrl.models.recipe",
