@@ -1,4 +1,4 @@
-"""Samples a reward failed on under `on_error: zero` (`rl.on_reward_error`): logged, and a batch on which every call
+"""Samples a reward failed on under `rl.on_reward_error: zero`: logged, and a batch on which every call
 failed stops the run.
 
 `zero` is for a reward that fails now and then: a judge server's hiccup, a sample it cannot read. A reward that
@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 class EveryCallFailedError(RewardError):
-    """A reward failed on every sample of a batch under `on_error: zero`: it is broken, not failing now and then."""
+    """A reward failed on every sample of a batch under `rl.on_reward_error: zero`: it is broken, not failing now
+    and then."""
 
 
 def report_failures(label: str, failed: list[str], scored: int) -> None:
