@@ -134,3 +134,11 @@ def test_the_docs_index_lists_every_page():
     pages = {page.name for page in (ROOT / "docs").glob("*.md")} - {"README.md"}
     assert pages <= listed, f"docs/README.md does not list {sorted(pages - listed)}"
     assert "docs/README.md" in set(LINK.findall((ROOT / "README.md").read_text()))
+
+
+def test_the_docs_name_the_reward_error_setting_by_its_config_key():
+    """The setting is `rl.on_reward_error`; `on_error` is only the internal RewardSpec field's name."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = [f"{page.relative_to(ROOT)}:{number}" for page in pages
+             for number, line in enumerate(page.read_text().splitlines(), start=1) if re.search(r"`on_error\b", line)]
+    assert not named, f"these name `on_error`, which no config accepts; write rl.on_reward_error: {named}"
