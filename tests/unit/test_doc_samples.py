@@ -1,4 +1,5 @@
-"""Output that the docs quote is what the program prints now: the `oxrl models` sample in docs/models.md."""
+"""What the docs quote is what the program does now: the `oxrl models` sample in docs/models.md prints so, and the
+README's Python and YAML examples name tasks and files that exist and a config that loads."""
 
 import re
 from pathlib import Path
@@ -7,6 +8,7 @@ from oxrl.models.catalog import catalog_frame, catalog_row
 from oxrl.models.registry import find_model, load_registry
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+README = DOCS.parent / "README.md"
 
 
 def quoted_output(page: str, command: str) -> list[str]:
@@ -30,9 +32,6 @@ def test_the_models_table_in_docs_is_what_oxrl_models_prints():
                 f"docs/models.md quotes\n{line}\n`oxrl models` prints\n{entry and catalog_row(entry)}"
         else:
             assert line in notes, f"docs/models.md quotes a note `oxrl models` does not print: {line!r}"
-
-
-README = DOCS.parent / "README.md"
 
 
 def fenced(text: str, language: str) -> list[str]:
