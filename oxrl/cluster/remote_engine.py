@@ -233,7 +233,8 @@ class RayRolloutEngine:
         for i, ref in enumerate(refs):
             try:
                 results.append(ray.get(ref))
-            except ray.exceptions.RayActorError as error:
+            # (a result held in a lost node's object store is lost with it: sampled again like a dead worker's)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
                 died.append((i, error))
             except ray.exceptions.RayTaskError as error:
                 failed.append((i, _cause(error)))
@@ -251,8 +252,8 @@ class RayRolloutEngine:
                               f"({self.settings.max_restarts}) restarts are spent: {error}") from error
         self.restarts[i] += 1
         logger.warning("rollout worker %d died during %s; Ray restarts it (restart %d of %d; on another node if its "
-                       "node was lost) and the %s is retried with the weights it was asked under", i, what,
-                       self.restarts[i], self.settings.max_restarts, what)
+                       "node was lost) and what it was doing is done again, with the weights it was asked under", i, what,
+                       self.restarts[i], self.settings.max_restarts)
 
     def _sort_out(self, refs: list, results: list, died: list, failed: list, what: str) -> list:
         for i, error in died:  # (the others' failures then are the broken group's, not their own)
@@ -322,7 +323,7 @@ class RayRolloutEngine:
                     continue
                 try:
                     ray.get(ref)
-                except ray.exceptions.RayActorError as error:
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
                     self._count_death(i, ref, error, "sampling a request ahead")
                     self.channel = None
                 except ray.exceptions.RayTaskError:
