@@ -66,7 +66,8 @@ def speed(steps: int, ks: list[int], overrides: list[str]) -> None:
 
     out = Path(tempfile.mkdtemp(prefix="oxrl-async-speed-"))
     # 2 logical CPUs, one per actor, each actor's torch on 1 thread: the trainer and the worker own a core each.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a cluster of its own, never one another process on this machine started (its CPUs are not ours)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     try:
         rows = {k: rows_of(run_config(Config.model_validate(demo_config(out, f"k{k}", k, 0, steps, True,

@@ -92,7 +92,8 @@ def main() -> None:
 
     out = Path(tempfile.mkdtemp(prefix="oxrl-ray-bench-"))
     local = run(out, args.steps, "local", args.overrides)[1:]
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    # address="local": a cluster of its own, never one another process on this machine started (its CPUs are not ours)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}})
     try:
         remote = run(out, args.steps, "ray", args.overrides)[1:]
