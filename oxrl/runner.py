@@ -57,7 +57,7 @@ def claimed_run(cfg: Config, strategy):
     lock, error = None, None
     if strategy.is_main:
         try:
-            lock = claim_run_dir(run_dir_for(cfg.run.output_dir, name), _named(cfg, name))
+            lock = claim_run_dir(run_dir_for(cfg.run.output_dir, name), _named(cfg, name), _check_samples_ahead)
         except Exception as caught:  # raised below, once the other ranks have heard of it
             error = caught
     name, message = strategy.world_objects((name, None if error is None else str(error)))[0]
@@ -74,6 +74,14 @@ def claimed_run(cfg: Config, strategy):
     finally:
         if lock is not None:
             lock.release()
+
+
+def _check_samples_ahead(path: Path, step: int) -> None:
+    """A resumed checkpoint's rank_state file: a pipelined RL run's samples ahead, checked before the model loads
+    (oxrl/loops/pipeline_state.py, loaded by such a resume only)."""
+    from oxrl.loops.pipeline_state import check_samples_ahead
+
+    check_samples_ahead(path, step)
 
 
 def _named(cfg: Config, name: str) -> Config:

@@ -26,14 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oxrl.data.types import RLPromptBatch
+from oxrl.loops.pipeline_state import sampling_version
 from oxrl.loops.rl import ResumeError, Rollout, Sampled, Sampling, finish_sample, start_sample
 from oxrl.models.model_inputs import hf_config
 from oxrl.training.checkpoint import rank_state_name
-
-
-def sampling_version(step: int, max_staleness: int) -> int:
-    """The policy version that samples step `step` (0-based) when steps may lag by `max_staleness`."""
-    return max(0, step - max_staleness)
 
 
 class RolloutPipeline:

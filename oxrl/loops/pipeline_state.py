@@ -31,6 +31,12 @@ FINISH_REASONS = get_args(get_type_hints(Completion)["finish_reason"])
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards and log-probs are trained as float32
 
 
+def sampling_version(step: int, max_staleness: int) -> int:
+    """The policy version that samples step `step` (0-based) when steps may lag by `max_staleness` (the schedule of
+    oxrl/loops/pipeline.py, which a resume checks the samples ahead against)."""
+    return max(0, step - max_staleness)
+
+
 def sampled_to_json(sampled: Sampled) -> dict:
     rollout = sampled.rollout
     completions = []
@@ -141,8 +147,6 @@ def _sampled(read: _Reader, record: Any, index: int, steps: range, max_staleness
     """`sampled[index]`: its step one of `steps` and sampled by the version the schedule names, its prompts the
     step's (`prompts_of`), every token id below `vocab_size`, every number finite, every row as long as its
     completion."""
-    from oxrl.loops.pipeline import sampling_version
-
     at = f"pipeline.sampled[{index}]"
     step = read.integer(read.get(record, "step", at), f"{at}.step")
     if step not in steps:

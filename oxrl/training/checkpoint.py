@@ -37,6 +37,7 @@ import os
 import random
 import stat
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,21 +71,23 @@ logger = logging.getLogger(__name__)
 NONFINITE_FILE = "nonfinite.json"  # a companion's skipped-step counts (the main model's are in trainer_state.json)
 
 
-def check_intact(checkpoint: Path) -> None:
-    """Check, before a resume changes anything (a rewind deletes the later checkpoints on this one's word), that
-    `checkpoint` can be read: its trainer state (`read_trainer_state`), every file a regular one, the torch files
-    oxRL loads parsed (memory-mapped: their tensors are not read) and of the right kind, every other torch file
-    (DeepSpeed's) a complete archive, every safetensors header whole, a pipelined RL run's samples ahead checked as
-    far as they can be without the run (oxrl/loops/pipeline_state.py). A CheckpointError names the first bad file."""
+def check_intact(checkpoint: Path, check_rank_state: Callable[[Path, int], None] | None = None) -> None:
+    """Check, before a resume loads or changes anything, that `checkpoint` can be read: its trainer state
+    (`read_trainer_state`), every file a regular one, the torch files oxRL loads parsed (memory-mapped: their tensors
+    are not read) and of the right kind, every other torch file (DeepSpeed's) a complete archive, every safetensors
+    header whole, each rank's plain state (`rank_state*.json`) by `check_rank_state(path, step)` (the runner's: a
+    pipelined RL run's samples ahead, oxrl/loops/pipeline_state.py), else parsed. A CheckpointError names the first
+    bad file."""
     checkpoint = Path(checkpoint)
     step = read_trainer_state(checkpoint)["step"]
     for path in _files(checkpoint):
         if path.suffix == ".pt":
             _check_torch_file(path)
         elif path.name.startswith("rank_state") and path.parent.name == "training_state":
-            from oxrl.loops.pipeline_state import check_samples_ahead  # (a pipelined RL run's samples ahead)
-
-            check_samples_ahead(path, step)
+            if check_rank_state is None:
+                load_json(path, RANK_STATE_LIMIT)
+            else:
+                check_rank_state(path, step)
         elif path.suffix == ".json" and path.parent.name == "training_state":  # (the HF folder's are the model's)
             load_counts(path)
         elif path.suffix == ".safetensors":

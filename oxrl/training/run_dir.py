@@ -40,6 +40,7 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from oxrl.config.load import flatten, read_yaml_file, saved_form
@@ -139,9 +140,10 @@ class RunLock:
             self.fd = None
 
 
-def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
-    """Create and lock `run_dir`, then check that `cfg` may use it (module docstring). Writes nothing
-    but the lock file and the marker, unless `run.overwrite` clears an old run."""
+def claim_run_dir(run_dir: Path, cfg: Config, check_rank_state: Callable[[Path, int], None] | None = None) -> RunLock:
+    """Create and lock `run_dir`, then check that `cfg` may use it (module docstring), a resumed checkpoint's
+    rank_state files by `check_rank_state` (oxrl/training/checkpoint.py `check_intact`). Writes nothing but the lock
+    file and the marker, unless `run.overwrite` clears an old run."""
     run_dir = Path(run_dir)
     _make_dir(run_dir)
     lock = RunLock(run_dir).acquire()
@@ -152,7 +154,7 @@ def claim_run_dir(run_dir: Path, cfg: Config) -> RunLock:
         if inside and overwrite:
             raise RunDirError(f"run.overwrite would clear {run_dir}, which holds the checkpoint run.resume names: set only one")
         if resume_from is not None:
-            _check_resumable(resume_from, cfg)
+            _check_resumable(resume_from, cfg, check_rank_state)
         elif cfg.run.resume is True and holds_run(run_dir) and not is_oxrl_run(run_dir):
             raise RunDirError(f"run.resume: {run_dir} holds no checkpoint to continue, and starting afresh would write "
                               f"over {_foreign(run_dir)}")
@@ -313,13 +315,13 @@ def _foreign(run_dir: Path) -> str:
             "choose another run.name or run.output_dir, or delete those files yourself")
 
 
-def _check_resumable(checkpoint: Path, cfg: Config) -> None:
+def _check_resumable(checkpoint: Path, cfg: Config, check_rank_state: Callable[[Path, int], None] | None) -> None:
     """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
     from oxrl.training.checkpoint import check_intact, step_of
 
     if not (checkpoint / "training_state" / "trainer_state.json").is_file():
         raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
-    check_intact(checkpoint)  # before anything is deleted on its word (the later checkpoints of a rewind)
+    check_intact(checkpoint, check_rank_state)  # before anything loads
     saved_path = checkpoint.parent.parent / "config.yaml"
     if not saved_path.is_file():
         logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",

@@ -334,6 +334,7 @@ def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_
     rewind abandons, byte for byte."""
     import shutil
 
+    from oxrl.loops.pipeline_state import check_samples_ahead
     from oxrl.training.checkpoint_files import CheckpointError
     from oxrl.training.run_dir import claim_run_dir
 
@@ -348,7 +349,7 @@ def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_
     h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
     h.cfg.run.resume = str(path.parent.parent)
     with pytest.raises(CheckpointError) as refused:
-        claim_run_dir(run_dir, h.cfg).release()
+        claim_run_dir(run_dir, h.cfg, check_samples_ahead).release()
         assert damage == "replaced prompt ids", "the claim let a token id outside the vocabulary through"
         train_rl(h, prompts(), NO_VALIDATION, run_dir)  # (the prompts are the run's data: checked once it has them)
     message = str(refused.value)
@@ -362,6 +363,7 @@ def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_
 def test_a_rewind_that_passes_every_check_drops_the_later_checkpoints_then_trains(tmp_path, pipelined_run, oxrl_log):
     import shutil
 
+    from oxrl.loops.pipeline_state import check_samples_ahead
     from oxrl.training.run_dir import claim_run_dir
 
     run_dir = tmp_path / "run"
@@ -369,7 +371,7 @@ def test_a_rewind_that_passes_every_check_drops_the_later_checkpoints_then_train
     h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
     h.cfg.checkpoint.every, h.cfg.checkpoint.keep_last = 2, 5
     h.cfg.run.resume = str(run_dir / "checkpoints" / "step_000002")
-    claim_run_dir(run_dir, h.cfg).release()
+    claim_run_dir(run_dir, h.cfg, check_samples_ahead).release()
     assert (run_dir / "checkpoints" / "step_000004").is_dir()  # the claim deletes nothing: the loop checks first
     train_rl(h, prompts(), NO_VALIDATION, run_dir)
     assert "removed the later checkpoints step_000004 (the abandoned continuation)" in oxrl_log.text
