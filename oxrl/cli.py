@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # first: `oxrl --help` and usage errors import no torch
     from oxrl.errors import USER_ERRORS
     from oxrl.training.folders import OutputWriteError
-    from oxrl.training.signals import RunStopped
+    from oxrl.errors import RunStopped
 
     try:
         return args.func(args)

@@ -7,10 +7,10 @@ after the model loaded and sampled.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from oxrl.config.load import ConfigError
 from oxrl.config.names import DISTILLATION
+from oxrl.config.run_outputs import missing_run_output
 from oxrl.config.rl_presets import is_rl
 from oxrl.config.schema import Config
 from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, installed
@@ -61,32 +61,6 @@ def check_run_outputs(cfg: Config) -> None:
         missing = missing_run_output(setting, path)
         if missing is not None:
             raise ConfigError(missing)
-
-
-def missing_run_output(setting: str, path: str | None) -> str | None:
-    """`<setting>: <path> does not exist: it is what run <name> writes (`oxrl train examples/<file>` makes it)` when
-    `path` is a run's `final/` folder or checkpoint that does not exist; None otherwise."""
-    folder = Path(path or "")
-    if len(folder.parts) < 3 or folder.expanduser().exists():  # (`org/final` is a hub id, not <output_dir>/<run>/final)
-        return None
-    run = folder.parent if folder.name == "final" else folder.parent.parent if folder.parent.name == "checkpoints" else None
-    if run is None or not run.name:
-        return None
-    made_by = _example_named(run.name)
-    how = f"`oxrl train {made_by}` makes it" if made_by else f"train run `{run.name}` first, or set {setting}"
-    return f"{setting}: {path} does not exist: it is what the run `{run.name}` writes, which has not run here ({how})"
-
-
-def _example_named(run_name: str) -> str | None:
-    """The example config (the source tree's examples/) whose run.name is `run_name`, as a path to type."""
-    import yaml
-
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    for path in sorted(examples.glob("*.yaml")):
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if isinstance(tree, dict) and (tree.get("run") or {}).get("name") == run_name:
-            return f"examples/{path.name}" if Path("examples", path.name).resolve() == path else str(path)
-    return None
 
 
 def check_dependencies(cfg: Config) -> None:

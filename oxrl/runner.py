@@ -375,7 +375,7 @@ def _fixed_model(cfg: Config, objective, model, examples, strategy):
     so reference-free objectives (SimPO, ORPO, RM, SFT) never build or hold one."""
     if not objective.needs_reference:
         return None
-    from oxrl.loops.preference_objectives import DISTILL_OBJECTIVES
+    from oxrl.algorithms.distill import DISTILL_OBJECTIVES
     from oxrl.models.reference import build_reference, load_teacher
 
     if cfg.algorithm.name in DISTILL_OBJECTIVES:

@@ -162,6 +162,8 @@ DISTILL_LOSSES: dict[str, DistillLoss] = {
     "reverse_kl": reverse_kl_loss,
     "jsd": jsd_loss,
 }
+# Algorithm name (`algorithm.name`) -> the loss above it trains.
+DISTILL_OBJECTIVES = {"kd_forward": "forward_kl", "kd_reverse": "reverse_kl", "kd_jsd": "jsd"}
 
 
 def distill_loss(name: str, batch: DistillInput, params: DistillParams) -> LossOutput:

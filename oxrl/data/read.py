@@ -18,7 +18,7 @@ parquet file or saved dataset of 0 rows) is a `DataError`, as is a file `dataset
 A data path is a regular file or a folder of them (oxrl/files.py): a FIFO, a device such as /dev/zero
 (or a symlink to one), anywhere under a data folder too, is a `DataError` before anything opens it. A JSON
 record nested more than MAX_JSON_DEPTH levels deep is an invalid row, found before a parser recurses into it
-(oxrl/data/nesting.py); the file is then read record by record, as one with a broken line is. In a folder of data
+(oxrl/nesting.py); the file is then read record by record, as one with a broken line is. In a folder of data
 files, such a record is a `DataError` naming its file and row. A string that cannot be text (a lone surrogate,
 `"\\ud800"`, which JSON can escape) makes its row invalid, naming the field; text that is not UTF-8 names the file
 and the byte; a saved dataset's `dataset_dict.json` or `state.json` that is not what `datasets` writes names the
@@ -206,7 +206,7 @@ def _load_saved(folder: Path, split: str) -> Dataset:
 def _saved_metadata(path: Path, key: str) -> list:
     """The list `key` of a `save_to_disk` JSON file (dataset_dict.json's splits, state.json's data files); a DataError
     naming the file and the key when it is not the JSON object `datasets` writes."""
-    from oxrl.data.nesting import too_deep
+    from oxrl.nesting import too_deep
 
     try:
         text = read_bounded(path, SAVED_METADATA_LIMIT, "metadata file of a saved dataset")
@@ -285,7 +285,7 @@ def _too_deep_row(path: Path) -> int | None:
     """The number of the first record of the JSON file `path` that nests more than MAX_JSON_DEPTH levels deep, or
     None: a file that starts with `[` is one array of records (as `datasets` reads it), any other a record per
     (non-blank) line."""
-    from oxrl.data.nesting import too_deep, too_deep_element
+    from oxrl.nesting import too_deep, too_deep_element
 
     with path.open("rb") as handle:
         if handle.read(1 << 12).lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"["):
@@ -323,13 +323,13 @@ def _unreadable(path: Path, builder: str, error: Exception) -> DataError:
 
 
 def _too_deep_problem() -> str:
-    from oxrl.data.nesting import TOO_DEEP
+    from oxrl.nesting import TOO_DEEP
 
     return TOO_DEEP
 
 
 def _read_json_records(path: Path) -> list[Row]:
-    from oxrl.data.nesting import too_deep, too_deep_element
+    from oxrl.nesting import too_deep, too_deep_element
 
     try:
         text = path.read_text(encoding="utf-8")

@@ -136,7 +136,7 @@ def _lines(path: Path) -> list[tuple[int, str]]:
 
 def _rows(path: Path, lines: list[tuple[int, str]]) -> list[dict]:
     """Each of `lines` (of `path`) parsed as a metrics row, but a last line that is not JSON (torn by a kill)."""
-    from oxrl.data.nesting import too_deep
+    from oxrl.nesting import too_deep
 
     rows = []
     for number, line in lines:

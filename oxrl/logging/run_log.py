@@ -44,7 +44,7 @@ def run_logged(run_dir: Path, is_main: bool) -> Iterator[None]:
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # an earlier failure of this run was resumed past
     except BaseException as error:
         from oxrl.errors import USER_ERRORS
-        from oxrl.training.signals import RunStopped
+        from oxrl.errors import RunStopped
 
         if isinstance(error, RunStopped):  # no failure: the CLI says how to continue
             error.run_dir = run_dir

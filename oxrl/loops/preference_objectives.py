@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from oxrl.algorithms.distill import DISTILL_LOSSES, DistillInput, DistillParams
+from oxrl.algorithms.distill import DISTILL_LOSSES, DISTILL_OBJECTIVES, DistillInput, DistillParams
 from oxrl.algorithms.kto import KTOInput, KTOParams, kto_loss
 from oxrl.models.logprobs import forward_logits, sequence_sums, token_logprobs
 from oxrl.algorithms.preference import PREFERENCE_LOSSES, LossOutput, PreferenceInput
@@ -37,8 +37,6 @@ from oxrl.data.types import Example, PackedBatch, Sequence, pack
 from oxrl.loops.sl import Objective
 from oxrl.models.reward_model import sequence_scores
 
-# Objective name -> the `oxrl.algorithms.distill` loss it trains.
-DISTILL_OBJECTIVES = {"kd_forward": "forward_kl", "kd_reverse": "reverse_kl", "kd_jsd": "jsd"}
 REWARD_MODEL_OBJECTIVE = "rm"
 # The count each loss reports that is the objective's own unit (dividing it by the normaliser gives 1).
 _UNIT_COUNTS = ("count/pairs", "count/examples", "count/tokens")

@@ -2,8 +2,8 @@
 
 With the hub out of reach, huggingface_hub retries each file for minutes before it gives up. So a hub id that is not
 in the local cache is checked once per process (`hub_unreachable`: one request, a few seconds at most): out of reach,
-a cached model loads from the cache (`local_files_only`) and any other fails at once, naming the model, a near miss
-(`did_you_mean`) and HF_HUB_OFFLINE=1.
+a cached model loads from the cache (`local_files_only`) and any other fails at once (oxrl/models/source.py says so,
+naming the model, a near miss (`did_you_mean`) and HF_HUB_OFFLINE=1).
 """
 
 from __future__ import annotations
@@ -11,17 +11,15 @@ from __future__ import annotations
 import functools
 import logging
 
-from oxrl.models.source import BUNDLED, ModelNotFoundError
-
 logger = logging.getLogger(__name__)
 HUB_PROBE_TIMEOUT_S = 3.0
 OFFLINE_HINT = "HF_HUB_OFFLINE=1 loads only from the local cache, without trying the hub"
 
 
-def hub_or_cache(repo_id: str, what: str, revision: str | None) -> dict:
+def hub_or_cache(repo_id: str, revision: str | None) -> dict | str:
     """Extra loader arguments for hub id `repo_id`: none while the hub answers (or HF_HUB_OFFLINE is set: the loaders
-    then read the cache alone), `local_files_only` when it does not and the model is cached; a ModelNotFoundError
-    in seconds when it is neither reachable nor cached."""
+    then read the cache alone), `local_files_only` when it does not and the model is cached; when it is neither
+    reachable nor cached, the text saying so, for the caller's error."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if constants.HF_HUB_OFFLINE:
@@ -34,10 +32,8 @@ def hub_or_cache(repo_id: str, what: str, revision: str | None) -> dict:
         logger.info("the Hugging Face hub (%s) cannot be reached: %s loads from the local cache", constants.ENDPOINT,
                     repo_id)
         return {"local_files_only": True}
-    raise ModelNotFoundError(
-        f"{what} `{repo_id}` is not a local folder, file or bundled alias ({', '.join(BUNDLED)}){did_you_mean(repo_id)}, "
-        f"not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) cannot be reached ({reason}): connect to "
-        f"it, or download the model where there is a network; {OFFLINE_HINT}")
+    return (f"not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) cannot be reached ({reason}): connect "
+            f"to it, or download the model where there is a network; {OFFLINE_HINT}")
 
 
 @functools.cache  # once per process: every loader of a run (config, tokenizer, weights) asks again
@@ -53,13 +49,13 @@ def hub_unreachable(endpoint: str) -> str | None:
     return None
 
 
-def did_you_mean(name: str) -> str:
-    """` (did you mean `X`?)` for the bundled alias or registry model closest to a mistyped `name`, else ``."""
+def did_you_mean(name: str, aliases) -> str:
+    """` (did you mean `X`?)` for the alias (of `aliases`) or registry model closest to a mistyped `name`, else ``."""
     import difflib
 
     from oxrl.models.registry import load_registry
 
-    known = [*BUNDLED, *(entry.name for entry in load_registry())]
+    known = [*aliases, *(entry.name for entry in load_registry())]
     by_lower = {candidate.lower(): candidate for candidate in known}
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
     return f" (did you mean `{by_lower[close[0]]}`?)" if close else ""

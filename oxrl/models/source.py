@@ -66,9 +66,13 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
     if kwargs.get("use_safetensors") and Path(source.path).is_dir():
         check_weights(Path(source.path))
     if not Path(source.path).exists() and not kwargs.get("local_files_only"):  # a hub id
-        from oxrl.models.hub import hub_or_cache
+        from oxrl.models.hub import did_you_mean, hub_or_cache
 
-        kwargs = {**kwargs, **hub_or_cache(source.path, what, kwargs.get("revision"))}
+        reached = hub_or_cache(source.path, kwargs.get("revision"))
+        if isinstance(reached, str):
+            raise ModelNotFoundError(f"{what} `{source.path}` is not a local folder, file or bundled alias "
+                                     f"({', '.join(BUNDLED)}){did_you_mean(source.path, BUNDLED)}, {reached}")
+        kwargs = {**kwargs, **reached}
     try:
         with no_progress_bars():  # transformers' "Loading weights" bar (a hub download keeps huggingface_hub's)
             return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **kwargs)
@@ -82,7 +86,7 @@ def from_pretrained_or_explain(loader, source: ModelSource, what: str, **kwargs)
 
         raise ModelNotFoundError(
             f"{what} `{source.path}` is not a local folder, file or bundled alias ({', '.join(BUNDLED)})"
-            f"{did_you_mean(source.path)}, and could not be fetched from the Hugging Face hub (not found there, or no "
+            f"{did_you_mean(source.path, BUNDLED)}, and could not be fetched from the Hugging Face hub (not found there, or no "
             f"network: {OFFLINE_HINT}): {error}"
         ) from error
 

@@ -6,7 +6,7 @@ when the cache opens and appended to, one line per judgement, as judgements arri
 or one that asks again about the same completions, does not pay for them twice. A line cut short by a
 crash is skipped (with a warning) when the file is read back.
 
-The file is read as data files are (`oxrl.files`, `oxrl.data.nesting`): a path that is not a regular file (a
+The file is read as data files are (`oxrl.files`, `oxrl.nesting`): a path that is not a regular file (a
 FIFO would wait forever, /dev/zero never end, a folder), a file larger than MAX_CACHE_BYTES, text that is not
 UTF-8 or a line nested deeper than any judgement (which Python's JSON parser cannot read) is refused when the
 judge is built, before any model loads, with one line naming the file (and the line).
@@ -50,7 +50,7 @@ class JudgementCache:
                     file.write(json.dumps({"key": key, "judge": identity, "reply": reply}) + "\n")
 
     def _read(self, path: Path) -> None:
-        from oxrl.data.nesting import MAX_JSON_DEPTH, too_deep
+        from oxrl.nesting import MAX_JSON_DEPTH, too_deep
         from oxrl.files import InputFileError, read_bounded
 
         where = f"reward 'judge': cache_path {path}"

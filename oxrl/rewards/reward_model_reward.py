@@ -81,7 +81,7 @@ def check_reward_model_reward(**kwargs: Any) -> None:
     path = kwargs.get("path")
     if not isinstance(path, str) or not path:
         raise ValueError(f"{WHAT} needs `path`, the folder or hub id of a one-output sequence classifier; got {path!r}")
-    from oxrl.preflight import missing_run_output
+    from oxrl.config.run_outputs import missing_run_output
 
     missing = missing_run_output("rl.rewards: reward_model's kwargs.path", path)  # an `rm` run not yet trained here
     if missing is not None:

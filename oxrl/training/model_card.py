@@ -32,8 +32,7 @@ def paper_of(algorithm: str) -> str | None:
 
         text = kto_loss.__doc__
     elif algorithm in DISTILLATION:
-        from oxrl.algorithms.distill import DISTILL_LOSSES
-        from oxrl.loops.preference_objectives import DISTILL_OBJECTIVES
+        from oxrl.algorithms.distill import DISTILL_LOSSES, DISTILL_OBJECTIVES
 
         text = DISTILL_LOSSES[DISTILL_OBJECTIVES[algorithm]].__doc__
     else:

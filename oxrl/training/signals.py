@@ -23,25 +23,11 @@ import signal
 import threading
 from pathlib import Path
 
+from oxrl.errors import RunStopped
+
 logger = logging.getLogger(__name__)
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class RunStopped(BaseException):
-    """A run stopped by SIGTERM or SIGINT. A BaseException, like KeyboardInterrupt, so that no `except Exception`
-    on the way up takes it for a failure to handle."""
-
-    def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.run_dir: Path | None = None  # set on the way out of the run (oxrl/logging/run_log.py)
-        where = f"after step {step}" if step is not None else "at once"
-        saved = f", checkpoint {checkpoint}" if checkpoint is not None else ""
-        super().__init__(f"stopped by {signal.Signals(signum).name} {where}{saved}")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
 
 class StopSignals:

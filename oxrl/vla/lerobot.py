@@ -24,7 +24,7 @@ returned. The whole dataset is decoded into memory, which suits demonstration se
 input is a `DataError` naming the file, the 1-based row within it and the field; nothing is unpickled. Every
 file read is a regular file inside the dataset folder: a FIFO, a device (or a symlink to one) and a symlink out of
 the folder (as a Hugging Face cache snapshot holds: download with `--local-dir` instead) are refused, and JSON nested
-deeper than oxrl/data/nesting.py's bound is refused before a parser recurses into it.
+deeper than oxrl/nesting.py's bound is refused before a parser recurses into it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from oxrl.data.errors import DataError
-from oxrl.data.nesting import TOO_DEEP, too_deep
+from oxrl.nesting import TOO_DEEP, too_deep
 from oxrl.files import InputFileError, check_regular
 
 SUPPORTED_VERSIONS = ("v2.1", "v3.0")

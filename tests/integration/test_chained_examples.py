@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from oxrl.config.load import ConfigError, load_config
-from oxrl.preflight import check_run_outputs, missing_run_output
+from oxrl.config.run_outputs import missing_run_output
+from oxrl.preflight import check_run_outputs
 from oxrl.rewards.reward_model_reward import check_reward_model_reward
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

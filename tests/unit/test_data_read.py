@@ -261,7 +261,7 @@ def test_a_json_array_element_nested_too_deep_is_an_error_naming_it(tmp_path):
 
 
 def test_the_nesting_scan_counts_brackets_outside_strings_only():
-    from oxrl.data.nesting import too_deep, too_deep_element
+    from oxrl.nesting import too_deep, too_deep_element
 
     deep, shallow = nested(101).encode(), nested(99).encode()
     assert too_deep(b'{"a": ' + deep + b"}") and not too_deep(b'{"a": ' + shallow + b"}")

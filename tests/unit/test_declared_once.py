@@ -345,7 +345,7 @@ def test_preference_settings_are_read_exactly_where_their_rules_say():
     from oxrl.algorithms.distill import DISTILL_LOSSES, DistillInput, DistillParams
     from oxrl.algorithms.preference import PREFERENCE_LOSSES, PreferenceInput
     from oxrl.loops.objectives import all_objectives
-    from oxrl.loops.preference_objectives import DISTILL_OBJECTIVES
+    from oxrl.algorithms.distill import DISTILL_OBJECTIVES
 
     torch.manual_seed(0)
     pairs = PreferenceInput(-torch.rand(4) * 9, -torch.rand(4) * 9, torch.tensor([3.0, 5, 2, 7]),

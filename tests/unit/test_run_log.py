@@ -10,7 +10,7 @@ import pytest
 
 from oxrl.config.load import ConfigError
 from oxrl.logging.run_log import run_logged
-from oxrl.training.signals import RunStopped
+from oxrl.errors import RunStopped
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from oxrl.training.signals import RunStopped, StopSignals
+from oxrl.errors import RunStopped
+from oxrl.training.signals import StopSignals
 
 
 class Ranks:
