@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oxrl.config.load import flatten, read_yaml_file, saved_form
-from oxrl.config.schema import Config
+from oxrl.config.schema import Config, section_in
 from oxrl.files import not_regular
 from oxrl.errors import UserError
 from oxrl.training.folders import OutputWriteError, remove_path
@@ -68,7 +68,7 @@ IGNORED_ON_RESUME = frozenset({
     "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",
     "logging.progress_bar", "logging.plot", "logging.report_to", "logging.project", "logging.mlflow_tracking_uri",
     "checkpoint.keep_last",
-    "checkpoint.on_signal",  # how a run stops, not what it computes (and absent from the config.yaml of older runs)
+    "checkpoint.on_signal",  # how a run stops, not what it computes
     "logging.mlflow",  # replaced by logging.report_to; still in the config.yaml of runs saved before
     "rl.data_format",  # replaced by data.train[].format; likewise
 })
@@ -277,17 +277,39 @@ def _open_lock(path: Path) -> int:
 
 
 def config_changes(saved: dict, new: dict) -> list[str]:
-    """`key: saved -> new` for every dotted key whose value differs (IGNORED_ON_RESUME aside)."""
+    """`key: saved -> new` for every dotted key whose value differs (IGNORED_ON_RESUME aside). A setting absent from
+    the saved config.yaml and at its declared default now is no change: it was added to oxRL after that run was saved,
+    and a new setting's default does what the code did before it."""
     old_flat, new_flat = flatten(saved), flatten(new)
     lines = []
     for key in sorted(old_flat.keys() | new_flat.keys()):
         if key in IGNORED_ON_RESUME or old_flat.get(key, _ABSENT) == new_flat.get(key, _ABSENT):
+            continue
+        if key not in old_flat and new_flat[key] == _declared_default(key):
             continue
         lines.append(f"{key}: {_shown(old_flat.get(key, _ABSENT))} -> {_shown(new_flat.get(key, _ABSENT))}")
     return lines
 
 
 _ABSENT = object()
+
+
+def _declared_default(key: str):
+    """The schema's default of dotted `key` (`run.push_to_hub`) as a saved config.yaml writes it, or _ABSENT where the
+    key is no field of a section (an entry of a list: `data.train.0.path`) or the field has no default."""
+    from pydantic_core import to_jsonable_python
+
+    *sections, name = key.split(".")
+    section = Config
+    for part in sections:
+        field = section.model_fields.get(part)
+        section = section_in(field.annotation) if field is not None else None
+        if section is None:
+            return _ABSENT
+    field = section.model_fields.get(name)
+    if field is None or field.is_required():
+        return _ABSENT
+    return to_jsonable_python(field.get_default(call_default_factory=True))
 
 
 def _shown(value) -> str:

@@ -223,8 +223,23 @@ def test_config_changes_lists_each_differing_key():
     saved = {"run": {"name": "a", "seed": 0}, "train": {"optim": {"lr": 1e-3}}, "data": {"train": [{"path": "x"}]}}
     new = {"run": {"name": "b", "seed": 0}, "train": {"optim": {"lr": 5e-4}}, "data": {"train": [{"path": "y"}]},
            "rl": {"task": None}}
-    assert config_changes(saved, new) == ['data.train: [{"path": "x"}] -> [{"path": "y"}]', "rl.task: (not set) -> null",
-                                          "train.optim.lr: 0.001 -> 0.0005"]
+    assert config_changes(saved, new) == ['data.train: [{"path": "x"}] -> [{"path": "y"}]', "train.optim.lr: 0.001 -> 0.0005"]
+    # A setting absent from the saved config is one added to oxRL after that run was saved: no change at its default
+    # (rl.task: null), a change at any other value.
+    assert config_changes(saved, {**new, "rl": {"task": "countdown"}})[1] == 'rl.task: (not set) -> "countdown"'
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_at_that_settings_default():
+    from oxrl.config.load import saved_form
+
+    cfg = Config.model_validate({"model": {"name_or_path": "m"}, "algorithm": {"name": "grpo"}, "rl": {"task": "math"}})
+    saved = saved_form(cfg)
+    for section, key in (("run", "push_to_hub"), ("run", "hub_private"), ("checkpoint", "on_signal"),
+                         ("ray", "trainer_restarts"), ("ray", "node_wait_s")):
+        del saved[section][key]  # as a config.yaml written before these settings existed
+    assert config_changes(saved, saved_form(cfg)) == []
+    changed = saved_form(cfg.model_copy(update={"run": cfg.run.model_copy(update={"push_to_hub": True})}))
+    assert config_changes(saved, changed) == ["run.push_to_hub: (not set) -> true"]
 
 
 @pytest.mark.distributed
