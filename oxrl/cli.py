@@ -37,102 +37,14 @@ def continue_command(args: argparse.Namespace, run_dir: Path) -> str:
     return shlex.join(["oxrl", "train", args.config, *kept, f"run.name={run_dir.name}", "run.resume=true"])
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from oxrl.evaluation.request import EvalRequest
+def _elsewhere(name: str):
+    """The handler `name` of oxrl/commands.py, imported when its command runs: a training run reads none of them."""
+    def run(args: argparse.Namespace) -> int:
+        from oxrl import commands
 
-    # The flags are checked first: a bad one costs no torch import.
-    request = EvalRequest(model=args.model, baseline=args.baseline, config=args.config, task=args.task, data=args.data,
-                          rewards=args.reward, n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                          limit=args.limit, engine=args.engine, seed=args.seed, out=args.out, overrides=args.set,
-                          trust_config_code=args.trust_config_code)
-    from oxrl.evaluation.run import evaluate_models, format_table
+        return getattr(commands, name)(args)
 
-    sys.stdout.write(format_table(evaluate_models(request)))
-    return 0
-
-
-def _cmd_config_reference(args: argparse.Namespace) -> int:
-    from oxrl.config.load import load_config
-    from oxrl.config.reference import config_reference, run_reference
-    from oxrl.logging.redaction import redact
-
-    if args.config is not None and "=" in args.config and not Path(args.config).exists():
-        args.overrides, args.config = [args.config, *args.overrides], None  # `--algorithm dpo key=value`: no CONFIG
-    if args.config is None and args.algorithm is None:
-        if args.overrides:
-            raise ValueError("config-reference takes overrides only with a CONFIG or --algorithm: they change a run")
-        sys.stdout.write(config_reference())
-        return 0
-    if args.config is not None:
-        if args.algorithm is not None:
-            raise ValueError(f"give a CONFIG or --algorithm, not both (set algorithm.name={args.algorithm} to change "
-                             f"{args.config}'s)")
-        cfg, source = load_config(args.config, args.overrides), args.config
-    else:  # the algorithm at its defaults: the model is the one setting with none
-        cfg = load_config(None, ["model.name_or_path=<your model>", f"algorithm.name={args.algorithm}",
-                                 *args.overrides])
-        source = f"--algorithm {args.algorithm}"
-    sys.stdout.write(redact(run_reference(cfg, source)))  # a value may hold a secret (a URL's token, say)
-    return 0
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    from oxrl.doctor import report
-
-    sys.stdout.write(report())
-    return 0
-
-
-def _cmd_demos(args: argparse.Namespace) -> int:
-    import json
-
-    from oxrl.vla.build import record_demonstrations
-
-    kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-    folder, success = record_demonstrations(args.env, args.episodes, Path(args.out), seed=args.seed,
-                                            max_steps=args.max_steps, env_kwargs=kwargs)
-    logger.info("wrote %d demonstrations of %s to %s (the scripted expert succeeded in %.0f%%)", args.episodes, args.env,
-                folder, 100 * success)
-    return 0
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from oxrl.logging.bug_report import write_bug_report
-
-    path = write_bug_report(Path(args.run_dir))
-    logger.info("wrote %s: check it holds nothing private, then paste it into an issue", path)
-    return 0
-
-
-def _cmd_onboard(args: argparse.Namespace) -> int:
-    from oxrl.onboard import model_slug, onboard
-    from oxrl.onboard_report import format_report
-
-    out_dir = Path(args.out) if args.out else Path("oxrl-onboard") / model_slug(args.model)
-    report = onboard(args.model, out_dir, trust_remote_code=args.trust_remote_code, smoke=not args.no_smoke)
-    sys.stdout.write(format_report(report))
-    return 1 if report.failed else 0
-
-
-def _cmd_models(args: argparse.Namespace) -> int:
-    from oxrl.models.catalog import format_catalog
-
-    sys.stdout.write(format_catalog(args.registry))
-    return 0
-
-
-def _cmd_recipe(args: argparse.Namespace) -> int:
-    from oxrl.models.hardware import available_memory, parse_devices
-    from oxrl.models.recipe import recipe
-
-    devices = parse_devices(args.gpus) if args.gpus else available_memory()
-    text = recipe(args.model, args.task, devices, args.algorithm, args.registry).yaml()
-    if args.out:
-        Path(args.out).write_text(text)
-        logger.info("wrote %s", args.out)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,14 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("config", nargs="?", help="a YAML config: list only what its run reads")
     ref.add_argument("overrides", nargs="*", help="dotted overrides, as `oxrl train` takes them")
     ref.add_argument("--algorithm", help="an algorithm at its defaults, e.g. dapo: list only what its run reads")
-    ref.set_defaults(func=_cmd_config_reference)
+    ref.set_defaults(func=_elsewhere("config_reference"))
     report = sub.add_parser("report", help="write a bug report of a run (Markdown, to paste into an issue)",
                             description="Write <run dir>/bug_report.md: versions, hardware, the run's config, its last "
                             "log lines and the traceback that stopped it. Reads only this machine; sends nothing.")
     report.add_argument("run_dir", help="the run directory, e.g. runs/grpo-20261123-0612")
-    report.set_defaults(func=_cmd_report)
+    report.set_defaults(func=_elsewhere("report"))
     doctor = sub.add_parser("doctor", help="report usable hardware and backends", description="Report which devices, strategies and backends are usable here, and why not. Changes nothing.")
-    doctor.set_defaults(func=_cmd_doctor)
+    doctor.set_defaults(func=_elsewhere("doctor"))
     add_model_parsers(sub)
     from oxrl.config.names import ROBOT_ENVIRONMENTS  # names only: no torch
 
@@ -171,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")
     demos.add_argument("--max-steps", type=int, default=64, help="actions per demonstration at most (default 64)")
     demos.add_argument("--env-kwargs", metavar="JSON", help="the environment's keyword arguments, as in vla.env_kwargs")
-    demos.set_defaults(func=_cmd_demos)
+    demos.set_defaults(func=_elsewhere("demos"))
     return parser
 
 
@@ -182,7 +94,7 @@ def add_model_parsers(sub) -> None:
                             "context, whether the family is in oxRL's architecture matrix, and the layout a "
                             "fine-tune needs on common GPUs, from the memory estimate.")
     models.add_argument("--registry", action="append", default=[], metavar="FILE", help=registry_help)
-    models.set_defaults(func=_cmd_models)
+    models.set_defaults(func=_elsewhere("models"))
     rec = sub.add_parser("recipe", help="print a ready config for a model, a task and your hardware",
                          description="Print a config for MODEL on --task that fits --gpus: the strategy for the device "
                          "count and the first of full fine-tune, + activation checkpointing, LoRA, LoRA + checkpointing "
@@ -193,7 +105,7 @@ def add_model_parsers(sub) -> None:
     rec.add_argument("--algorithm", help="replace the task's algorithm (e.g. grpo, ppo, dpo)")
     rec.add_argument("--out", metavar="FILE.yaml", help="write the config there instead of printing it")
     rec.add_argument("--registry", action="append", default=[], metavar="FILE", help=registry_help)
-    rec.set_defaults(func=_cmd_recipe)
+    rec.set_defaults(func=_elsewhere("recipe"))
     onboard = sub.add_parser(
         "onboard", help="check a model before training it (chat template, attention, LoRA, memory, 1-step runs)",
         description="Check MODEL read-only before spending GPU hours on it: its chat template (assistant mask, "
@@ -205,7 +117,7 @@ def add_model_parsers(sub) -> None:
     onboard.add_argument("--trust-remote-code", action="store_true",
                          help="allow the model's own code from the hub to run (off unless you trust it)")
     onboard.add_argument("--no-smoke", action="store_true", help="skip the one-step SFT and GRPO runs")
-    onboard.set_defaults(func=_cmd_onboard)
+    onboard.set_defaults(func=_elsewhere("onboard"))
 
 
 def add_eval_parser(sub) -> None:
@@ -239,7 +151,7 @@ def add_eval_parser(sub) -> None:
                     "files, module:factory, trust_remote_code) and send to the hosts it names (a judge's url, with "
                     "your api_key_env key): off, as anyone may have written that config; --config and --set are yours "
                     "and always run")
-    ev.set_defaults(func=_cmd_eval)
+    ev.set_defaults(func=_elsewhere("eval"))
 
 
 # Errors of the output location (full disk, read-only, a file in the way): one line naming the path.

@@ -18,6 +18,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from oxrl.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 # Fragments of torch's stream-writer failures (an I/O error whose cause the message does not carry).
@@ -25,6 +27,10 @@ _TORCH_WRITE_FAILURES = ("iostream error", "inline_container.cc", "PytorchStream
 _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
 # Free space under which a failed write is blamed on a full disk.
 _NEARLY_FULL_BYTES = 1 << 20
+
+
+class RunDirError(UserError):
+    """The run directory cannot be used as asked (in use, holds another run, config changed on resume)."""
 
 
 class OutputWriteError(OSError):

@@ -23,7 +23,7 @@ Rank 0 claims the directory before anything is written (`claim_run_dir`):
   cannot half-succeed: a failure puts back what was moved and deletes nothing), then deletes them;
 - the `.lock` and the marker are regular files: a symlink there is never written through;
 - a resume lists every config key that differs from the run's saved `config.yaml` and stops unless
-  `run.accept_config_changes` is set; then the new values apply from the resumed step;
+  `run.accept_config_changes` is set; then the new values apply from the resumed step (oxrl/training/resume_check.py);
 - a resume from an earlier checkpoint of the same run drops the later checkpoints, which belong to
   the abandoned continuation (MetricsLogger drops their metrics rows the same way), but only once the run has
   loaded the checkpoint and checked it against its model and data (oxrl/training/checkpoint.py
@@ -43,11 +43,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from oxrl.config.load import flatten, read_yaml_file, saved_form
-from oxrl.config.schema import Config, section_in
+from oxrl.config.schema import Config
 from oxrl.files import not_regular
-from oxrl.errors import UserError
-from oxrl.training.folders import OutputWriteError, remove_path
+from oxrl.training.folders import OutputWriteError, RunDirError, remove_path
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +61,6 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 # Everything a run writes into its directory: what `run.overwrite` clears.
 RUN_OUTPUTS = RUN_MARKERS + (".final.partial", "summary.json", "samples.json", "curves.png", "report.md", "tensorboard",
                              "wandb", "train.log", "failure.txt", "bug_report.md")
-# Keys that say where a run lives or how its progress is shown: a resume may change them freely.
-IGNORED_ON_RESUME = frozenset({
-    "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.accept_config_changes",
-    "logging.progress_bar", "logging.plot", "logging.report_to", "logging.project", "logging.mlflow_tracking_uri",
-    "checkpoint.keep_last",
-    "checkpoint.on_signal",  # how a run stops, not what it computes
-    "logging.mlflow",  # replaced by logging.report_to; still in the config.yaml of runs saved before
-    "rl.data_format",  # replaced by data.train[].format; likewise
-})
-
-
-class RunDirError(UserError):
-    """The run directory cannot be used as asked (in use, holds another run, config changed on resume)."""
 
 
 def default_run_name(algorithm: str, output_dir: str) -> str:
@@ -154,7 +139,9 @@ def claim_run_dir(run_dir: Path, cfg: Config, check_rank_state: Callable[[Path, 
         if inside and overwrite:
             raise RunDirError(f"run.overwrite would clear {run_dir}, which holds the checkpoint run.resume names: set only one")
         if resume_from is not None:
-            _check_resumable(resume_from, cfg, check_rank_state)
+            from oxrl.training.resume_check import check_resumable  # (a resume's own checks: off a new run's path)
+
+            check_resumable(resume_from, cfg, check_rank_state)
         elif cfg.run.resume is True and holds_run(run_dir) and not is_oxrl_run(run_dir):
             raise RunDirError(f"run.resume: {run_dir} holds no checkpoint to continue, and starting afresh would write "
                               f"over {_foreign(run_dir)}")
@@ -276,46 +263,6 @@ def _open_lock(path: Path) -> int:
     return fd
 
 
-def config_changes(saved: dict, new: dict) -> list[str]:
-    """`key: saved -> new` for every dotted key whose value differs (IGNORED_ON_RESUME aside). A setting absent from
-    the saved config.yaml and at its declared default now is no change: it was added to oxRL after that run was saved,
-    and a new setting's default does what the code did before it."""
-    old_flat, new_flat = flatten(saved), flatten(new)
-    lines = []
-    for key in sorted(old_flat.keys() | new_flat.keys()):
-        if key in IGNORED_ON_RESUME or old_flat.get(key, _ABSENT) == new_flat.get(key, _ABSENT):
-            continue
-        if key not in old_flat and new_flat[key] == _declared_default(key):
-            continue
-        lines.append(f"{key}: {_shown(old_flat.get(key, _ABSENT))} -> {_shown(new_flat.get(key, _ABSENT))}")
-    return lines
-
-
-_ABSENT = object()
-
-
-def _declared_default(key: str):
-    """The schema's default of dotted `key` (`run.push_to_hub`) as a saved config.yaml writes it, or _ABSENT where the
-    key is no field of a section (an entry of a list: `data.train.0.path`) or the field has no default."""
-    from pydantic_core import to_jsonable_python
-
-    *sections, name = key.split(".")
-    section = Config
-    for part in sections:
-        field = section.model_fields.get(part)
-        section = section_in(field.annotation) if field is not None else None
-        if section is None:
-            return _ABSENT
-    field = section.model_fields.get(name)
-    if field is None or field.is_required():
-        return _ABSENT
-    return to_jsonable_python(field.get_default(call_default_factory=True))
-
-
-def _shown(value) -> str:
-    return "(not set)" if value is _ABSENT else json.dumps(value)
-
-
 def _make_dir(run_dir: Path) -> None:
     """mkdir -p, with the one-line error of a path that is (under) a regular file."""
     for path in (run_dir, *run_dir.parents):
@@ -335,27 +282,3 @@ def _foreign(run_dir: Path) -> str:
     found = ", ".join(name for name in RUN_MARKERS if os.path.lexists(Path(run_dir) / name))
     return (f"{found} but no {MARKER_NAME} marker, so no oxRL run wrote them (or one from before the marker did): "
             "choose another run.name or run.output_dir, or delete those files yourself")
-
-
-def _check_resumable(checkpoint: Path, cfg: Config, check_rank_state: Callable[[Path, int], None] | None) -> None:
-    """The checkpoint is complete, and the config matches the one it was trained with (or changes are accepted)."""
-    from oxrl.training.checkpoint import check_intact, step_of
-
-    if not (checkpoint / "training_state" / "trainer_state.json").is_file():
-        raise RunDirError(f"run.resume: {checkpoint} is not a complete oxRL checkpoint (no training_state/trainer_state.json)")
-    check_intact(checkpoint, check_rank_state)  # before anything loads
-    saved_path = checkpoint.parent.parent / "config.yaml"
-    if not saved_path.is_file():
-        logger.warning("resuming from %s: no config.yaml beside it (%s), so config changes cannot be checked",
-                       checkpoint, saved_path)
-        return
-    changes = config_changes(read_yaml_file(saved_path) or {}, saved_form(cfg))
-    if not changes:
-        return
-    listing = "\n  ".join(changes)
-    if not cfg.run.accept_config_changes:
-        raise RunDirError(f"run.resume: the config differs from the one {checkpoint} was trained with ({saved_path}):\n  "
-                          f"{listing}\nset run.accept_config_changes=true to resume with the new values (they apply "
-                          "from the resumed step, the learning rate and schedule included), or restore the saved ones")
-    logger.warning("resuming with config changes (run.accept_config_changes); the new values apply from step %d, "
-                   "the learning rate and schedule included:\n  %s", step_of(checkpoint), listing)

@@ -20,7 +20,7 @@ from oxrl.config.schema import Config
 from oxrl.training.checkpoint import latest_checkpoint, step_of
 from oxrl.training.folders import OutputWriteError, as_write_error
 from oxrl.training.optim import lr_factor
-from oxrl.training.run_dir import config_changes
+from oxrl.training.resume_check import config_changes
 from oxrl.training.strategy import SingleDevice
 from oxrl.runner import claimed_run
 from tests.integration.test_runner import _write_config, tiny_model_dir  # noqa: F401 (a fixture)

@@ -46,7 +46,7 @@ def test_a_rank_that_heard_no_signal_stops_with_the_others(tmp_path):
 
 
 def test_a_resume_may_change_on_signal_and_an_older_run_without_it_resumes():
-    from oxrl.training.run_dir import config_changes
+    from oxrl.training.resume_check import config_changes
 
     saved = {"checkpoint": {"every": 2, "save_final": True}}  # a run saved before checkpoint.on_signal existed
     assert config_changes(saved, {"checkpoint": {"every": 2, "save_final": True, "on_signal": False}}) == []
