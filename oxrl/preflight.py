@@ -7,10 +7,10 @@ after the model loaded and sampled.
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from oxrl.config.load import ConfigError
 from oxrl.config.names import DISTILLATION
-from oxrl.config.run_outputs import missing_run_output
 from oxrl.config.rl_presets import is_rl
 from oxrl.config.schema import Config
 from oxrl.dependencies import REWARD_PACKAGES, MissingDependencyError, install_hint, installed
@@ -58,6 +58,10 @@ def check_run_outputs(cfg: Config) -> None:
     if cfg.algorithm.name in DISTILLATION:
         settings.append(("preference.teacher", cfg.preference.teacher))
     for setting, path in settings:
+        if path is None or Path(path).expanduser().exists():
+            continue  # (a model that is there: the usual case, which needs none of the check)
+        from oxrl.config.run_outputs import missing_run_output
+
         missing = missing_run_output(setting, path)
         if missing is not None:
             raise ConfigError(missing)
