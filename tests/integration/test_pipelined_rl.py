@@ -298,17 +298,9 @@ def pipelined_run(tmp_path_factory):
 def test_a_resume_refuses_damaged_samples_ahead_naming_the_file_and_the_field(tmp_path, pipelined_run, damage):
     """Every value of rank_state.json is checked against the resuming run before a step trains or a row of
     metrics.jsonl is dropped: a rewind to step 2 of a 4-step run, refused, leaves the run as it was."""
-    import shutil
-
     from oxrl.training.checkpoint_files import CheckpointError
 
-    edit, problem = DAMAGED_SAMPLES[damage]
-    run_dir = tmp_path / "run"
-    shutil.copytree(pipelined_run, run_dir)
-    path = run_dir / "checkpoints" / "step_000002" / "training_state" / "rank_state.json"
-    state = json.loads(path.read_text())
-    edit(state["pipeline"])
-    path.write_text(json.dumps(state))
+    run_dir, path, problem = _damaged_copy(tmp_path, pipelined_run, damage)
     metrics_before = (run_dir / "metrics.jsonl").read_text()
     h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
     h.cfg.run.resume = str(path.parent.parent)
@@ -322,6 +314,21 @@ def test_a_resume_refuses_damaged_samples_ahead_naming_the_file_and_the_field(tm
 
 
 
+def _damaged_copy(tmp_path, pipelined_run, damage):
+    """A copy of the 4-step pipelined run whose step-2 rank_state.json carries `damage` (DAMAGED_SAMPLES): its run
+    directory, that file, and the pattern the refusal must match."""
+    import shutil
+
+    edit, problem = DAMAGED_SAMPLES[damage]
+    run_dir = tmp_path / "run"
+    shutil.copytree(pipelined_run, run_dir)
+    path = run_dir / "checkpoints" / "step_000002" / "training_state" / "rank_state.json"
+    state = json.loads(path.read_text())
+    edit(state["pipeline"])
+    path.write_text(json.dumps(state))
+    return run_dir, path, problem
+
+
 def _file_bytes(folder) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
@@ -332,19 +339,11 @@ def test_a_rewind_refused_on_its_samples_ahead_keeps_every_later_checkpoint(tmp_
     checked: the token ids against its config.json, before the model loads), then the loop (the prompts checked
     against the run's data). Either refusal names the file and the field, and leaves the step-4 checkpoint, the one a
     rewind abandons, byte for byte."""
-    import shutil
-
     from oxrl.loops.pipeline_state import check_samples_ahead
     from oxrl.training.checkpoint_files import CheckpointError
     from oxrl.training.run_dir import claim_run_dir
 
-    edit, problem = DAMAGED_SAMPLES[damage]
-    run_dir = tmp_path / "run"
-    shutil.copytree(pipelined_run, run_dir)
-    path = run_dir / "checkpoints" / "step_000002" / "training_state" / "rank_state.json"
-    state = json.loads(path.read_text())
-    edit(state["pipeline"])
-    path.write_text(json.dumps(state))
+    run_dir, path, problem = _damaged_copy(tmp_path, pipelined_run, damage)
     later, metrics = _file_bytes(run_dir / "checkpoints" / "step_000004"), (run_dir / "metrics.jsonl").read_bytes()
     h = handles(tmp_path, 4, max_staleness=2, **DECOUPLED)
     h.cfg.run.resume = str(path.parent.parent)
