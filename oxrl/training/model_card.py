@@ -47,6 +47,8 @@ def _data_files(cfg: Config) -> list:
     """The training datasets' specs: none for an RL run on a generated task (`rl.task`), which reads no files."""
     from oxrl.config.rl_presets import is_rl
 
+    if cfg.vla is not None:  # a simulator's episodes: the run reads neither rl.task nor data.train
+        return []
     return [] if is_rl(cfg.algorithm.name) and cfg.rl.task is not None else cfg.data.train
 
 
@@ -89,13 +91,13 @@ def model_card(cfg: Config, metrics: dict[str, float], step: int | None = None) 
     paper = paper_of(algorithm)
     method = f"**{algorithm}**" + (f" ([arXiv:{paper}](https://arxiv.org/abs/{paper}))" if paper else "")
     data = [f"- `{spec.path}` (format `{spec.format}`, split `{spec.split}`)" for spec in _data_files(cfg)]
-    if not data and cfg.rl.task is not None:
+    if not data and cfg.vla is None and cfg.rl.task is not None:
         data.append(f"- the generated task `{cfg.rl.task}` (oxRL's `rl.task`)")
     when = f"at step {step}" if step is not None else "at the end of training"
     results = [f"| {key} | {value:.6g} |" for key, value in metrics.items() if isinstance(value, (int, float))]
     # Only the final folder is pushed (step None); a checkpoint loads from where it is.
     target = cfg.run.hub_model_id if cfg.run.push_to_hub and step is None else "path/to/this/folder"
-    adapter = cfg.lora.enabled and cfg.lora.save_mode == "adapter"
+    adapter = cfg.lora.enabled and cfg.read("lora.save_mode") == "adapter"
     model_class = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
     load = (("from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer" if adapter else
              "from transformers import AutoModelForCausalLM, AutoTokenizer")

@@ -282,7 +282,7 @@ FED_BY: dict[str, list[str] | str] = {
     "oxrl/rewards/harness_run.py": "model-written programs and tests, run inside the bubblewrap sandbox",
     "oxrl/rewards/sandbox_child.py": "model-written programs, run inside the bubblewrap sandbox",
     "oxrl/onboard.py": "`oxrl onboard --trust-remote-code`, a flag the user gives",
-    "oxrl/cli.py": "`oxrl onboard --trust-remote-code`, a flag the user gives",
+    "oxrl/commands.py": "`oxrl onboard --trust-remote-code`, a flag the user gives",
 }
 
 

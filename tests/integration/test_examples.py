@@ -178,6 +178,15 @@ def test_example_runs_one_step_on_a_tiny_model(path, tiny_models, tmp_path, conf
     if tree.get("rl", {}).get("rollout", {}).get("engine") == "vllm":
         pytest.skip("the vLLM engine is not installed in CI: this example is checked by loading only")
     cfg = load_config(None, base=tree)
+    if any(spec.name == "judge" and "model" in spec.kwargs for spec in cfg.rl.rewards):
+        # A random model writes no verdict, so every judgement fails, and a reward failing on every sample of a batch
+        # stops the run rather than train on zeros (oxrl/rewards/failures.py). RLAIF's step with a judge that answers
+        # is tests/integration/test_rlaif.py's.
+        from oxrl.rewards.failures import EveryCallFailedError
+
+        with pytest.raises(EveryCallFailedError, match="reward 'judge' failed on every sample"):
+            run(cfg)
+        return
     result = run(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(row["step"] for row in rows) == 1
