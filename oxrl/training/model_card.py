@@ -97,7 +97,7 @@ def model_card(cfg: Config, metrics: dict[str, float], step: int | None = None) 
     results = [f"| {key} | {value:.6g} |" for key, value in metrics.items() if isinstance(value, (int, float))]
     # Only the final folder is pushed (step None); a checkpoint loads from where it is.
     target = cfg.run.hub_model_id if cfg.run.push_to_hub and step is None else "path/to/this/folder"
-    adapter = cfg.lora.enabled and cfg.read("lora.save_mode") == "adapter"
+    adapter = cfg.lora.enabled and cfg.lora.save_mode == "adapter"
     model_class = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
     load = (("from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer" if adapter else
              "from transformers import AutoModelForCausalLM, AutoTokenizer")
