@@ -112,6 +112,17 @@ def _cause(error: Exception) -> Exception:
     return getattr(error, "cause", None) or error
 
 
+@dataclass
+class WeightGroup:
+    """Rollout workers that hold one version of the weights together and take it in one broadcast: every worker
+    under `ray.rollout_split: prompts`, each worker alone under `steps`."""
+
+    members: list[int]  # indices into RemoteWorkers.rollout
+    channel: WeightChannel | None = None
+    held: int = 0  # the version its workers hold (0: none of the trainer's, or unknown after a restart)
+    last_ticket: int = 0  # the request it was last given (`steps`: the least recently used of the idle ones goes next)
+
+
 class RayRolloutEngine:
     def __init__(self, workers: RemoteWorkers, model, tokenizer, strategy, dtype_name: str, tolerance: float | None):
         self.workers, self.model, self.strategy = workers, model, strategy
@@ -119,18 +130,23 @@ class RayRolloutEngine:
         base = model.get_base_model() if hasattr(model, "peft_config") else model
         self.probe = probe_ids(base, tokenizer)
         self.tolerance = tolerance or DEFAULT_TOLERANCE[dtype_name]
-        self.channel: WeightChannel | None = None
+        count = len(workers.rollout)
+        # `steps`: a step goes whole to one worker, which takes its version's weights just before sampling it, so a
+        # sync never waits for the workers still sampling other steps.
+        self.by_steps = self.settings.rollout_split == "steps"
+        self.groups = [WeightGroup([i]) for i in range(count)] if self.by_steps else [WeightGroup(list(range(count)))]
         self.generation = 0
-        self.restarts = [0] * len(workers.rollout)
+        self.restarts = [0] * count
         self.synced = False
-        self.syncs = 0  # weight syncs so far: a request sampled again after a restart needs its own weights
-        self.held = 0  # the version the workers hold now (another than `syncs` only while one is sampled again)
+        self.syncs = 0  # weight syncs so far: version v is the weights of sync v
+        self.gaps: list[float] = []  # probe gaps of the pushes since the last sync, reported by the next
         self.tickets = 0
-        self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, syncs), on every rank
-        self.pending: dict[int, tuple[list[range], list]] = {}  # ticket -> (slices, Ray refs), on rank 0
+        self.requests: dict[int, tuple] = {}  # ticket -> (prompts, params, vision, version), on every rank
+        self.pending: dict[int, tuple[int, list[range], list]] = {}  # ticket -> (group, slices, Ray refs), on rank 0
         # Requests sampled ahead (rl.max_staleness >= 1): each sync's weights (rank 0; None elsewhere) and the trainer's
-        # probe log-probs, kept while a request of that version is in flight. One CPU copy of the policy per version.
-        self.keep_versions = workers.keep_versions
+        # probe log-probs, kept while a request of that version is in flight (and, under `steps`, the current version
+        # until it is pushed). One CPU copy of the policy per version.
+        self.keep_versions = workers.keep_versions or self.by_steps
         self.kept: dict[int, tuple[dict[str, torch.Tensor] | None, torch.Tensor]] = {}
         self.counted: set = set()  # refs whose worker's death is counted in `restarts` already
 
@@ -153,65 +169,72 @@ class RayRolloutEngine:
         return ticket
 
     def collect(self, ticket: int) -> list[Completion]:
-        """Every rank: the completions of a submitted request. A worker restarted meanwhile: every worker gets the
+        """Every rank: the completions of a submitted request. A worker restarted meanwhile: its group gets the
         weights the request was submitted under again (the live ones, or the version kept for it), the request is
-        sampled again, identically, and the workers go back to the current weights."""
+        sampled again, identically, and (`prompts`) the workers go back to the current weights."""
         _, _, vision, version = self.requests[ticket]
         while True:
-            outcome = _from_rank0(self.strategy, lambda: self._results(self.pending.pop(ticket), vision))
+            outcome = _from_rank0(self.strategy, lambda: self._results(ticket, vision))
             if outcome is not None:
                 break
-            # A worker was restarted: every worker gets the request's weights again, and it is sampled again.
+            # A worker was restarted: the request's weights go to its group again (`_start`), and it is sampled again.
             if version == self.syncs and version not in self.kept:
                 self.sync_weights(self.model)  # the live weights are the request's: every rank takes part in the gather
                 version = self.syncs
                 self.requests[ticket] = (*self.requests[ticket][:3], version)
-            elif version in self.kept:
+            elif version not in self.kept:
+                raise WorkerError(f"a rollout worker {AHEAD_LOST}")
+            elif version != self.syncs:
                 logger.warning("rollout request %d (weights version %d, the current is %d) is sampled again from its "
                                "own version's weights, kept for it", ticket, version, self.syncs)
-                self._push_kept(version)
-            else:
-                raise WorkerError(f"a rollout worker {AHEAD_LOST}")
             self._start(ticket)
         del self.requests[ticket]
-        if self.held != self.syncs:  # back to the current weights before anything else is sampled
-            self._push_kept(self.syncs)
+        if not self.by_steps and self.groups[0].held != self.syncs:  # back to the current weights
+            _from_rank0(self.strategy, lambda: self._push_version(0, self.syncs))
         self._forget_versions()
         return outcome
-
-    def _push_kept(self, version: int) -> None:
-        """Every rank: a kept version's weights to every worker (rank 0 broadcasts and checks them)."""
-        state, trainer_probe = self.kept[version]
-        while _from_rank0(self.strategy, lambda: self._push(without_value_head(state), trainer_probe)) is None:
-            pass
-        self.held = version
 
     def _forget_versions(self) -> None:
         """Only the current version and those of requests in flight stay kept."""
         needed = {self.syncs} | {request[3] for request in self.requests.values()}
         for version in [v for v in self.kept if v not in needed]:
             del self.kept[version]
-        self.counted &= {ref for _, refs in self.pending.values() for ref in refs}
+        self.counted &= {ref for _, ref in self._in_flight()}
+
+    def _in_flight(self) -> list[tuple[int, object]]:
+        """(worker index, Ray ref) of every request's slice in flight (rank 0)."""
+        return [(self.groups[g].members[j], ref) for g, _, refs in self.pending.values() for j, ref in enumerate(refs)]
 
     def _start(self, ticket: int) -> None:
-        """Every rank: rank 0 hands the request's slices to the workers and keeps their refs."""
-        prompts, params, vision, _ = self.requests[ticket]
-        _from_rank0(self.strategy, lambda: self.pending.__setitem__(ticket, self._submit(prompts, params, vision)))
+        """Every rank: rank 0 hands the request to a group, first pushing it the request's weights if it holds others
+        (`steps`), and keeps the refs; a push's probe gap is reported by the next sync."""
+        gap = _from_rank0(self.strategy, lambda: self._send(ticket))
+        if gap is not None:
+            self.gaps.append(gap)
 
-    def _submit(self, prompts: list[list[int]], params: SamplingParams,
-                vision: list[VisionInputs | None]) -> tuple[list[range], list]:
-        parts = slices(len(prompts), len(self.workers.rollout))
+    def _send(self, ticket: int) -> float | None:
+        prompts, params, vision, version = self.requests[ticket]
+        # `prompts`: the one group. `steps`: the group with the fewest requests in flight, the least recently used first.
+        busy = [0] * len(self.groups)
+        for g, _, _ in self.pending.values():
+            busy[g] += 1
+        g = min(range(len(self.groups)), key=lambda i: (busy[i], self.groups[i].last_ticket))
+        group = self.groups[g]
+        gap = self._push_version(g, version) if group.held != version else None
+        parts = slices(len(prompts), len(group.members))
         refs = []
-        for worker, part in zip(self.workers.rollout, parts):
+        for worker, part in zip(group.members, parts):
             seeded = replace(params, seed=None if params.seed is None else params.seed + part.start)
-            refs.append(worker.generate.remote([prompts[i] for i in part], seeded, [vision[i] for i in part]))
-        return parts, refs
+            refs.append(self.workers.rollout[worker].generate.remote([prompts[i] for i in part], seeded,
+                                                                    [vision[i] for i in part]))
+        self.pending[ticket] = (g, parts, refs)
+        group.last_ticket = ticket
+        return gap
 
-    def _results(self, submitted: tuple[list[range], list],
-                 vision: list[VisionInputs | None]) -> list[Completion] | None:
-        parts, refs = submitted
+    def _results(self, ticket: int, vision: list[VisionInputs | None]) -> list[Completion] | None:
+        g, parts, refs = self.pending.pop(ticket)
         try:
-            results = self._get(refs, self.settings.call_timeout_s, "sampling")
+            results = self._get(refs, self.groups[g], self.settings.call_timeout_s, "sampling")
         except _Resync:
             return None
         out = []
@@ -221,31 +244,45 @@ class RayRolloutEngine:
                        for c in completions)
         return out
 
-    def _get(self, refs: list, timeout_s: float, what: str) -> list:
-        """Every rollout worker's result; a dead worker restarted by Ray raises _Resync, one that cannot be,
-        hangs or fails raises WorkerError naming it."""
+    def _get(self, refs: list, group: WeightGroup, timeout_s: float, what: str) -> list:
+        """The result of each of the group's workers (`refs` in the order of its members); a dead worker restarted by
+        Ray raises _Resync, one that cannot be, hangs or fails raises WorkerError naming it."""
         ray = _ray()
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if pending:
-            late = [i for i, ref in enumerate(refs) if ref in pending]
+            late = [i for i, ref in zip(group.members, refs) if ref in pending]
             raise WorkerError(f"rollout worker(s) {late} did not finish {what} within ray.call_timeout_s = {timeout_s}s")
         results, died, failed = [], [], []
-        for i, ref in enumerate(refs):
+        for i, ref in zip(group.members, refs):
             try:
                 results.append(ray.get(ref))
             # (a result held in a lost node's object store is lost with it: sampled again like a dead worker's)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-                died.append((i, error))
+                died.append((i, ref, error))
             except ray.exceptions.RayTaskError as error:
                 failed.append((i, _cause(error)))
-        return self._sort_out(refs, results, died, failed, what)
+        for i, ref, error in died:  # (the others' failures then are the broken group's, not their own)
+            self._count_death(i, ref, error, what)
+        restarted = [i for i, error in failed if isinstance(error, NoWeightsError)]  # restarted before this call
+        if died or restarted:
+            self._lost(group)
+            raise _Resync()
+        if failed:
+            i, error = failed[0]
+            raise WorkerError(f"rollout worker {i} failed during {what}: {type(error).__name__}: {error}") from error
+        return results
+
+    @staticmethod
+    def _lost(group: WeightGroup) -> None:
+        """A member died: the group forms again, and what it holds is unknown until the next push."""
+        group.channel, group.held = None, 0
 
     def _count_death(self, i: int, ref, error: Exception, what: str) -> None:
         """A restart of worker i counted once per death (every request in flight on it died with it), within
         `ray.max_restarts`."""
         if ref in self.counted:
             return
-        self.counted.update(refs[i] for _, refs in self.pending.values() if i < len(refs))
+        self.counted.update(other for worker, other in self._in_flight() if worker == i)
         self.counted.add(ref)
         if self.restarts[i] >= self.settings.max_restarts:
             raise WorkerError(f"rollout worker {i} died during {what} and its ray.max_restarts "
@@ -255,94 +292,97 @@ class RayRolloutEngine:
                        "node was lost) and what it was doing is done again, with the weights it was asked under", i, what,
                        self.restarts[i], self.settings.max_restarts)
 
-    def _sort_out(self, refs: list, results: list, died: list, failed: list, what: str) -> list:
-        for i, error in died:  # (the others' failures then are the broken group's, not their own)
-            self._count_death(i, refs[i], error, what)
-        restarted = [i for i, error in failed if isinstance(error, NoWeightsError)]  # restarted before this call
-        if died or restarted:
-            self.channel = None  # the dead member's group is gone: all join a new one
-            raise _Resync()
-        if failed:
-            i, error = failed[0]
-            raise WorkerError(f"rollout worker {i} failed during {what}: {type(error).__name__}: {error}") from error
-        return results
-
     # ---- weights ----------------------------------------------------------------------------------
 
     def sync_weights(self, model) -> dict[str, float]:
-        """Every rank: gather the policy's weights (rank 0 gets them), which rank 0 broadcasts and verifies."""
+        """Every rank: gather the policy's weights (rank 0 gets them) as the next version. `prompts`: rank 0 broadcasts
+        them to every worker now and verifies them. `steps`: they are kept, and pushed to a worker with its next step."""
         started = time.perf_counter()
         state = self.strategy.policy_state_dict()
         trainer_probe = trainer_probe_logprobs(model, self.probe)  # sharded weights: a forward on every rank
-        while True:
-            gap = _from_rank0(self.strategy, lambda: self._push(without_value_head(state), trainer_probe))
-            if gap is not None:
-                break
-        self.synced = True
-        self.syncs += 1
-        self.held = self.syncs
+        version = self.syncs + 1
         if self.keep_versions:  # requests submitted under it may have to be sampled again after a worker died
-            self.kept[self.syncs] = (state, trainer_probe)
-            self._forget_versions()
-        return {"time/weight_sync": time.perf_counter() - started, "weight_sync/probe_gap": gap}
+            self.kept[version] = (state, trainer_probe)
+        if not self.by_steps:
+            self.gaps.append(_from_rank0(self.strategy, lambda: self._push_state(0, version, state, trainer_probe)))
+        self.synced = True
+        self.syncs = version
+        self._forget_versions()
+        metrics = {"time/weight_sync": time.perf_counter() - started}
+        if self.gaps:  # (`steps`: the pushes made as the steps since the last sync started)
+            metrics["weight_sync/probe_gap"] = max(self.gaps)
+        self.gaps = []
+        return metrics
 
-    def _push(self, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
-        """Broadcast to every worker and compare probes; None when a restarted worker needs the push again."""
+    def _push_version(self, g: int, version: int) -> float:
+        """Rank 0: a kept version's weights to group g."""
+        state, trainer_probe = self.kept[version]
+        return self._push_state(g, version, state, trainer_probe)
+
+    def _push_state(self, g: int, version: int, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float:
+        """Rank 0: `state` broadcast to group g and verified, again after a member's restart; the largest probe gap."""
+        while (gap := self._push(self.groups[g], without_value_head(state), trainer_probe)) is None:
+            pass
+        self.groups[g].held = version
+        return gap
+
+    def _push(self, group: WeightGroup, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
+        """Broadcast to the group's workers and compare probes; None when a restarted worker needs the push again."""
         settings = self.settings
-        self._note_deaths_ahead()
+        self._note_deaths_ahead(group)
         specs = specs_of(state)
         bucket_bytes = int(settings.sync_bucket_mb * 2**20)
         try:
-            self._connect()
-            refs = [worker.receive_weights.remote(specs, bucket_bytes, self.probe) for worker in self.workers.rollout]
+            self._connect(group)
+            refs = [self.workers.rollout[i].receive_weights.remote(specs, bucket_bytes, self.probe)
+                    for i in group.members]
             try:
-                self.channel.send(state, specs, bucket_bytes)
+                group.channel.send(state, specs, bucket_bytes)
             except RuntimeError as error:  # a member left mid-broadcast: find out which below
                 logger.warning("weight broadcast failed (%s); checking the rollout workers", error)
-                self.channel = None
-            probes = self._get(refs, settings.sync_timeout_s, "the weight sync")
+                group.channel = None
+            probes = self._get(refs, group, settings.sync_timeout_s, "the weight sync")
         except _Resync:
             return None
         gaps = [float((trainer_probe - torch.tensor(p)).abs().mean()) for p in probes]
-        for i, gap in enumerate(gaps):
+        for i, gap in zip(group.members, gaps):
             if not gap <= self.tolerance:
                 raise WeightSyncError(
                     f"rollout worker {i}: its log-probs of the probe sequence differ from the trainer's by {gap:.3g} on "
                     f"average (tolerance {self.tolerance}): it is not sampling from the weights being trained")
         return max(gaps)
 
-    def _note_deaths_ahead(self) -> None:
-        """A worker that died under a request still in flight (a step sampled ahead, `rl.max_staleness`): its
-        restart is counted and the weight group formed again before this sync (the broadcast would wait for the
-        dead member); `collect` samples the request again from its own version's weights."""
+    def _note_deaths_ahead(self, group: WeightGroup) -> None:
+        """A member that died under a request still in flight (a step sampled ahead, `rl.max_staleness`): its
+        restart is counted and the group formed again before this push (the broadcast would wait for the dead
+        member); `collect` samples the request again from its own version's weights."""
         ray = _ray()
-        for parts, refs in list(self.pending.values()):
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for i, ref in enumerate(refs):
-                if ref not in ready:
-                    continue
-                try:
-                    ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-                    self._count_death(i, ref, error, "sampling a request ahead")
-                    self.channel = None
-                except ray.exceptions.RayTaskError:
-                    continue  # its own failure: `collect` reports it
+        for worker, ref in self._in_flight():
+            if worker not in group.members or ref not in ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+                self._count_death(worker, ref, error, "sampling a request ahead")
+                self._lost(group)
+            except ray.exceptions.RayTaskError:
+                continue  # its own failure: `collect` reports it
 
-    def _connect(self) -> None:
-        """A weight group of trainer rank 0 and every rollout worker (a new generation after a restart)."""
-        if self.channel is not None:
+    def _connect(self, group: WeightGroup) -> None:
+        """A weight group of trainer rank 0 and the group's workers (a new generation after a restart)."""
+        if group.channel is not None:
             return
         self.generation += 1
         timeout = self.settings.sync_timeout_s
-        for i, worker in enumerate(self.workers.rollout):  # a restarted worker first: the group waits for every member
+        workers = [self.workers.rollout[i] for i in group.members]
+        for i, worker in zip(group.members, workers):  # a restarted worker first: the group waits for every member
             self._wait_alive(i, worker, self.settings.node_wait_s)
-        members = self._get([w.members.remote() for w in self.workers.rollout], timeout, "joining the weight group")
+        members = self._get([w.members.remote() for w in workers], group, timeout, "joining the weight group")
         address = GroupAddress(node_address(), free_port(), 1 + sum(members), self.generation, timeout, channel_backend())
         offsets = [1 + sum(members[:i]) for i in range(len(members))]  # rank 0 is ROOT, this trainer rank
-        joined = [w.join.remote(address, offset) for w, offset in zip(self.workers.rollout, offsets)]
-        self.channel = WeightChannel(address, ROOT)
-        self._get(joined, timeout, "joining the weight group")
+        joined = [w.join.remote(address, offset) for w, offset in zip(workers, offsets)]
+        group.channel = WeightChannel(address, ROOT)
+        self._get(joined, group, timeout, "joining the weight group")
 
     def _wait_alive(self, index: int, worker, timeout_s: float) -> None:
         """Until the worker answers (Ray may still be restarting it: its model loads again, on a replacement node
@@ -369,7 +409,8 @@ class RayRolloutEngine:
 
     def close(self) -> None:
         """The driver ends the workers with the run."""
-        self.channel = None
+        for group in self.groups:
+            group.channel = None
 
 
 class RemoteReward:

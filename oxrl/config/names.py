@@ -87,6 +87,7 @@ RFT_KEEP_RULES = ("threshold", "best")  # online.keep (oxrl.algorithms.online.re
 STRATEGY_NAMES = ("auto", "single", "fsdp2", "deepspeed")  # strategy.name (oxrl.training.build)
 LAUNCHERS = ("local", "ray")  # run.launcher: this process (or torchrun's), or Ray worker groups (oxrl/cluster)
 RAY_LAYOUTS = ("disaggregated", "colocated")  # ray.layout (oxrl/cluster/placement.py)
+ROLLOUT_SPLITS = ("prompts", "steps")  # ray.rollout_split (oxrl/cluster/remote_engine.py)
 ROBOT_ENVIRONMENTS = ("reach", "pusht")  # vla.env's built-in names (oxrl.vla.envs.BUILT_IN), else module:factory
 ACTION_BINNINGS = ("uniform", "uniform_q99", "quantile")  # vla.binning (oxrl.vla.action_tokens.ActionTokenizer)
 EPISODE_REWARDS = ("success", "env", "env_max")  # vla.reward (oxrl.vla.episodes.VLAEpisodes.run)

@@ -22,7 +22,8 @@ from oxrl.config.names import (
     DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
-    RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
+    RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, ROLLOUT_SPLITS,
+    SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
 from oxrl.config.rl_presets import resolve
@@ -919,6 +920,14 @@ class RayConfig(Section):
     """Trainer ranks: one torch.distributed group running `strategy` (fsdp2/deepspeed when count > 1)."""
     rollout: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
     """Rollout workers, each owning a `rl.rollout.engine` (hf or vllm) and a copy of the policy's weights."""
+    rollout_split: Literal[ROLLOUT_SPLITS] = "prompts"
+    """How the rollout workers share the sampling. `prompts`: each step's prompts are split among all of them, and each
+    weight sync reaches them all at once (so under rl.max_staleness it waits for the step they are sampling). `steps`
+    (needs rl.max_staleness >= 1): each step goes whole to one worker, which takes the weights of the step's version
+    just before it samples it, while the others go on sampling the steps ahead; no sync waits for a busy worker. At
+    most rl.max_staleness + 1 steps are in flight, so up to that many workers are of use. Any worker samples a step
+    alike (seeded by the run's seed and the step), so a run repeats whatever the number of workers, and equals the
+    `prompts` run with one worker."""
     reward: WorkerGroupConfig = Field(default_factory=lambda: WorkerGroupConfig(count=0))
     """Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on trainer rank 0."""
     max_restarts: int = Field(1, ge=0)
@@ -1277,6 +1286,14 @@ class Config(Section):
         if ray.layout == "colocated" and ray.rollout.count > ray.trainers.count:
             raise ValueError(f"ray.layout `colocated` puts rollout worker i beside trainer i: ray.rollout.count "
                              f"({ray.rollout.count}) must be <= ray.trainers.count ({ray.trainers.count})")
+        k = self.rl.max_staleness
+        if ray.rollout_split == "steps" and k < 1:
+            raise ValueError("ray.rollout_split `steps` gives each rollout worker a step of its own, sampled ahead of the "
+                             "update: set rl.max_staleness >= 1 (at 0 one step is sampled at a time), or use `prompts`")
+        if ray.rollout_split == "steps" and ray.rollout.count > k + 1:
+            raise ValueError(f"ray.rollout_split `steps` with rl.max_staleness {k}: at most {k + 1} steps are sampled at "
+                             f"once, so {ray.rollout.count - k - 1} of the ray.rollout.count = {ray.rollout.count} workers "
+                             f"would sit idle: lower the count to {k + 1} or raise rl.max_staleness")
         if self.rl.env is not None:
             raise ValueError("rl.env (multi-turn episodes) runs with run.launcher local for now: under `ray` every "
                              "trainer rank would step the environment")

@@ -222,6 +222,11 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     result = table(output, "demo GRPO step under Ray")
     assert result.columns == ["metric", "k = 0", "k = 1"]
     assert result.column("metric") == ["time/step", "time/generate", "time/train", "time/weight_sync", "steps/min"]
+    output = run_script("async_rl.py", "workers", *demo_overrides(model), "--steps", 2, "--workers", 2)
+    result = table(output, "GRPO step under Ray, 1 trainer + N rollout workers taking whole steps")
+    assert result.columns == ["metric", "k = 0, 1 worker", "k = 1, 2 workers"]
+    assert result.column("metric") == ["time/step", "time/generate", "time/train", "steps/min", "speed-up",
+                                       "ideal (a core each)"]
 
 
 def smoke_sandbox(model: Path, tmp_path: Path) -> None:

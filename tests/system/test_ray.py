@@ -94,6 +94,10 @@ def _config(tmp_path: Path, **overrides) -> Config:
     ({"ray": {"trainers": {"count": 3}}}, "must be a multiple of ray.trainers.count"),
     ({"run": {"launcher": "local"}, "ray": {"rollout": {"count": 2}}}, "read only with run.launcher: ray"),
     ({"algorithm": {"name": "spin"}}, "`spin` runs in one local process"),
+    ({"ray": {"rollout_split": "steps", "rollout": {"count": 2}}}, r"set rl.max_staleness >= 1 \(at 0 one step"),
+    ({"ray": {"rollout_split": "steps", "rollout": {"count": 3}},
+      "rl": {"max_staleness": 1, "off_policy_correction": "decoupled"}},
+     r"at most 2 steps are sampled at once, so 1 of the ray.rollout.count = 3 workers would sit idle"),
 ])
 def test_layouts_the_config_refuses(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -346,7 +350,7 @@ def test_a_worker_dead_under_a_step_sampled_ahead_is_sampled_again_from_that_ste
         pid = ray.get(actors[1].ready.remote())
         ticket = engine.submit(PROMPTS, PARAMS)
         os.kill(pid, signal.SIGKILL)  # while it samples
-        (_, refs), = engine.pending.values()
+        (_, _, refs), = engine.pending.values()
         ray.wait([refs[1]], timeout=30)  # until Ray has seen the death
         _nudge(model, 3)
         engine.sync_weights(model)  # version 2, while version 1's request is in flight
@@ -355,13 +359,113 @@ def test_a_worker_dead_under_a_step_sampled_ahead_is_sampled_again_from_that_ste
         assert [(c.completion_ids, c.logprobs) for c in again] == [(c.completion_ids, c.logprobs) for c in expected]
         assert "rollout worker 1 died during sampling a request ahead" in oxrl_log.text
         assert "sampled again from its own version's weights" in oxrl_log.text
-        assert sorted(engine.kept) == [2] and engine.held == 2  # back on the current weights; v1 freed
+        assert sorted(engine.kept) == [2] and engine.groups[0].held == 2  # back on the current weights; v1 freed
         newer = engine.collect(engine.submit(PROMPTS, PARAMS))  # sampled by version 2: the live weights
         from oxrl.loops.rl_update import score_logprobs
 
         for c, logprobs in zip(newer, score_logprobs(model, newer, 8, 1.0)):
             torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
         assert engine.restarts == [0, 1]  # one death, counted once
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _sampled(completions) -> list:
+    return [(c.prompt_index, c.completion_ids, c.logprobs) for c in completions]
+
+
+def test_under_rollout_split_steps_each_request_goes_whole_to_one_worker_with_its_versions_weights(ray_cluster, model_cfg):
+    """`ray.rollout_split: steps`: three requests of three versions in flight at once, one on each worker; a sync
+    pushes nothing, each worker takes its request's version just before sampling it, and each request samples
+    exactly what one worker sharing the whole step (`prompts`, one worker) samples from that version."""
+    from oxrl.cluster.workers import RolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [RolloutWorker])
+    try:
+        expected = []
+        for version in range(3):
+            _nudge(model, version)
+            engine.sync_weights(model)
+            expected.append(_sampled(engine.generate(PROMPTS, PARAMS)))
+    finally:
+        ray.kill(actors[0])
+    engine, model, actors = _engine(model_cfg, [RolloutWorker] * 3, rollout_split="steps")
+    try:
+        tickets, syncs = [], []
+        for version in range(3):
+            _nudge(model, version)
+            syncs.append(engine.sync_weights(model))
+            tickets.append(engine.submit(PROMPTS, PARAMS))
+        assert [g for g, _, _ in engine.pending.values()] == [0, 1, 2]  # three steps in flight, a worker each
+        assert [group.held for group in engine.groups] == [1, 2, 3]
+        assert "weight_sync/probe_gap" not in syncs[0]  # nothing was pushed before the first request
+        assert all(sync["weight_sync/probe_gap"] < 1e-5 for sync in syncs[1:])  # the pushes made with each request
+        assert [_sampled(engine.collect(ticket)) for ticket in tickets] == expected
+        assert sorted(engine.kept) == [3]  # only the current version once nothing is in flight
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+@pytest.mark.parametrize("split", ["prompts", "steps"])
+def test_a_sync_waits_for_a_worker_busy_with_another_step_only_when_every_worker_shares_each_step(ray_cluster, model_cfg,
+                                                                                                 split):
+    """Two workers that pause 5 s before sampling, one request in flight: under `prompts` the next sync waits for it
+    (both workers are sampling it); under `steps` the sync and the next request, on the idle worker, do not."""
+    from oxrl.loops.rl_update import score_logprobs
+    from tests.ray_workers import SlowRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [SlowRolloutWorker] * 2, rollout_split=split)
+    engine.keep_versions = True  # rl.max_staleness >= 1
+    try:
+        for ticket in [engine.submit(PROMPTS, PARAMS) for _ in range(2)]:  # every worker up and holding version 1
+            engine.collect(ticket)
+        first = engine.submit(PROMPTS, PARAMS)
+        started = time.monotonic()
+        _nudge(model, 7)
+        engine.sync_weights(model)
+        second = engine.submit(PROMPTS, PARAMS)
+        waited = time.monotonic() - started
+        assert waited > 4.0 if split == "prompts" else waited < 2.5, waited
+        newer = engine.collect(second)
+        for c, logprobs in zip(newer, score_logprobs(model, newer, 8, 1.0)):  # sampled by version 2
+            torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
+        engine.collect(first)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def test_under_rollout_split_steps_a_worker_killed_with_a_step_in_flight_is_recovered_alike(ray_cluster, model_cfg,
+                                                                                           oxrl_log):
+    """`steps`, rl.max_staleness >= 1: worker 0 killed while it samples a request of version 1, a sync to version 2
+    and a request of it on worker 1 meanwhile: the killed request is sampled again from version 1 (kept for it),
+    exactly as undisturbed, and the other requests are untouched."""
+    from oxrl.cluster.workers import RolloutWorker
+    from tests.ray_workers import SlowRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [SlowRolloutWorker, RolloutWorker], restarts=1, rollout_split="steps")
+    try:
+        expected = _sampled(engine.collect(engine.submit(PROMPTS, PARAMS)))  # version 1 on worker 0, undisturbed
+        pid = ray.get(actors[0].ready.remote())
+        other = engine.submit(PROMPTS, PARAMS)  # worker 1, the least recently used
+        doomed = engine.submit(PROMPTS, PARAMS)  # worker 0: the idle one
+        assert [g for g, _, _ in engine.pending.values()] == [1, 0]
+        os.kill(pid, signal.SIGKILL)  # while it pauses before sampling
+        _nudge(model, 3)
+        engine.sync_weights(model)
+        newer = engine.submit(PROMPTS, PARAMS)  # version 2 goes to worker 1 (worker 0's request was given later)
+        assert _sampled(engine.collect(doomed)) == expected
+        assert "rollout worker 0 died during sampling" in oxrl_log.text
+        assert "sampled again from its own version's weights" in oxrl_log.text
+        assert _sampled(engine.collect(other)) == expected
+        from oxrl.loops.rl_update import score_logprobs
+
+        completions = engine.collect(newer)
+        for c, logprobs in zip(completions, score_logprobs(model, completions, 8, 1.0)):
+            torch.testing.assert_close(torch.tensor(c.logprobs), logprobs, atol=1e-4, rtol=0)
+        assert engine.restarts == [1, 0] and sorted(engine.kept) == [2]
     finally:
         for actor in actors:
             ray.kill(actor)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,7 +110,8 @@ def test_a_driver_killed_mid_run_then_resumed_repeats_the_uninterrupted_run(conf
             assert resumed[step][key] == pytest.approx(uninterrupted[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
-PIPELINED = ("rl.max_staleness=1", "rl.off_policy_correction=decoupled", "rl.off_policy_cap=4.0")
+# Each step whole to one of the 2 rollout workers (ray.rollout_split: steps), so 2 steps are sampled at once.
+PIPELINED = ("rl.max_staleness=1", "rl.off_policy_correction=decoupled", "rl.off_policy_cap=4.0", "ray.rollout_split=steps")
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +119,54 @@ def pipelined(config) -> dict[int, dict]:
     return rows_by_step(_train(config, "run.name=pipelined", *PIPELINED))
 
 
+def _kill_a_rollout_worker_once_logged(run_dir: Path, step: int):
+    """A check for `kill_once_checkpointed`: once `step` is logged, SIGKILL one rollout worker's process (Ray restarts
+    it; the step it had in flight is sampled again from that step's version), once."""
+    killed = []
+
+    def check() -> None:
+        if killed or step not in _logged_steps(run_dir):
+            return
+        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+                and _cmdline(entry).startswith("ray::RolloutWorker")]
+        assert pids, "no rollout worker process to kill"
+        os.kill(min(pids), signal.SIGKILL)
+        killed.append(min(pids))
+
+    check.killed = killed
+    return check
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # the process ended meanwhile
+        return ""
+
+
+def _logged_steps(run_dir: Path) -> set[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # whole lines only: the last may be in writing
+    return {json.loads(line)["step"] for line in lines if line.strip()}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_pipelined_ray_run_trains_on_samples_one_version_old_and_resumes_exactly(config, pipelined):
-    """rl.max_staleness 1 under Ray: the rollout workers sample step t + 1 while the trainers update step t; every
-    step after the first lags one version, and a driver killed mid-run then resumed repeats the run. (Learning
+    """rl.max_staleness 1 under Ray, each step whole to one of 2 rollout workers (ray.rollout_split: steps): they
+    sample steps t + 1 and t while the trainers update step t; every step after the first lags one version. A
+    rollout worker killed mid-run is restarted and the run goes on, then the driver is killed and resumed: the run
+    still repeats the uninterrupted one. (Learning
     from stale samples: tests/integration/test_pipelined_rl.py; at this test's learning rate of 0.2 a step moves the
     policy far, mean |log-prob gap| up to 1.4 a token, and k = 1 learns far slower than k = 0.)"""
     assert [pipelined[step]["off_policy/version_lag"] for step in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
     assert pipelined[1]["logprob_mismatch/mean_abs"] < 1e-4  # step 1 is sampled by the live weights
     assert all(pipelined[step]["logprob_mismatch/mean_abs"] > 1e-3 for step in range(2, STEPS + 1))  # off-policy
     runs = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
+    kill_worker = _kill_a_rollout_worker_once_logged(runs / "pipelined_killed", step=2)
     kill_once_checkpointed([sys.executable, "-m", "oxrl", "train", str(config), "run.name=pipelined_killed", *PIPELINED],
-                           runs / "pipelined_killed" / "checkpoints" / "step_000004", timeout_s=600)
+                           runs / "pipelined_killed" / "checkpoints" / "step_000004", timeout_s=600, meanwhile=kill_worker)
+    assert kill_worker.killed, "the driver reached step 4's checkpoint before a rollout worker could be killed"
     resumed = rows_by_step(_train(config, "run.name=pipelined_killed", "run.resume=true", *PIPELINED))
     for step in range(1, STEPS + 1):
         for key in COMPARED + ("off_policy/version_lag", "logprob_mismatch/mean_abs"):

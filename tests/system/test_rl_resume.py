@@ -114,12 +114,15 @@ def grpo_config(tmp_path, smollm2_tokenizer) -> Path:
     return path
 
 
-def kill_once_checkpointed(command: list[str], checkpoint: Path, timeout_s: float = 300.0) -> None:
-    """Start `command` and SIGKILL it as soon as `checkpoint` exists (it must still be running then)."""
+def kill_once_checkpointed(command: list[str], checkpoint: Path, timeout_s: float = 300.0, meanwhile=None) -> None:
+    """Start `command` and SIGKILL it as soon as `checkpoint` exists (it must still be running then); `meanwhile()`,
+    if given, is called while waiting."""
     process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     try:
         while not checkpoint.is_dir():
+            if meanwhile is not None:
+                meanwhile()
             if process.poll() is not None:
                 pytest.fail(f"the run ended ({process.returncode}) before {checkpoint.name}:\n{process.stderr.read()[-3000:]}")
             if time.monotonic() > deadline:

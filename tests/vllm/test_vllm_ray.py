@@ -98,7 +98,7 @@ def test_weights_go_straight_into_vllm_and_a_tied_output_embedding_follows(token
         moved = float((trainer_probe_logprobs(model, engine.probe) - before).abs().mean())
         assert moved > 100 * engine.tolerance  # a stale output embedding in vLLM could not pass the probe
         assert engine.sync_weights(model)["weight_sync/probe_gap"] < 1e-4
-        engine.channel = None  # the next sync forms generation 2 of the group, as after a worker's restart
+        engine.groups[0].channel = None  # the next sync forms generation 2 of the group, as after a worker's restart
         with torch.no_grad():
             model.model.norm.weight.mul_(1.5)
         assert engine.sync_weights(model)["weight_sync/probe_gap"] < 1e-4
