@@ -428,21 +428,35 @@ class RemoteReward:
     def _score(self, prompts, completions, fields, origins, completion_ids) -> RewardOutput:
         if not self.workers.reward:
             return self.local(prompts, completions, fields, origins, completion_ids)
-        ray = _ray()
         parts = slices(len(prompts), len(self.workers.reward))
         take = lambda column, part: None if column is None else [column[i] for i in part]  # noqa: E731
-        refs = [worker.score.remote(take(prompts, p), take(completions, p), take(fields, p), take(origins, p),
-                                    take(completion_ids, p)) for worker, p in zip(self.workers.reward, parts)]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.workers.settings.call_timeout_s)
-        if pending:
-            raise WorkerError(f"reward worker(s) {[i for i, r in enumerate(refs) if r in pending]} did not finish within "
-                              f"ray.call_timeout_s = {self.workers.settings.call_timeout_s}s")
-        outputs = []
-        for i, ref in enumerate(refs):
+        calls = [lambda worker=worker, p=p: worker.score.remote(take(prompts, p), take(completions, p), take(fields, p),
+                                                                take(origins, p), take(completion_ids, p))
+                 for worker, p in zip(self.workers.reward, parts)]
+        refs = [call() for call in calls]
+        outputs = [self._scored(i, ref, call) for i, (ref, call) in enumerate(zip(refs, calls))]
+        return RewardOutput.concat(outputs)
+
+    def _scored(self, i: int, ref, call) -> RewardOutput:
+        """Reward worker i's slice. While Ray brings back a worker whose node was lost (its actor is unavailable for a
+        while), the slice is scored again once the worker answers, within ray.node_wait_s: a reward call holds no
+        state. A worker dead for good, or one that hangs, is a WorkerError naming it."""
+        ray, settings = _ray(), self.workers.settings
+        deadline = time.monotonic() + settings.node_wait_s
+        while True:
+            if ray.wait([ref], timeout=settings.call_timeout_s)[1]:
+                raise WorkerError(f"reward worker(s) [{i}] did not finish within ray.call_timeout_s = "
+                                  f"{settings.call_timeout_s}s")
             try:
-                outputs.append(ray.get(ref))
+                return ray.get(ref)
             except ray.exceptions.RayTaskError as error:
                 raise _cause(error) from error  # e.g. a reward's own error, with its row: as if scored here
+            except ray.exceptions.ActorUnavailableError as error:  # restarting, e.g. on a replacement node
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"reward worker {i} was not back within ray.node_wait_s = {settings.node_wait_s:g}s "
+                                      f"of its restart: {error}") from error
+                logger.warning("reward worker %d is unavailable while Ray restarts it; its slice is scored again", i)
+                time.sleep(1.0)
+                ref = call()
             except ray.exceptions.RayActorError as error:
                 raise WorkerError(f"reward worker {i} died and its ray.max_restarts retries are spent: {error}") from error
-        return RewardOutput.concat(outputs)
