@@ -119,7 +119,7 @@ class WeightGroup:
 
     members: list[int]  # indices into RemoteWorkers.rollout
     channel: WeightChannel | None = None
-    held: int = 0  # the version its workers hold (0: none of the trainer's, or unknown after a restart)
+    held: int = 0  # the version its workers hold (0: none of the trainer's, or unknown after a restart); rank 0 only
     last_ticket: int = 0  # the request it was last given (`steps`: the least recently used of the idle ones goes next)
 
 
@@ -189,8 +189,8 @@ class RayRolloutEngine:
                                "own version's weights, kept for it", ticket, version, self.syncs)
             self._start(ticket)
         del self.requests[ticket]
-        if not self.by_steps and self.groups[0].held != self.syncs:  # back to the current weights
-            _from_rank0(self.strategy, lambda: self._push_version(0, self.syncs))
+        if not self.by_steps:  # back to the current weights (what a group holds is known on rank 0 alone)
+            _from_rank0(self.strategy, lambda: self.groups[0].held == self.syncs or self._push_version(0, self.syncs))
         self._forget_versions()
         return outcome
 

@@ -168,8 +168,15 @@ def test_a_pipelined_ray_run_trains_on_samples_one_version_old_and_resumes_exact
                            runs / "pipelined_killed" / "checkpoints" / "step_000004", timeout_s=600, meanwhile=kill_worker)
     assert kill_worker.killed, "the driver reached step 4's checkpoint before a rollout worker could be killed"
     resumed = rows_by_step(_train(config, "run.name=pipelined_killed", "run.resume=true", *PIPELINED))
+    # Every step but the last pushed the weights of the step it started to that step's worker, verified by the probe
+    # (the last starts none: its row has no gap).
+    assert all(pipelined[step]["weight_sync/probe_gap"] < 1e-4 for step in range(1, STEPS))
+    assert "weight_sync/probe_gap" not in pipelined[STEPS]
     for step in range(1, STEPS + 1):
         for key in COMPARED + ("off_policy/version_lag", "logprob_mismatch/mean_abs"):
+            if key not in pipelined[step]:
+                assert key not in resumed[step], (step, key)
+                continue
             assert resumed[step][key] == pytest.approx(pipelined[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
