@@ -12,12 +12,17 @@ group. A failure on rank 0 is sent to the others too, so no rank waits in a coll
                   worker -> each worker's probe log-probs against the trainer's (WeightSyncError naming it)
     rewards       the completions split into slices scored by the reward workers at once (else on rank 0)
 
+`ray.rollout_split: steps` (rl.max_staleness >= 1) gives each request whole to one worker instead, each worker in
+a weight group of its own (`WeightGroup`): a sync only gathers and keeps the new version, which goes to a worker
+just before it samples a request of that version, so a sync never waits for a worker busy with another step.
+
 A rollout worker that dies is restarted by Ray (`ray.max_restarts`; on another node when its node was lost,
 waiting up to `ray.node_wait_s` for one); the step's sampling is then retried after every worker has joined a new
 weight group and received the current weights. Once its restarts are spent, or with `ray.max_restarts: 0`, the
 run stops with an error naming the worker. Under `rl.max_staleness` >= 1 (requests `submit`ted ahead) rank 0 keeps
 the weights of every version a request still in flight was submitted under: a request whose worker died is
-sampled again from its own version's weights, broadcast to every worker, and then the current weights go back.
+sampled again from its own version's weights, broadcast to its group, and then (`prompts`) the current weights
+go back. Which version a group holds is known on rank 0 alone: every decision on it is taken there.
 """
 
 from __future__ import annotations
