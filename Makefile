@@ -26,7 +26,7 @@ test-vllm:
 	OXRL_VLLM_VENV=$(VLLM_VENV) bash scripts/setup_vllm_cpu.sh
 	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -q -rfEs tests/vllm
 
-# The unit and integration tiers (tests/conftest.py): under 4 minutes on 2 cores.
+# The unit and integration tiers (tests/conftest.py), without the tests that start processes or load the real model.
 test-fast: env
 	$(PY) -m pytest -q -rfEs -m "not system" tests/unit tests/integration
 
