@@ -117,6 +117,28 @@ def _cause(error: Exception) -> Exception:
     return getattr(error, "cause", None) or error
 
 
+def wait_back(worker, who: str, node_wait_s: float, deadline: float | None = None) -> None:
+    """Until the worker answers `ready` (Ray may still be restarting it: its model loads again, on a replacement node
+    when its node was lost), by `deadline` (time.monotonic(); default: ray.node_wait_s from now). `who` names it in
+    the WorkerError of a worker not back in time, or one Ray could not restart."""
+    ray = _ray()
+    deadline = time.monotonic() + node_wait_s if deadline is None else deadline
+    late = (f"{who} was not back within ray.node_wait_s = {node_wait_s:g}s of its restart (a lost node: no node with "
+            "its resources joined in time)")
+    while True:
+        try:
+            ray.get(worker.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise WorkerError(late) from None
+            time.sleep(0.5)
+        except ray.exceptions.GetTimeoutError as error:
+            raise WorkerError(late) from error
+        except ray.exceptions.RayActorError as error:
+            raise WorkerError(f"{who} died and Ray could not restart it: {error}") from error
+
+
 @dataclass
 class WeightGroup:
     """Rollout workers that hold one version of the weights together and take it in one broadcast: every worker
@@ -381,33 +403,13 @@ class RayRolloutEngine:
         timeout = self.settings.sync_timeout_s
         workers = [self.workers.rollout[i] for i in group.members]
         for i, worker in zip(group.members, workers):  # a restarted worker first: the group waits for every member
-            self._wait_alive(i, worker, self.settings.node_wait_s)
+            wait_back(worker, f"rollout worker {i}", self.settings.node_wait_s)
         members = self._get([w.members.remote() for w in workers], group, timeout, "joining the weight group")
         address = GroupAddress(node_address(), free_port(), 1 + sum(members), self.generation, timeout, channel_backend())
         offsets = [1 + sum(members[:i]) for i in range(len(members))]  # rank 0 is ROOT, this trainer rank
         joined = [w.join.remote(address, offset) for w, offset in zip(workers, offsets)]
         group.channel = WeightChannel(address, ROOT)
         self._get(joined, group, timeout, "joining the weight group")
-
-    def _wait_alive(self, index: int, worker, timeout_s: float) -> None:
-        """Until the worker answers (Ray may still be restarting it: its model loads again, on a replacement node
-        when its node was lost), within `timeout_s` (ray.node_wait_s)."""
-        ray = _ray()
-        deadline = time.monotonic() + timeout_s
-        late = (f"rollout worker {index} was not back within ray.node_wait_s = {timeout_s:g}s of its restart (a lost "
-                "node: no node with its resources joined in time)")
-        while True:
-            try:
-                ray.get(worker.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                return
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    raise WorkerError(late) from None
-                time.sleep(0.5)
-            except ray.exceptions.GetTimeoutError as error:
-                raise WorkerError(late) from error
-            except ray.exceptions.RayActorError as error:
-                raise WorkerError(f"rollout worker {index} died and Ray could not restart it: {error}") from error
 
     def offload(self) -> None:
         """The workers free their memory themselves after each call (vLLM sleeps on GPU)."""
@@ -456,12 +458,9 @@ class RemoteReward:
                 return ray.get(ref)
             except ray.exceptions.RayTaskError as error:
                 raise _cause(error) from error  # e.g. a reward's own error, with its row: as if scored here
-            except ray.exceptions.ActorUnavailableError as error:  # restarting, e.g. on a replacement node
-                if time.monotonic() > deadline:
-                    raise WorkerError(f"reward worker {i} was not back within ray.node_wait_s = {settings.node_wait_s:g}s "
-                                      f"of its restart: {error}") from error
+            except ray.exceptions.ActorUnavailableError:  # restarting, e.g. on a replacement node
                 logger.warning("reward worker %d is unavailable while Ray restarts it; its slice is scored again", i)
-                time.sleep(1.0)
+                wait_back(self.workers.reward[i], f"reward worker {i}", settings.node_wait_s, deadline)
                 ref = call()
             except ray.exceptions.RayActorError as error:
                 raise WorkerError(f"reward worker {i} died and its ray.max_restarts retries are spent: {error}") from error

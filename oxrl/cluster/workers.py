@@ -146,5 +146,9 @@ class RewardWorker:
         _worker_logging()
         self.reward_fn = reward_function(cfg, cfg.rl)
 
+    def ready(self) -> int:
+        """The worker's process id, once its reward functions are loaded."""
+        return os.getpid()
+
     def score(self, prompts, completions, fields, origins, completion_ids):
         return self.reward_fn(prompts, completions, fields, origins, completion_ids)
