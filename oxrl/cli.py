@@ -142,15 +142,15 @@ def add_eval_parser(sub) -> None:
     ev.add_argument("--engine", choices=["hf", "vllm"], help="rollout engine (default: the config's, hf)")
     ev.add_argument("--baseline", metavar="MODEL", help="a second model, evaluated on exactly the same prompts")
     ev.add_argument("--out", metavar="FILE.jsonl", help="write every sample (prompt, completion, rewards, correct, model)")
+    ev.add_argument("--video", metavar="FILE.gif", help="a vla config's greedy episodes (default: RUN_DIR/eval_episodes.gif)")
     ev.add_argument("--seed", type=int, help="seed of the task's prompts and of sampling (default: the config's, 0)")
     ev.add_argument("--config", metavar="CFG.yaml", help="RL config whose data, rl and run sections to use (MODEL replaces its model)")
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="dotted config override, e.g. --set rl.task_config.max_operand=20; repeatable")
-    ev.add_argument("--trust-config-code", action="store_true",
-                    help="run the code a run directory's saved config.yaml names (extensions, reward and environment "
-                    "files, module:factory, trust_remote_code) and send to the hosts it names (a judge's url, with "
-                    "your api_key_env key): off, as anyone may have written that config; --config and --set are yours "
-                    "and always run")
+    ev.add_argument("--trust-config-code", action="store_true", help="run the code a run directory's saved config.yaml "
+                    "names (extensions, reward and environment files, module:factory, trust_remote_code) and send to the "
+                    "hosts it names (a judge's url, with your api_key_env key): off, as anyone may have written that "
+                    "config; --config and --set are yours and always run")
     ev.set_defaults(func=_elsewhere("eval"))
 
 

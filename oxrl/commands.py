@@ -16,8 +16,8 @@ def eval(args: argparse.Namespace) -> int:
     # The flags are checked first: a bad one costs no torch import.
     request = EvalRequest(model=args.model, baseline=args.baseline, config=args.config, task=args.task, data=args.data,
                           rewards=args.reward, n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                          limit=args.limit, engine=args.engine, seed=args.seed, out=args.out, overrides=args.set,
-                          trust_config_code=args.trust_config_code)
+                          limit=args.limit, engine=args.engine, seed=args.seed, out=args.out, video=args.video,
+                          overrides=args.set, trust_config_code=args.trust_config_code)
     from oxrl.evaluation.run import evaluate_models, format_table
 
     sys.stdout.write(format_table(evaluate_models(request)))

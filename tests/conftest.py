@@ -85,11 +85,14 @@ def make_tiny_llama(vocab_size: int = 128, seed: int = 0, tie_word_embeddings: b
 
 @pytest.fixture
 def oxrl_log(caplog):
-    """caplog for the `oxrl` logger, which does not propagate to the root once `oxrl train` set up logging."""
+    """caplog for the `oxrl` logger, which does not propagate to the root once `oxrl train` set up logging. It does
+    before, so propagation is off meanwhile: each record is caught once, whichever test set logging up first."""
     logger = logging.getLogger("oxrl")
+    propagate, logger.propagate = logger.propagate, False
     logger.addHandler(caplog.handler)
     yield caplog
     logger.removeHandler(caplog.handler)
+    logger.propagate = propagate
 
 
 def save_tiny_model(folder: Path, tokenizer, seed: int = 0) -> Path:

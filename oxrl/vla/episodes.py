@@ -32,6 +32,7 @@ from oxrl.loops.multiturn import Episodes
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer
 from oxrl.vla.envs import Observation, RobotEnv, RobotEnvError
+from oxrl.vla.video import EpisodeFilm
 
 
 class EpisodeError(RuntimeError):
@@ -81,6 +82,7 @@ class _Episode:
     success: bool = False
     chunks: int = 0
     done: bool = False
+    film: EpisodeFilm | None = None  # its first camera's frames, when the runner films (`VLAEpisodes.films`)
 
     def completion(self) -> Completion:
         return Completion(self.prompt_index, self.prompt_ids, self.completion_ids, self.logprobs, "length",
@@ -98,6 +100,7 @@ class VLAEpisodes:
     prompter: Prompter
     max_chunks: int
     reward: str = "success"  # success | env | env_max
+    films: list[EpisodeFilm] | None = None  # a list: every episode `run` plays is filmed into it (`oxrl eval`'s video)
 
     @property
     def reference(self) -> str:
@@ -138,6 +141,10 @@ class VLAEpisodes:
         finally:
             for episode in episodes:
                 episode.env.close()
+        if self.films is not None:
+            for episode in episodes:
+                episode.film.success = episode.success
+                self.films.append(episode.film)
         rewards = [episode_reward(e, self.reward) for e in episodes]
         return Episodes([e.completion() for e in episodes], rewards, [float(e.success) for e in episodes],
                         [e.chunks for e in episodes], [len(e.context_starts) for e in episodes], stepping)
@@ -151,7 +158,9 @@ class VLAEpisodes:
         if self.prompter.encode(observation, task, self.reference, seed)[0] != prompt_ids:
             raise EpisodeError(f"{self.reference}: reset(seed={seed}) gave another initial observation than when the "
                                "prompts were made: the environment must be deterministic given its reset seed")
-        return _Episode(sampled.prompt_index, seed, env, task, list(prompt_ids), vision, list(prompt_ids), vision)
+        film = EpisodeFilm(seed, [observation.images[0]]) if self.films is not None else None
+        return _Episode(sampled.prompt_index, seed, env, task, list(prompt_ids), vision, list(prompt_ids), vision,
+                        film=film)
 
     def _act(self, episode: _Episode, sampled: Completion, chunk: int) -> None:
         """Decode the sampled chunk, step the simulator with each action in turn, and append the next prompt."""
@@ -171,6 +180,8 @@ class VLAEpisodes:
             episode.reward += transition.reward
             episode.best = max(episode.best, transition.reward)
             episode.success = episode.success or transition.success
+            if episode.film is not None:
+                episode.film.frames.append(transition.observation.images[0])
             if transition.done or episode.success:
                 episode.done = True
                 break

@@ -12,7 +12,7 @@ import yaml
 
 from oxrl.cli import main
 from oxrl.loops.rl import summarise
-from oxrl.evaluation.run import EvalRequest, evaluate_models
+from oxrl.evaluation.run import EvalRequest, evaluate_models, wilson_interval
 from oxrl.rewards.combine import RewardOutput
 from oxrl.rollout.base import Completion
 from tests.conftest import make_tiny_llama
@@ -59,6 +59,16 @@ def test_summary_by_hand():
     assert "pass@4" not in summary
 
 
+def test_wilson_interval_by_hand():
+    # p = 5/10, z = 1.96: centre (0.5 + 0.19208) / 1.38416 = 0.5; half 1.96 / 1.38416 * sqrt(0.025 + 0.0096040) = 0.26341
+    assert wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    # 0 of 10: not the empty interval p +- z * se gives; its upper end z^2 / (n + z^2) = 3.8416 / 13.8416
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27754), abs=1e-5)
+    assert wilson_interval(10, 10) == pytest.approx((0.72246, 1.0), abs=1e-5)
+    with pytest.raises(ValueError, match="0 <= successes <= total and total >= 1, got 3 of 2"):
+        wilson_interval(3, 2)
+
+
 def test_eval_writes_every_sample(tmp_path, model_dirs, capsys):
     out = tmp_path / "samples.jsonl"
     assert main(["eval", str(model_dirs[0]), *FAST, "--n", "2", "--out", str(out)]) == 0
@@ -85,6 +95,9 @@ def test_accuracy_is_a_fraction_and_matches_the_samples(tmp_path, model_dirs):
     greedy = [r for r in rows_of(out) if r["pass"] == "greedy"]
     assert 0.0 <= metrics["greedy/accuracy"] <= 1.0
     assert metrics["greedy/accuracy"] == sum(r["correct"] for r in greedy) / 4
+    assert (metrics["greedy/accuracy_ci95_low"], metrics["greedy/accuracy_ci95_high"]) == wilson_interval(
+        sum(r["correct"] for r in greedy), 4)
+    assert "sampled/accuracy_ci95_low" not in metrics  # pass@k reports the samples
     assert metrics["greedy/reward/mean"] == pytest.approx(sum(r["reward"] for r in greedy) / 4)
     assert metrics["sampled/pass@1"] <= metrics["sampled/pass@2"] <= metrics["sampled/pass@3"]
 
@@ -167,6 +180,8 @@ def test_eval_of_a_training_run_reproduces_its_validation_accuracy(tmp_path, mod
     (["--task", "arithmetic", "--n", "0"], "--n must be at least 1, got 0"),
     (["--task", "arithmetic", "--limit", "0"], "--limit must be at least 1"),
     (["--task", "arithmetic", "--reward", "nope.py:score"], "file 'nope.py' not found"),
+    (["--task", "arithmetic", "--video", "episodes.mp4"], "--video episodes.mp4: name the .gif file to write"),
+    (["--task", "arithmetic", "--video", "episodes.gif"], "--video episodes.gif: only a config with a `vla` section"),
     ([], "nothing to evaluate on"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, model_dirs, oxrl_log, arguments, message):

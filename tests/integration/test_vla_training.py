@@ -88,6 +88,33 @@ def test_behaviour_cloning_then_grpo_raise_the_held_out_success_rate(cloned):
 
 
 @WHOLE_RUNS
+def test_eval_of_a_vla_run_films_its_episodes_in_its_run_directory(cloned, tmp_path):
+    from PIL import Image
+
+    from oxrl.vla.video import BORDER, FAILED, SUCCEEDED
+
+    _, _, sft = cloned
+    out = tmp_path / "samples.jsonl"
+    report = evaluate_models(EvalRequest(str(sft.run_dir), limit=6, out=str(out))).reports[0]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert report.metrics["greedy/accuracy"] == sum(row["correct"] for row in rows) / 6
+    video = Image.open(sft.run_dir / "eval_episodes.gif")
+    assert video.size == (3 * (32 * 2 + 2 * BORDER), 2 * (32 * 2 + 2 * BORDER))  # 6 episodes: 3 x 2 tiles
+    # A frame after reset and one per action of the longest episode (a chunk of 1 action, at most 4 chunks), 100 ms
+    # each, the last held a second (the GIF merges a frame equal to the one before into it, adding its time).
+    longest = max(len(row["completion"].split(" | ")) for row in rows)
+    durations = []
+    for frame in range(video.n_frames):
+        video.seek(frame)
+        durations.append(video.info["duration"])
+    assert sum(durations) == 100 * longest + 1000, durations
+    last = video.convert("RGB")
+    for index, row in enumerate(rows):  # each tile's border says whether its episode succeeded
+        corner = ((index % 3) * (32 * 2 + 2 * BORDER), (index // 3) * (32 * 2 + 2 * BORDER))
+        assert last.getpixel(corner) == pytest.approx(SUCCEEDED if row["correct"] else FAILED, abs=12), index
+
+
+@WHOLE_RUNS
 def test_ppo_trains_a_value_head_on_the_episodes(cloned):
     tmp, _, sft = cloned
     path = grpo_config(tmp, sft.final_model_dir, "ppo", max_steps=3)
