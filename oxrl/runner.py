@@ -174,10 +174,10 @@ def run_in(run_dir: Path, cfg: Config, strategy, job) -> RunResult:
     row_tokens = job.read_inputs(tokenizer, processor)  # bad input stops the run here, before any model loads
     log_memory_estimate(cfg, strategy.device, strategy.world_size, row_tokens)
     write_config(cfg, run_dir, strategy.is_main)
-    if job.action_tokens is not None and strategy.is_main:  # a VLA's action bins (oxrl/vla)
-        from oxrl.vla.build import save_action_tokens
+    if job.action_tokens is not None:  # a VLA's action bins (oxrl/vla): in the run folder and every model folder
+        from oxrl.vla.build import saving_action_tokens
 
-        save_action_tokens(job.action_tokens, run_dir)
+        saved_with = saving_action_tokens(job.action_tokens, saved_with, run_dir if strategy.is_main else None)
     model = job.load(tokenizer, processor, saved_with)
     answers: dict[str, list[dict]] = {}
     try:

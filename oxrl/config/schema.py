@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -1185,10 +1186,8 @@ class Config(Section):
         if self.algorithm.name in SAMPLING_ALGORITHMS:
             return self  # RL batches are rl.prompts_per_step x rl.rollout.n completions
         if self.train.global_batch_size % self.train.micro_batch_size_per_device:
-            raise ValueError(
-                f"train.global_batch_size ({self.train.global_batch_size}) must be a multiple of "
-                f"train.micro_batch_size_per_device ({self.train.micro_batch_size_per_device})"
-            )
+            raise ValueError(f"train.global_batch_size ({self.train.global_batch_size}) must be a multiple of "
+                             f"train.micro_batch_size_per_device ({self.train.micro_batch_size_per_device})")
         return self
 
     @property
@@ -1315,10 +1314,11 @@ class Config(Section):
         if vla.env is not None and vla.env not in ROBOT_ENVIRONMENTS and ":" not in vla.env:
             raise ValueError(f"vla.env {vla.env!r} is not a built-in environment ({', '.join(ROBOT_ENVIRONMENTS)}) nor a "
                              "`module:factory` / `file.py:factory` reference")
-        quantile_source = vla.stats is not None or (name == "sft" and robot)
-        if vla.binning != "uniform" and not quantile_source:
+        # A model a vla run saved carries its bins (oxrl/vla/build.py): no demonstrations are needed to make them.
+        saved_bins = os.path.isfile(os.path.join(self.model.name_or_path, "action_tokens.json"))
+        if vla.binning != "uniform" and not (vla.stats is not None or (name == "sft" and robot) or saved_bins):
             raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "
-                             "dataset folder")
+                             "dataset folder, or start from a model a vla run saved (it holds its action_tokens.json)")
         if name == "sft":
             other = [f"data.{part}[{i}]" for part in ("train", "validation")
                      for i, spec in enumerate(getattr(self.data, part)) if spec.format not in ROBOT_FORMATS]

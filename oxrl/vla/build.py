@@ -2,7 +2,11 @@
 demonstrations recorded from a scripted expert.
 
 The action tokens are a pure function of the config (and of the dataset `vla.stats` names), so SFT, RL and
-`oxrl eval` of one config use the same bins; every run also writes them to `action_tokens.json` in its run folder.
+`oxrl eval` of one config use the same bins. A run writes them, as `action_tokens.json`, to its run folder and to
+every model folder it saves (checkpoints, final/), as LeRobot saves a policy's normalisation statistics with it: a
+run or an evaluation starting from that model decodes its tokens with the bins it learned them with, whatever the
+config would make (from other demonstrations, from the environment's range rather than the data's), and a config
+that asks for other bins is refused naming the file and the setting.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 
 from oxrl.config.schema import Config, DatasetSpec, VLAConfig
 from oxrl.data.types import Example, Sequence
-from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids
+from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, last_vocabulary_ids
 from oxrl.vla.envs import Observation, expert, make_env
 from oxrl.vla.episodes import Prompter, VLAEpisodes, initial_prompts
 from oxrl.vla.lerobot import EpisodeRecord, LeRobotDataset, read_dataset, refuse_to_overwrite, write_dataset
@@ -25,11 +29,46 @@ logger = logging.getLogger(__name__)
 VALIDATION_SEEDS = 1_000_000  # held-out initial states start here, far from the training ones
 
 
-def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None = None) -> ActionTokenizer:
-    """The config's action tokens: uniform over the environment's action space (else the demonstrations' range),
-    uniform over the demonstrations' 1st..99th percentiles, or their quantiles; `vla.stats` names the demonstrations
-    when set."""
+ACTION_TOKENS = "action_tokens.json"
+
+
+def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None = None,
+                     model: str | None = None) -> ActionTokenizer:
+    """The bins saved with the `model` folder (module docstring), else the config's: uniform over the environment's
+    action space (else the demonstrations' range), uniform over the demonstrations' 1st..99th percentiles, or their
+    quantiles; `vla.stats` names the demonstrations when set."""
     first_id = last_vocabulary_ids(tokenizer, vla.bins)
+    saved = Path(model) / ACTION_TOKENS if model is not None else None
+    if saved is not None and saved.is_file():
+        tokens = load_action_tokens(saved)
+        differs = [f"{setting} = {mine} (the model's: {theirs})" for setting, mine, theirs in (
+            ("vla.bins", vla.bins, tokens.bins), ("vla.chunk", vla.chunk, tokens.chunk),
+            ("the first action token id", first_id, tokens.first_id),
+            (f"vla.env {vla.env}'s action dimensions", _action_dims(vla), tokens.dims)) if mine not in (theirs, None)]
+        if vla.stats is not None and not differs:  # bins the config names explicitly must be the model's
+            made = _config_bins(vla, tokenizer, None, first_id).edges
+            if made.shape != tokens.edges.shape or not np.allclose(made, tokens.edges, rtol=1e-9, atol=0):
+                differs.append(f"vla.stats = {vla.stats} (its bins' edges are not the model's)")
+        if differs:
+            raise ValueError(f"{saved}: the model learned its action tokens on other bins than this config makes: "
+                             f"{'; '.join(differs)}. They would decode to other actions: match the model's bins, or "
+                             "leave vla.stats unset to use them")
+        logger.info("vla: the action bins saved with the model (%s)", saved)
+        return tokens
+    return _config_bins(vla, tokenizer, demonstrations, first_id)
+
+
+def _action_dims(vla: VLAConfig) -> int | None:
+    if vla.env is None:
+        return None
+    env = make_env(vla.env, vla.env_kwargs, vla.instruction)
+    try:
+        return env.action_dim
+    finally:
+        env.close()
+
+
+def _config_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None, first_id: int) -> ActionTokenizer:
     if vla.stats is not None:
         demonstrations = read_dataset(Path(vla.stats))
     if vla.binning == "uniform" and vla.env is not None:
@@ -52,16 +91,53 @@ def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset |
 
 
 def save_action_tokens(tokens: ActionTokenizer, folder: Path) -> None:
-    """The bins as run, for the record: `action_tokens.json`."""
+    """The bins as run: `action_tokens.json` (`load_action_tokens` reads it back exactly)."""
     record = {"first_id": tokens.first_id, "chunk": tokens.chunk, "edges": tokens.edges.tolist()}
-    (folder / "action_tokens.json").write_text(json.dumps(record))
+    (Path(folder) / ACTION_TOKENS).write_text(json.dumps(record))
+
+
+def load_action_tokens(path: Path) -> ActionTokenizer:
+    """The bins `save_action_tokens` wrote; a damaged file is an error naming it and the field."""
+    try:
+        record = json.loads(path.read_text())
+        fields = {key: record[key] for key in ("first_id", "chunk", "edges")}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not the action bins a vla run saves ({type(error).__name__}: {error})") from error
+    edges = np.asarray(fields["edges"], dtype=np.float64) if isinstance(fields["edges"], list) else np.empty(0)
+    if edges.ndim != 2 or not np.all(np.isfinite(edges)) or not np.all(np.diff(edges, axis=1) > 0):
+        raise ValueError(f"{path}: `edges` must be rows of finite, increasing bin edges, one row per action dimension")
+    for key in ("first_id", "chunk"):
+        if not isinstance(fields[key], int) or isinstance(fields[key], bool):
+            raise ValueError(f"{path}: `{key}` must be an integer, got {fields[key]!r}")
+    try:
+        return ActionTokenizer._checked(edges, fields["first_id"], fields["chunk"])
+    except ActionTokenError as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+class SavedWithActionTokens:
+    """What a vla run's model folders are saved with: its processor (or tokenizer), and its action bins beside it."""
+
+    def __init__(self, saved_with, tokens: ActionTokenizer):
+        self.saved_with, self.tokens = saved_with, tokens
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        self.saved_with.save_pretrained(folder, **kwargs)
+        save_action_tokens(self.tokens, Path(folder))
+
+
+def saving_action_tokens(tokens: ActionTokenizer, saved_with, run_dir: Path | None) -> SavedWithActionTokens:
+    """The bins written to `run_dir` now (rank 0's; None on the other ranks), and to each model folder saved."""
+    if run_dir is not None:
+        save_action_tokens(tokens, run_dir)
+    return SavedWithActionTokens(saved_with, tokens)
 
 
 def episode_runner(cfg: Config, tokenizer, processor) -> VLAEpisodes:
     """The RL episode runner of the `vla` section (the model must be a vision-language model)."""
     vla = cfg.vla
     _check_vision_language(cfg, processor)
-    tokens = action_tokenizer(vla, tokenizer)
+    tokens = action_tokenizer(vla, tokenizer, model=cfg.model.name_or_path)
     logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d, at most %d chunks an episode",
                 vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.max_chunks)
     return VLAEpisodes(vla.env, lambda: make_env(vla.env, vla.env_kwargs, vla.instruction), tokens,
@@ -102,7 +178,7 @@ def demonstration_reader(cfg: Config, tokenizer, processor):
     prompter = Prompter(tokenizer, processor, cfg.vla.state)
     first = cfg.data.train[0]
     datasets = {first.path: read_dataset(Path(first.path))}  # read once: the bins' and the examples' source
-    tokens = action_tokenizer(cfg.vla, tokenizer, datasets[first.path])
+    tokens = action_tokenizer(cfg.vla, tokenizer, datasets[first.path], cfg.model.name_or_path)
     logger.info("vla: %d action dimensions x %d bins (%s), chunks of %d", tokens.dims, tokens.bins, cfg.vla.binning,
                 tokens.chunk)
 

@@ -65,6 +65,8 @@ def test_the_demonstrations_are_a_lerobot_dataset_of_the_experts_successes(clone
     assert all(episode.task.startswith("move the red dot to the ") for episode in dataset.episodes)
     recorded = json.loads((result.run_dir / "action_tokens.json").read_text())
     assert recorded["chunk"] == 1 and len(recorded["edges"]) == 2 and len(recorded["edges"][0]) == 17
+    # The bins are saved with the model too, as LeRobot saves a policy's normalisation statistics with it.
+    assert json.loads((result.final_model_dir / "action_tokens.json").read_text()) == recorded
 
 
 @WHOLE_RUNS
@@ -186,6 +188,39 @@ def test_the_bins_come_from_the_environment_or_the_demonstrations(smollm2_tokeni
         action_tokenizer(VLAConfig(bins=8), smollm2_tokenizer)
     with pytest.raises(ValueError, match=r"actions of 2 dimensions, but vla.env '.*:three_joints' takes 3"):
         action_tokenizer(VLAConfig(env=f"{__name__}:three_joints", bins=8, stats=str(folder)), smollm2_tokenizer)
+
+
+def test_a_model_saved_by_a_vla_run_decodes_with_its_own_bins(smollm2_tokenizer, tmp_path):
+    import numpy as np
+
+    from oxrl.config.schema import VLAConfig
+    from oxrl.vla.build import action_tokenizer, load_action_tokens, save_action_tokens
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos"
+    # Behaviour cloning on quantile bins of the demonstrations; RL then names only the environment, whose own
+    # bins (uniform over [-1, 1]) would give every token another action.
+    cloned = action_tokenizer(VLAConfig(bins=8, binning="quantile", stats=str(folder)), smollm2_tokenizer)
+    save_action_tokens(cloned, tmp_path)
+    assert np.array_equal(load_action_tokens(tmp_path / "action_tokens.json").edges, cloned.edges)
+    by_env = action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer)
+    assert not np.allclose(by_env.edges, cloned.edges)
+    for vla in (VLAConfig(env="reach", bins=8), VLAConfig(env="reach", bins=8, binning="quantile", stats=str(folder))):
+        used = action_tokenizer(vla, smollm2_tokenizer, model=str(tmp_path))
+        assert np.array_equal(used.edges, cloned.edges) and used.first_id == cloned.first_id
+    for vla, what in ((VLAConfig(env="reach", bins=16), r"vla.bins = 16 \(the model's: 8\)"),
+                      (VLAConfig(env="reach", bins=8, chunk=2), r"vla.chunk = 2 \(the model's: 1\)"),
+                      (VLAConfig(env=f"{__name__}:three_joints", bins=8), r"action dimensions = 3 \(the model's: 2\)"),
+                      (VLAConfig(env="reach", bins=8, binning="uniform", stats=str(folder)),
+                       r"vla.stats = .*reach_demos \(its bins' edges are not the model's\)")):
+        with pytest.raises(ValueError, match=rf"action_tokens.json: the model learned its action tokens on other bins .*{what}"):
+            action_tokenizer(vla, smollm2_tokenizer, model=str(tmp_path))
+    damaged = {"not JSON": "{", "no edges": '{"first_id": 1, "chunk": 1}',
+               "unsorted": '{"first_id": 1, "chunk": 1, "edges": [[0, 2, 1]]}',
+               "a float id": '{"first_id": 1.5, "chunk": 1, "edges": [[0, 1, 2]]}'}
+    for name, text in damaged.items():
+        (tmp_path / "action_tokens.json").write_text(text)
+        with pytest.raises(ValueError, match=r"action_tokens.json: "):
+            action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer, model=str(tmp_path))
 
 
 def three_joints():

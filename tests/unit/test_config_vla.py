@@ -38,3 +38,10 @@ def test_a_behaviour_cloning_and_an_rl_config_load():
 def test_what_a_vla_run_would_not_read_is_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_quantile_bins_need_no_demonstrations_from_a_model_that_saved_its_own(tmp_path):
+    (tmp_path / "action_tokens.json").write_text('{"first_id": 10, "chunk": 1, "edges": [[0, 1, 2]]}')
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}", "algorithm.name=grpo", "vla.env=reach",
+                             "vla.binning=quantile"])
+    assert cfg.vla.binning == "quantile" and cfg.vla.stats is None
