@@ -1062,6 +1062,10 @@ class VLAConfig(Section):
     """Actions per chunk: each turn samples chunk x action-dimension tokens."""
     max_chunks: Annotated[int, _VLA_EPISODES] = Field(16, ge=1)
     """Chunks (turns) per episode at most."""
+    execute: Annotated[int | None, _VLA_EPISODES] = Field(None, ge=1)
+    """Receding horizon: the simulator steps the first `execute` actions of each sampled chunk (at most vla.chunk), then
+    the policy samples a new chunk from the frames it sees then. Unset: the whole chunk. The actions left unexecuted
+    are not trained in RL: no reward saw them."""
     state: bool = True
     """Write the proprioceptive state into the prompt after the instruction."""
     reward: Annotated[Literal[EPISODE_REWARDS], _VLA_EPISODES] = "success"
@@ -1319,6 +1323,8 @@ class Config(Section):
         if vla.binning != "uniform" and not (vla.stats is not None or (name == "sft" and robot) or saved_bins):
             raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "
                              "dataset folder, or start from a model a vla run saved (it holds its action_tokens.json)")
+        if vla.execute is not None and vla.execute > vla.chunk:
+            raise ValueError(f"vla.execute = {vla.execute}: a chunk holds vla.chunk = {vla.chunk} actions to execute")
         if name == "sft":
             other = [f"data.{part}[{i}]" for part in ("train", "validation")
                      for i, spec in enumerate(getattr(self.data, part)) if spec.format not in ROBOT_FORMATS]

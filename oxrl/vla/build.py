@@ -138,10 +138,10 @@ def episode_runner(cfg: Config, tokenizer, processor) -> VLAEpisodes:
     vla = cfg.vla
     _check_vision_language(cfg, processor)
     tokens = action_tokenizer(vla, tokenizer, model=cfg.model.name_or_path)
-    logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d, at most %d chunks an episode",
-                vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.max_chunks)
+    logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d (%d executed), at most %d chunks an episode",
+                vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.execute or tokens.chunk, vla.max_chunks)
     return VLAEpisodes(vla.env, lambda: make_env(vla.env, vla.env_kwargs, vla.instruction), tokens,
-                       Prompter(tokenizer, processor, vla.state), vla.max_chunks, vla.reward)
+                       Prompter(tokenizer, processor, vla.state), vla.max_chunks, vla.reward, execute=vla.execute)
 
 
 def _check_vision_language(cfg: Config, processor) -> None:

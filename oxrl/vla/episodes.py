@@ -100,6 +100,7 @@ class VLAEpisodes:
     prompter: Prompter
     max_chunks: int
     reward: str = "success"  # success | env | env_max
+    execute: int | None = None  # actions of each chunk stepped (receding horizon); None: all of them
     films: list[EpisodeFilm] | None = None  # a list: every episode `run` plays is filmed into it (`oxrl eval`'s video)
 
     @property
@@ -170,9 +171,14 @@ class VLAEpisodes:
         except ActionTokenError as error:
             raise EpisodeError(f"{self.reference}: {where}: the engine sampled a non-action chunk: {error} (an engine "
                                "must honour SamplingParams.allowed_token_ids)") from error
-        episode.completion_ids += sampled.completion_ids
-        episode.loss_mask += [True] * len(sampled.completion_ids)
-        episode.logprobs += sampled.logprobs
+        # Receding horizon: the chunk's later actions are sampled again from the frames then. The episode keeps the
+        # tokens of the actions it executed: the trainer scores what acted, each token in the context it was sampled
+        # in (the tokens after it cannot change its log-prob).
+        actions = actions[: self.execute]
+        executed = len(actions) * self.tokens.dims
+        episode.completion_ids += sampled.completion_ids[:executed]
+        episode.loss_mask += [True] * executed
+        episode.logprobs += sampled.logprobs[:executed]
         episode.actions.append(" ".join(f"{v:.3g}" for v in actions.ravel()))
         episode.chunks = chunk
         for k, action in enumerate(actions):

@@ -31,9 +31,10 @@ def vlm(tmp_path_factory, smollm2_tokenizer):
     return AutoModelForImageTextToText.from_pretrained(folder).eval(), AutoProcessor.from_pretrained(folder)
 
 
-def runner(processor, make=lambda: make_env("reach"), max_chunks: int = 4, chunk: int = 1) -> VLAEpisodes:
+def runner(processor, make=lambda: make_env("reach"), max_chunks: int = 4, chunk: int = 1,
+           execute: int | None = None) -> VLAEpisodes:
     tokens = ActionTokenizer.uniform([-1, -1], [1, 1], BINS, last_vocabulary_ids(processor.tokenizer, BINS), chunk)
-    return VLAEpisodes("reach", make, tokens, Prompter(processor.tokenizer, processor), max_chunks)
+    return VLAEpisodes("reach", make, tokens, Prompter(processor.tokenizer, processor), max_chunks, execute=execute)
 
 
 def prompts(run: VLAEpisodes, seeds: list[int]):
@@ -84,6 +85,35 @@ def test_rewards_are_success_and_a_group_shares_its_initial_state(vlm):
         for turn in range(len(ids) // 2):
             success = success or env.step(run.tokens.decode(ids[2 * turn: 2 * turn + 2])[0], "replay").success
         assert float(success) == reward
+
+
+def test_a_receding_horizon_steps_the_first_actions_of_each_chunk_and_trains_only_them(vlm):
+    """vla.chunk 3, vla.execute 1: each turn samples 3 actions (6 tokens), the simulator steps the first, and the
+    policy samples again from the frame then; the episode keeps the 2 tokens of the action it stepped, which the
+    trainer scores as the engine sampled them."""
+    model, processor = vlm
+    run = runner(processor, max_chunks=5, chunk=3, execute=1)
+    batch = prompts(run, [3])
+    torch.manual_seed(2)
+    episodes = run.run(HFEngine(model, processor.tokenizer), batch, SamplingParams(n=4))
+    for completion, reward, turns in zip(episodes.completions, episodes.rewards, episodes.turns):
+        example = completion_example(completion)
+        assert len(example.sequences) == turns
+        assert all(sum(sequence.loss_mask) == 2 for sequence in example.sequences)  # one action of 2 dimensions a turn
+        # Replaying only each chunk's first action from the same seed gives the episode's outcome and length.
+        env = make_env("reach")
+        env.reset(3)
+        trained = [i for i, keep in zip(completion.completion_ids, completion.loss_mask) if keep]
+        assert len(trained) == 2 * turns
+        success = False
+        for turn in range(turns):
+            chunk = run.tokens.decode(trained[2 * turn: 2 * turn + 2] + [run.tokens.first_id] * 4)
+            success = success or env.step(chunk[0], "replay").success
+        assert float(success) == reward
+
+    scored = score_logprobs(model, episodes.completions, 4, 1.0)
+    for completion, trainer in zip(episodes.completions, scored):
+        assert torch.allclose(torch.tensor(completion.logprobs), trainer, atol=1e-5)
 
 
 def test_decoding_is_held_to_the_action_tokens_greedy_and_sampled(vlm):

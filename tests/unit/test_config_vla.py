@@ -30,6 +30,8 @@ def test_a_behaviour_cloning_and_an_rl_config_load():
     (RL + ["rl.rollout.max_new_tokens=64"], r"rl.rollout.max_new_tokens = 64 is not read by `grpo`: it is read only without a `vla` section: each of its turns"),
     (RL + ["rl.max_staleness=1", "rl.off_policy_correction=tis"], r"leave rl.max_staleness 0 and run.launcher local"),
     (RL + ["vla.binning=quantile"], r"vla.binning `quantile` takes its bins from demonstrations: set vla.stats"),
+    (RL + ["vla.chunk=2", "vla.execute=3"], r"vla.execute = 3: a chunk holds vla.chunk = 2 actions to execute"),
+    (MODEL + DEMOS + ["algorithm.name=sft", "vla.chunk=4", "vla.execute=2"], r"vla.execute = 2 is not read by `sft`"),
     (MODEL + ["algorithm.name=grpo", "data.train=[{path: demos, format: lerobot}]", "vla.env=reach"],
      r"data.train = .* is not read by `grpo`: it is read only without a `vla` section: its episodes start from the "
      r"simulator's initial states"),
