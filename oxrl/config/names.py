@@ -89,6 +89,7 @@ LAUNCHERS = ("local", "ray")  # run.launcher: this process (or torchrun's), or R
 RAY_LAYOUTS = ("disaggregated", "colocated")  # ray.layout (oxrl/cluster/placement.py)
 ROLLOUT_SPLITS = ("prompts", "steps")  # ray.rollout_split (oxrl/cluster/remote_engine.py)
 ROBOT_ENVIRONMENTS = ("reach", "pusht")  # vla.env's built-in names (oxrl.vla.envs.BUILT_IN), else module:factory
+ROBOT_FORMATS = ("lerobot",)  # robot demonstrations (oxrl/vla/lerobot.py), read by `sft` with a `vla` section
 ACTION_BINNINGS = ("uniform", "uniform_q99", "quantile")  # vla.binning (oxrl.vla.action_tokens.ActionTokenizer)
 EPISODE_REWARDS = ("success", "env", "env_max")  # vla.reward (oxrl.vla.episodes.VLAEpisodes.run)
 ZERO_STAGES = (2, 3)  # strategy.zero_stage (oxrl.training.deepspeed_strategy)

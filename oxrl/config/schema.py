@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from oxrl.config.names import (
     DEVICES, DISTILLATION, DTYPES, EPISODE_REWARDS, LAUNCHERS, KL_ESTIMATOR_NAMES, LORA_SAVE_MODES, LR_SCHEDULES, MIXED_PRECISION_MODES,
     OFF_POLICY_CORRECTIONS, ONLINE, ONLINE_PAIR_LOSSES, POLICY_LOSS_NAMES, RAY_LAYOUTS, REFERENCE_MODES,
     REWARD_ERROR_MODES, RFT_KEEP_RULES,
-    RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, ROLLOUT_SPLITS,
+    RL_ALGORITHMS, ROBOT_ENVIRONMENTS, ROBOT_FORMATS, ROLLOUT_DECODES, ROLLOUT_PRECISIONS, ROLLOUT_SPLITS,
     SAMPLING_ALGORITHMS, STRATEGY_NAMES, TRACKERS, ZERO_STAGES,
     REGISTERED, canonical_algorithm, check_trackers, choices,
 )
@@ -364,7 +363,6 @@ class LoraConfig(Section):
 # Row formats: offline objectives read the first (oxrl/data/formats.py), RL the prompt formats (oxrl/data/rl_prompts.py).
 OFFLINE_FORMATS = ("messages", "prompt_response", "text", "preference", "kto")
 RL_PROMPT_FORMATS = ("gsm8k", "openr1", "rl2")
-ROBOT_FORMATS = ("lerobot",)  # robot demonstrations (oxrl/vla/lerobot.py), read by `sft` with a `vla` section
 
 
 class DatasetSpec(Section):
@@ -1305,39 +1303,11 @@ class Config(Section):
     @model_validator(mode="after")
     def _vla_fits(self) -> "Config":
         """The `vla` section: behaviour cloning (`sft` on LeRobot datasets) or RL in its simulator, nothing else."""
-        name, vla = self.algorithm.name, self.vla
-        robot = [f"data.{part}[{i}]" for part in ("train", "validation")
-                 for i, spec in enumerate(getattr(self.data, part)) if spec.format in ROBOT_FORMATS]
-        if vla is None:
-            if robot:
-                raise ValueError(f"{robot[0]} is a LeRobot dataset, which needs a `vla` section (its action tokens)")
-            return self
-        if name not in ("sft", *RL_ALGORITHMS):
-            raise ValueError(f"the `vla` section is read by `sft` (behaviour cloning) and the RL algorithms "
-                             f"({', '.join(RL_ALGORITHMS)}), not by `{name}`")
-        if vla.env is not None and vla.env not in ROBOT_ENVIRONMENTS and ":" not in vla.env:
-            raise ValueError(f"vla.env {vla.env!r} is not a built-in environment ({', '.join(ROBOT_ENVIRONMENTS)}) nor a "
-                             "`module:factory` / `file.py:factory` reference")
-        # A model a vla run saved carries its bins (oxrl/vla/build.py): no demonstrations are needed to make them.
-        saved_bins = os.path.isfile(os.path.join(self.model.name_or_path, "action_tokens.json"))
-        if vla.binning != "uniform" and not (vla.stats is not None or (name == "sft" and robot) or saved_bins):
-            raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "
-                             "dataset folder, or start from a model a vla run saved (it holds its action_tokens.json)")
-        if vla.execute is not None and vla.execute > vla.chunk:
-            raise ValueError(f"vla.execute = {vla.execute}: a chunk holds vla.chunk = {vla.chunk} actions to execute")
-        if name == "sft":
-            other = [f"data.{part}[{i}]" for part in ("train", "validation")
-                     for i, spec in enumerate(getattr(self.data, part)) if spec.format not in ROBOT_FORMATS]
-            if other or not robot:
-                raise ValueError(f"`sft` with a `vla` section trains on robot demonstrations: every dataset needs "
-                                 f"format `lerobot` ({other[0] if other else 'data.train is empty'})")
-            return self
-        if vla.env is None:
-            raise ValueError(f"`{name}` with a `vla` section runs episodes in a simulator: set vla.env (`reach`, `pusht` "
-                             "or `module:factory`)")
-        if self.rl.max_staleness or self.run.launcher != "local":
-            raise ValueError("a `vla` run samples its episodes in one local process, synchronously, for now: leave "
-                             "rl.max_staleness 0 and run.launcher local")
+        robot = any(spec.format in ROBOT_FORMATS for spec in (*self.data.train, *self.data.validation))
+        if self.vla is not None or robot:  # (the checks load only where there is a robot)
+            from oxrl.config.vla_layout import check_vla_layout
+
+            check_vla_layout(self)
         return self
 
     @model_validator(mode="after")

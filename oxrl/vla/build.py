@@ -215,11 +215,11 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
         raise ValueError(f"demonstrations need at least 1 episode of at least 1 step, got {episodes} of {max_steps}")
     refuse_to_overwrite(folder)
     env = make_env(env_name, env_kwargs, instruction)
-    act = expert(env_name)
     records, successes = [], 0
     try:
         for episode in range(episodes):
             observation, task = env.reset(seed + episode)
+            act = expert(env_name)  # one per episode: PushT's remembers the push it is making
             frames, states, actions = [], [], []
             for _ in range(max_steps):
                 action = act(env.info)
