@@ -259,6 +259,14 @@ def smoke_vla_pusht(model: Path, tmp_path: Path) -> None:
     assert all({"score", "success"} <= set(stage) for stage in summary.values())
 
 
+def smoke_pusht_expert(model: Path, tmp_path: Path) -> None:
+    require_module("gym_pusht", "the PushT simulator is not installed (pip install -e '.[vla]')")
+    output = run_script("pusht_expert.py", "--episodes", 1, "--first-seed", 3, "--max-steps", 150)
+    episode, summary = (json.loads(line) for line in output.strip().splitlines()[-2:])
+    assert episode["seed"] == 3 and episode["success"] and episode["coverage"] > 0.95, episode
+    assert summary["summary"]["success"] == 1.0 and summary["summary"]["seeds"] == "3..3"
+
+
 def smoke_gpu(model: Path, tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (benchmarks/gpu.py measures oxRL's CUDA kernels)")
@@ -281,6 +289,7 @@ SMOKE: dict[str, Callable[[Path, Path], None]] = {
     "logits_memory.py": smoke_logits_memory,
     "memory_estimate.py": smoke_memory_estimate,
     "packed_attention.py": smoke_packed_attention,
+    "pusht_expert.py": smoke_pusht_expert,
     "ray_broadcast.py": smoke_ray_broadcast,
     "ray_overhead.py": smoke_ray_overhead,
     "rows_leave.py": smoke_rows_leave,
