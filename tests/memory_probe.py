@@ -23,8 +23,10 @@ from oxrl.models.load import load_model
 from oxrl.training.optim import build_optimizer
 
 SEQUENCES = 4  # packed in one micro-batch
-MICRO_BATCHES = 2  # per optimizer step: the second backward runs with the first's gradients held
-STEPS = 2  # the second step runs with AdamW's moments allocated
+# The peak is the second micro-batch's backward of the second step: the weights, the first micro-batch's gradients
+# and AdamW's moments are held while that micro-batch's activations are. What allocates the gradients and the
+# moments does not change their size, so every pass before it runs on a few tokens; only it has the tokens measured.
+WARM_TOKENS = 8
 
 
 def main(tokens: int, lora: bool, checkpointing: bool) -> dict:
@@ -34,15 +36,20 @@ def main(tokens: int, lora: bool, checkpointing: bool) -> dict:
                        torch.device("cpu"), LoraConfig(enabled=lora))
     model.train()
     optimizer = build_optimizer(model, OptimConfig(lr=1e-5))
-    length = tokens // SEQUENCES
-    batch = pack([Example([Sequence(torch.randint(0, model.config.vocab_size, (length,)).tolist(),
-                                    [False] + [True] * (length - 1))]) for _ in range(SEQUENCES)])
-    for _ in range(STEPS):
-        for _ in range(MICRO_BATCHES):
-            loss = -token_logprobs(model, batch).sum() / batch.loss_mask.sum()
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+
+    def backward(tokens: int):
+        length = tokens // SEQUENCES
+        batch = pack([Example([Sequence(torch.randint(0, model.config.vocab_size, (length,)).tolist(),
+                                        [False] + [True] * (length - 1))]) for _ in range(SEQUENCES)])
+        (-token_logprobs(model, batch).sum() / batch.loss_mask.sum()).backward()
+        return batch
+
+    backward(WARM_TOKENS * SEQUENCES)  # step 1: gradients, then AdamW's moments
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    backward(WARM_TOKENS * SEQUENCES)  # step 2, micro-batch 1: its gradients are held ...
+    batch = backward(tokens)  # ... through micro-batch 2's forward and backward
+    optimizer.step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_above_start": peak - before, "trained_tokens": int(batch.loss_mask.sum())}
 
