@@ -58,7 +58,7 @@ class ActionTokenizer:
             raise ActionTokenError(f"uniform action bins need finite bounds with low < high in every dimension, got "
                                    f"low={low.tolist()} high={high.tolist()}")
         fractions = np.linspace(0.0, 1.0, bins + 1)
-        return cls._checked(low[:, None] + (high - low)[:, None] * fractions[None, :], first_id, chunk)
+        return cls.from_edges(low[:, None] + (high - low)[:, None] * fractions[None, :], first_id, chunk)
 
     @classmethod
     def uniform_q99(cls, actions: np.ndarray, bins: int, first_id: int, chunk: int = 1) -> ActionTokenizer:
@@ -85,10 +85,11 @@ class ActionTokenizer:
         for row in edges:
             for j in range(1, len(row)):
                 row[j] = max(row[j], np.nextafter(row[j - 1], np.inf))
-        return cls._checked(edges, first_id, chunk)
+        return cls.from_edges(edges, first_id, chunk)
 
     @classmethod
-    def _checked(cls, edges: np.ndarray, first_id: int, chunk: int) -> ActionTokenizer:
+    def from_edges(cls, edges: np.ndarray, first_id: int, chunk: int) -> ActionTokenizer:
+        """Bins from their edges [dims, bins + 1] (saved ones: `oxrl.vla.build.load_action_tokens`), checked."""
         if edges.shape[1] < 3:
             raise ActionTokenError(f"action tokens need at least 2 bins per dimension, got {edges.shape[1] - 1}")
         if chunk < 1:

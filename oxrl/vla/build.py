@@ -110,7 +110,7 @@ def load_action_tokens(path: Path) -> ActionTokenizer:
         if not isinstance(fields[key], int) or isinstance(fields[key], bool):
             raise ValueError(f"{path}: `{key}` must be an integer, got {fields[key]!r}")
     try:
-        return ActionTokenizer._checked(edges, fields["first_id"], fields["chunk"])
+        return ActionTokenizer.from_edges(edges, fields["first_id"], fields["chunk"])
     except ActionTokenError as error:
         raise ValueError(f"{path}: {error}") from error
 
