@@ -23,8 +23,9 @@ from pathlib import Path
 from oxrl.config.load import ConfigError
 from oxrl.config.schema import Config, Section, settings
 
-# The config's own code (validation, the Ray and vla layout checks, presets, rules, the reference) reads settings for every run; a read counts when
-# the first caller outside it is the run's code. So a property such as `Config.trained_objective` (online.loss),
+# The config's own code (validation, the Ray and vla layout checks, presets, rules, the reference) reads settings for
+# every run; a read counts when the first caller outside it is the run's code. So a property such as
+# `Config.trained_objective` (online.loss),
 # called by the run, is the run reading the setting; the loss parameters' mapping (params.py) reads on behalf of
 # the losses.
 PACKAGE = str(Path(__file__).resolve().parents[1] / "oxrl") + "/"
