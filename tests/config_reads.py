@@ -25,9 +25,8 @@ from oxrl.config.schema import Config, Section, settings
 
 # The config's own code (validation, the Ray and vla layout checks, presets, rules, the reference) reads settings for
 # every run; a read counts when the first caller outside it is the run's code. So a property such as
-# `Config.trained_objective` (online.loss),
-# called by the run, is the run reading the setting; the loss parameters' mapping (params.py) reads on behalf of
-# the losses.
+# `Config.trained_objective` (online.loss), called by the run, is the run reading the setting; the loss parameters'
+# mapping (params.py) reads on behalf of the losses.
 PACKAGE = str(Path(__file__).resolve().parents[1] / "oxrl") + "/"
 CONFIG_OWN = tuple(f"{PACKAGE}config/{name}.py" for name in (
     "schema", "ray_layout", "vla_layout", "load", "rl_presets", "explain", "reference", "names"))
