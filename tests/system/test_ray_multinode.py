@@ -264,7 +264,8 @@ def test_nodes_lost_at_seeded_random_steps_of_a_pipelined_run_leave_it_unchanged
     trainer_step = chosen.randint(worker_step + 1, STEPS - 2)
     kills = [(worker_step, "workers"), (trainer_step, "trainers")]
     run_dir, log = _run_with_losses(cluster, base, "chaos", kills, rl=pipelined, ray={**base["ray"], "trainer_restarts": 1})
-    assert "rollout worker 0 died during" in log, log[-3000:]
+    # (Whether the driver calls the lost rollout worker before the trainer node goes, and logs it, depends on timing:
+    # the groups are rebuilt at the trainer's loss either way.)
     assert "trainer restart 1 of ray.trainer_restarts = 1" in log, log[-3000:]
     assert_same_run(run_dir, reference, COMPARED + ("off_policy/version_lag", "logprob_mismatch/mean_abs"))
 
