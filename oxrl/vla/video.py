@@ -10,6 +10,7 @@ core dependency) rather than MP4: every browser and Markdown viewer plays it, an
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,12 +55,16 @@ def write_episodes_gif(films: list[EpisodeFilm], path: Path, *, fps: int = 10, s
         canvas.append(grid)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.partial")
+    # The default path is in a run directory, which someone else may have shared: a file or link already at the
+    # partial name is removed (not followed) and the new one created exclusively, so no link redirects the write.
+    partial.unlink(missing_ok=True)
     try:
-        # The last frame is held for a second, so the looped GIF shows the outcome before it starts again.
-        durations = [int(1000 / fps)] * (len(canvas) - 1) + [1000]
-        canvas[0].save(partial, format="GIF", save_all=True, append_images=canvas[1:], duration=durations, loop=0,
-                       optimize=False)
-        partial.replace(path)
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as out:
+            # The last frame is held for a second, so the looped GIF shows the outcome before it starts again.
+            durations = [int(1000 / fps)] * (len(canvas) - 1) + [1000]
+            canvas[0].save(out, format="GIF", save_all=True, append_images=canvas[1:], duration=durations, loop=0,
+                           optimize=False)
+        partial.replace(path)  # a link at `path` itself is replaced, not followed
     finally:
         partial.unlink(missing_ok=True)
     return path
