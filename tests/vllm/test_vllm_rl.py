@@ -21,7 +21,10 @@ def test_reward_goes_up_with_vllm_rollouts(engine, tokenizer, tmp_path):
         "model": {"name_or_path": "unused"},
         "algorithm": {"name": "dr_grpo"},
         # strict_on_policy: every step, vLLM's sampled log-probs must match the trainer's (the sync worked).
-        "rl": {"prompts_per_step": 4, "rollout": {"engine": "vllm", "n": 4, "max_new_tokens": 4, "temperature": 1.0},
+        # 8 x 8 completions of 4 tokens: the random model samples "7" about once in 128 tokens, so a step of 64
+        # tokens often has none (no signal) and whether learning starts within 16 steps depended on vLLM's
+        # draws, which differ between CPUs; with 256 tokens a step nearly every step has one.
+        "rl": {"prompts_per_step": 8, "rollout": {"engine": "vllm", "n": 8, "max_new_tokens": 4, "temperature": 1.0},
                "strict_on_policy": True},
         "train": {"max_steps": 16, "micro_batch_size_per_device": 8, "optim": {"lr": 2e-2, "schedule": "constant", "max_grad_norm": 1.0}},
         "logging": {"progress_bar": False, "plot": False},
