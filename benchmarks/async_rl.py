@@ -2,7 +2,7 @@
 (SmolLM2-135M-Instruct, arithmetic, 8 prompts x 4 completions of up to 64 tokens, CPU, fp32).
 
     .venv/bin/python benchmarks/async_rl.py speed                 # Ray: k = 0, 1, 2; 1 warm-up + 5 timed steps each
-    .venv/bin/python benchmarks/async_rl.py accuracy --seeds 0 1 2 --jobs 2
+    .venv/bin/python benchmarks/async_rl.py curves --jobs 2 --plot docs/images/pipelined_rl_curves.png
     .venv/bin/python benchmarks/async_rl.py speed model.name_or_path=DIR --steps 2 --k 0 1   # demo overrides first
     .venv/bin/python benchmarks/async_rl.py workers --workers 1 2 3
 
@@ -19,21 +19,26 @@ The ideal speed-up of N workers is (generate + train) / max(train, generate / N)
 where each worker has a core (or a GPU) of its own: the cores this machine has are printed beside it. Every actor runs
 torch with 1 thread; Ray is given one logical CPU per actor.
 
-`accuracy`: the demo's whole run (16 steps, held-out greedy accuracy on 64 prompts before and after) at k = 0 and
-k = 1 (decoupled PPO, cap 4) for each seed, in one process each (the schedule, hence what is learnt, is the one
-Ray runs; the samples differ only in how they are seeded). `--jobs 2` runs two at a time with one thread each:
-accuracy does not depend on timing, so it may share the machine.
+`curves`: held-out greedy accuracy (the demo's 64 prompts, every `--every` steps) against steps and against
+wall-clock, for k = 0 and each k >= 1 with each `--corrections`, over `--seeds`, each run in a process of its own
+(the schedule, hence what is learnt, is the one Ray runs; the samples differ only in how they are seeded). The k = 0
+runs make the demo's 16 steps, the pipelined ones 24 (about what they make in the same time). The wall-clock is
+modelled from each run's own measured halves (`pipelined_minutes`: a trainer and a rollout worker on a device each),
+since on this 2-core machine runs that share the cores cannot be timed as they would run apart. `--jobs 2` runs two
+at a time with one thread each: accuracy does not depend on timing, and every run's halves are timed alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -135,32 +140,131 @@ def several_workers(steps: int, counts: list[int], overrides: list[str]) -> None
     print(f"\nat k = 0: generate {generate:.2f} s, train {train:.2f} s a step")
 
 
-def accuracy(seeds: list[int], jobs: int, overrides: list[str]) -> None:
-    out = Path(tempfile.mkdtemp(prefix="oxrl-async-accuracy-"))
+def pipelined_minutes(rows: list[dict], k: int) -> list[float]:
+    """The wall-clock (minutes) at the end of each step of a run whose sampling (`time/generate`) and update with its
+    sync (`time/train`) were measured one after the other in one process, had a trainer and one rollout worker each
+    had a device of its own: the worker samples step s once it is free and version s - 1 - k has been synced, the
+    trainer updates step s once it has its samples and has finished step s - 1. At k = 0 this is the sum of both
+    halves; at k >= 1 sampling hides behind the update (the `speed` table measures 1.54x where this says 1.58x)."""
+    sampled, updated = [0.0], [0.0]  # the end of step s's sampling and of its update; index 0 = before step 1
+    for s, row in enumerate(rows, start=1):
+        sampled.append(max(sampled[-1], updated[max(0, s - 1 - k)]) + row["time/generate"])
+        updated.append(max(updated[-1], sampled[-1]) + row["time/train"])
+    return [t / 60 for t in updated[1:]]
 
-    def one(seed_k: tuple[int, int]) -> tuple[int, int, float, float]:
-        seed, k = seed_k
-        name = f"seed{seed}_k{k}"
+
+@dataclass
+class Curve:
+    """One run's held-out accuracy at each validation: the step, the modelled wall-clock minutes at that step."""
+
+    setting: str
+    seed: int
+    steps: list[int]
+    minutes: list[float]
+    accuracy: list[float]
+
+    def at_minutes(self, limit: float) -> tuple[int, float]:
+        """The last validation at or before `limit` minutes: (its step, its accuracy)."""
+        index = max(i for i, t in enumerate(self.minutes) if t <= limit + 1e-9)
+        return self.steps[index], self.accuracy[index]
+
+
+def setting_name(k: int, correction: str) -> str:
+    return "k = 0" if k == 0 else f"k = {k}, {correction}"
+
+
+def curve_of(run_dir: Path, setting: str, seed: int, k: int) -> Curve:
+    rows = rows_of(run_dir)
+    trained = [row for row in rows if row["step"] > 0]
+    minutes = [0.0] + pipelined_minutes(trained, k)
+    validated = [row for row in rows if "val/accuracy" in row]
+    return Curve(setting, seed, [row["step"] for row in validated], [minutes[row["step"]] for row in validated],
+                 [row["val/accuracy"] for row in validated])
+
+
+def spread(values: list[float]) -> str:
+    return f"{100 * statistics.mean(values):.1f}% ({100 * min(values):.1f}..{100 * max(values):.1f})"
+
+
+def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, sync_steps: int, every: int,
+           jobs: int, overrides: list[str], plot: Path | None) -> None:
+    """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`."""
+    import os
+
+    from benchmarks.common import print_table
+
+    out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
+    settings = {setting_name(k, correction): (k, correction) for k in ks for correction in (corrections if k else ["-"])}
+
+    def one(job: tuple[str, int]) -> Curve:
+        setting, seed = job
+        k, correction = settings[setting]
+        name = f"seed{seed}_k{k}_{correction}".replace("-", "none")
+        cfg = demo_config(out, name, k, seed, None, False, overrides)
+        cfg["train"]["max_steps"] = steps if k else sync_steps  # at equal time a pipelined run makes more steps
+        cfg["rl"]["validation_every"] = every
+        if k:
+            cfg["rl"]["off_policy_correction"] = correction
         path = out / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(demo_config(out, name, k, seed, None, False, overrides)))
+        path.write_text(yaml.safe_dump(cfg))
         threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
-        import os
-
         subprocess.run([sys.executable, "-m", "oxrl", "train", str(path)], check=True, env={**os.environ, **threads},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = [row for row in rows_of(out / name) if "val/accuracy" in row]
-        return seed, k, rows[0]["val/accuracy"], rows[-1]["val/accuracy"]
+        return curve_of(out / name, setting, seed, k)
 
     with ThreadPoolExecutor(jobs) as pool:
-        results = list(pool.map(one, [(seed, k) for seed in seeds for k in (0, 1)]))
-    print(f"\nheld-out greedy accuracy (64 prompts) before -> after the demo's 16 steps; runs in {out}")
-    print(f"{'seed':>6}{'k = 0':>20}{'k = 1 (decoupled)':>22}")
-    for seed in seeds:
-        cells = {k: f"{before:.3f} -> {after:.3f}" for s, k, before, after in results if s == seed}
-        print(f"{seed:>6}{cells[0]:>20}{cells[1]:>22}")
-    for k in (0, 1):
-        after = [a for _, kk, _, a in results if kk == k]
-        print(f"k = {k}: after {statistics.mean(after):.3f} (min {min(after):.3f}, max {max(after):.3f})")
+        runs = list(pool.map(one, [(setting, seed) for seed in seeds for setting in settings]))
+    (out / "curves.json").write_text(json.dumps([dataclasses.asdict(run) for run in runs], indent=1))
+    of = {setting: [run for run in runs if run.setting == setting] for setting in settings}
+
+    validated = sorted({step for run in runs for step in run.steps})
+    print_table([{"setting": setting, **{f"step {step}": spread([run.accuracy[run.steps.index(step)] for run in group])
+                                         if all(step in run.steps for run in group) else "-" for step in validated}}
+                 for setting, group in of.items()],
+                title=f"held-out greedy accuracy against steps, mean (min..max) over seeds {seeds}; runs in {out}")
+    synchronous = {run.seed: run.minutes[-1] for run in of.get("k = 0", [])}
+    if synchronous:  # each run at the time its seed's synchronous run took for all its steps
+        table = []
+        for setting, group in of.items():
+            reached = [run.at_minutes(synchronous[run.seed]) for run in group]
+            table.append({"setting": setting, "steps done": ", ".join(str(step) for step, _ in reached),
+                          "accuracy": spread([accuracy for _, accuracy in reached])})
+        times = ", ".join(f"{minutes:.1f}" for minutes in synchronous.values())
+        print_table(table, title=f"held-out greedy accuracy at the wall-clock of the same seed's k = 0 run ({times} min "
+                                 f"for {sync_steps} steps, a trainer and a rollout worker on a device each), the last "
+                                 f"validation by then; {jobs} run(s) at a time on {os.cpu_count()} cores")
+    if plot is not None:
+        draw_curves(of, plot)
+        print(f"\nplot: {plot}")
+
+
+def draw_curves(of: dict[str, list[Curve]], path: Path) -> None:
+    """Accuracy against steps and against minutes, one line (the seeds' mean) per setting, min..max shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained", sharey=True)
+    for colour, (setting, group) in zip((f"C{i}" for i in range(10)), of.items()):
+        length = min(len(run.steps) for run in group)  # (every seed of a setting validates at the same steps)
+        accuracy = [[run.accuracy[i] for run in group] for i in range(length)]
+        mean = [statistics.mean(values) for values in accuracy]
+        low, high = [min(values) for values in accuracy], [max(values) for values in accuracy]
+        steps = group[0].steps[:length]
+        minutes = [statistics.mean(run.minutes[i] for run in group) for i in range(length)]
+        for ax, x in ((axes[0], steps), (axes[1], minutes)):
+            ax.plot(x, mean, color=colour, marker="o", markersize=3, label=f"{setting} ({len(group)} seeds)")
+            ax.fill_between(x, low, high, color=colour, alpha=0.15)
+    axes[0].set_xlabel("optimizer step")
+    axes[1].set_xlabel("minutes (a trainer and a rollout worker on a device each; mean over seeds)")
+    axes[0].set_ylabel("held-out greedy accuracy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Pipelined RL (rl.max_staleness = k) on the demo's task: seeds' mean, min..max shaded", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -172,9 +276,16 @@ def main() -> None:
     several = sub.add_parser("workers")
     several.add_argument("--steps", type=int, default=6, help="steps per layout; the first is a warm-up")
     several.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
-    learnt = sub.add_parser("accuracy")
-    learnt.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    learnt = sub.add_parser("curves")
+    learnt.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    learnt.add_argument("--k", type=int, nargs="+", default=[0, 1, 2])
+    learnt.add_argument("--corrections", nargs="+", default=["decoupled"], choices=["tis", "decoupled", "mask"],
+                        help="rl.off_policy_correction of the k >= 1 runs (one setting each)")
+    learnt.add_argument("--steps", type=int, default=24, help="steps of the pipelined (k >= 1) runs")
+    learnt.add_argument("--sync-steps", type=int, default=16, help="steps of the k = 0 runs (the demo's)")
+    learnt.add_argument("--every", type=int, default=4, help="validate every this many steps (greedy: draws nothing)")
     learnt.add_argument("--jobs", type=int, default=1, help="runs at a time (each with one thread when > 1)")
+    learnt.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG")
     for command in (fast, several, learnt):
         command.add_argument("overrides", nargs="*", help="dotted overrides of the demo's config (model.name_or_path=DIR)")
     args = parser.parse_args()
@@ -185,7 +296,11 @@ def main() -> None:
     elif args.what == "workers":
         several_workers(args.steps, args.workers, args.overrides)
     else:
-        accuracy(args.seeds, args.jobs, args.overrides)
+        if args.steps % args.every or args.sync_steps % args.every:
+            parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
+                         f"({args.every}): every run validates at the same steps")
+        curves(args.seeds, args.k, args.corrections, args.steps, args.sync_steps, args.every, args.jobs, args.overrides,
+               args.plot)
 
 
 if __name__ == "__main__":
