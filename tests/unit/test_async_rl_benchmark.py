@@ -1,0 +1,39 @@
+"""benchmarks/async_rl.py's wall-clock model of a trainer and a rollout worker on a device each, against values
+worked out by hand."""
+
+from benchmarks.async_rl import Curve, pipelined_minutes
+
+
+def halves(generate: list[float], train: list[float]) -> list[dict]:
+    return [{"time/generate": g, "time/train": u} for g, u in zip(generate, train)]
+
+
+def seconds(rows: list[dict], k: int) -> list[float]:
+    return [round(60 * minutes, 9) for minutes in pipelined_minutes(rows, k)]
+
+
+def test_the_synchronous_loop_takes_both_halves_in_turn():
+    assert seconds(halves([2, 2, 2], [3, 3, 3]), k=0) == [5, 10, 15]
+
+
+def test_one_step_ahead_the_slower_half_sets_the_pace():
+    # update-bound: step 2 is sampled (from version 0) during update 1, step 3 (version 1) during update 2
+    assert seconds(halves([2, 2, 2], [3, 3, 3]), k=1) == [5, 8, 11]
+    # sampling-bound: the trainer waits for each step's samples; the worker never waits for weights
+    assert seconds(halves([4, 4, 4], [1, 1, 1]), k=1) == [5, 9, 13]
+
+
+def test_two_steps_ahead_one_worker_hides_no_more_than_one_step_ahead_when_sampling_is_faster():
+    rows = halves([2, 2, 2, 2], [3, 3, 3, 3])
+    assert seconds(rows, k=2) == seconds(rows, k=1) == [5, 8, 11, 14]
+
+
+def test_a_long_sampling_step_delays_only_what_depends_on_it():
+    # step 2's sampling takes 10 s: at k = 1 it starts once step 1's sampling ends (t = 2) and ends at 12
+    assert seconds(halves([2, 10, 2], [3, 3, 3]), k=1) == [5, 15, 18]
+
+
+def test_a_curve_is_read_at_the_last_validation_by_then():
+    curve = Curve("k = 1, decoupled", 0, [0, 4, 8], [0.0, 1.0, 2.0], [0.25, 0.5, 0.75])
+    assert curve.at_minutes(1.9) == (4, 0.5)
+    assert curve.at_minutes(2.0) == (8, 0.75)
