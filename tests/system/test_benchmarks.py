@@ -269,12 +269,17 @@ def smoke_vla_pusht(model: Path, tmp_path: Path) -> None:
     assert all({"score", "success"} <= set(stage) for stage in summary.values())
 
 
-def smoke_pusht_expert(model: Path, tmp_path: Path) -> None:
+def smoke_experts(model: Path, tmp_path: Path) -> None:
     require_module("gym_pusht", "the PushT simulator is not installed (pip install -e '.[vla]')")
-    output = run_script("pusht_expert.py", "--episodes", 1, "--first-seed", 3, "--max-steps", 150)
+    output = run_script("experts.py", "pusht", "--episodes", 1, "--first-seed", 3, "--max-steps", 150)
     episode, summary = (json.loads(line) for line in output.strip().splitlines()[-2:])
-    assert episode["seed"] == 3 and episode["success"] and episode["coverage"] > 0.95, episode
+    assert episode["seed"] == 3 and episode["success"] and episode["score"] > 0.95, episode
     assert summary["summary"]["success"] == 1.0 and summary["summary"]["seeds"] == "3..3"
+    require_module("panda_gym", "panda-gym is not installed (pip install -e '.[vla]')")
+    output = run_script("experts.py", "panda-push", "--episodes", 1, "--first-seed", 1, "--max-steps", 50)
+    episode, summary = (json.loads(line) for line in output.strip().splitlines()[-2:])
+    assert episode["success"] and -0.05 < episode["score"] <= 0, episode  # (minus the cube's distance, in m)
+    assert summary["summary"]["env"] == "panda-push" and summary["summary"]["success_within"]["50"] == 1.0
 
 
 def smoke_gpu(model: Path, tmp_path: Path) -> None:
@@ -294,12 +299,12 @@ SMOKE: dict[str, Callable[[Path, Path], None]] = {
     "context_parallel_memory.py": smoke_context_parallel_memory,
     "decode.py": smoke_decode,
     "dpo.py": smoke_dpo,
+    "experts.py": smoke_experts,
     "gpu.py": smoke_gpu,
     "grpo.py": smoke_grpo,
     "logits_memory.py": smoke_logits_memory,
     "memory_estimate.py": smoke_memory_estimate,
     "packed_attention.py": smoke_packed_attention,
-    "pusht_expert.py": smoke_pusht_expert,
     "ray_broadcast.py": smoke_ray_broadcast,
     "ray_overhead.py": smoke_ray_overhead,
     "rows_leave.py": smoke_rows_leave,
