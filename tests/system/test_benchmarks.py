@@ -217,14 +217,14 @@ def smoke_ray_broadcast(model: Path, tmp_path: Path) -> None:
 
 def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     plot = tmp_path / "curves.png"
-    output = run_script("async_rl.py", "curves", *demo_overrides(model), "--seeds", 0, 1, "--k", 0, 1,
+    output = run_script("async_rl.py", "curves", *demo_overrides(model), "--seeds", 0, "--k", 0, 1,
                         "--steps", 4, "--sync-steps", 2, "--every", 2, "--jobs", 2, "--plot", plot)
     by_steps = table(output, "held-out greedy accuracy against steps")
     assert by_steps.columns == ["setting", "step 0", "step 2", "step 4"]
     assert by_steps.column("setting") == ["k = 0", "k = 1, decoupled"]
     assert by_steps.rows[0]["step 4"] == "-" and by_steps.rows[1]["step 4"].endswith(")")  # k = 0 stops at 2 steps
     at_time = table(output, "held-out greedy accuracy at the wall-clock of the same seed's k = 0 run")
-    assert at_time.column("steps done")[0] == "2, 2"  # k = 0's own last step; k = 1's is whatever it reached
+    assert at_time.column("steps done")[0] == "2"  # k = 0's own last step; k = 1's is whatever it reached by then
     assert plot.stat().st_size > 10_000
     require_module("ray", RAY_MISSING)
     # the overrides first: `--k` takes every number after it
