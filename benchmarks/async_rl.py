@@ -263,6 +263,7 @@ def draw_curves(of: dict[str, list[Curve]], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Pipelined RL (rl.max_staleness = k) on the demo's task: seeds' mean, min..max shaded", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
