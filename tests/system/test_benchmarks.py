@@ -216,7 +216,7 @@ def smoke_ray_broadcast(model: Path, tmp_path: Path) -> None:
 
 
 def smoke_async_rl(model: Path, tmp_path: Path) -> None:
-    plot = tmp_path / "curves.png"
+    plot = tmp_path / "plots" / "curves.png"  # (a folder the script makes)
     output = run_script("async_rl.py", "curves", *demo_overrides(model), "--seeds", 0, "--k", 0, 1,
                         "--steps", 4, "--sync-steps", 2, "--every", 2, "--jobs", 2, "--plot", plot)
     by_steps = table(output, "held-out greedy accuracy against steps")
