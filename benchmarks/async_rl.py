@@ -194,7 +194,8 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
     from benchmarks.common import print_table
 
     out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
-    settings = {setting_name(k, correction): (k, correction) for k in ks for correction in (corrections if k else ["-"])}
+    settings = {setting_name(k, correction): (k, correction)
+                for k in ks for correction in (corrections if k else ["-"])}
 
     def one(job: tuple[str, int]) -> Curve:
         setting, seed = job
@@ -230,8 +231,8 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
             table.append({"setting": setting, "steps done": ", ".join(str(step) for step, _ in reached),
                           "accuracy": spread([accuracy for _, accuracy in reached])})
         times = ", ".join(f"{minutes:.1f}" for minutes in synchronous.values())
-        print_table(table, title=f"held-out greedy accuracy at the wall-clock of the same seed's k = 0 run ({times} min "
-                                 f"for {sync_steps} steps, a trainer and a rollout worker on a device each), the last "
+        print_table(table, title=f"held-out greedy accuracy at the wall-clock of the same seed's k = 0 run ({times} "
+                                 f"min for {sync_steps} steps, a trainer and a rollout worker on a device each), the last "
                                  f"validation by then; {jobs} run(s) at a time on {os.cpu_count()} cores")
     if plot is not None:
         draw_curves(of, plot)

@@ -70,7 +70,8 @@ def test_a_panda_push_observation_is_a_camera_frame_the_state_and_an_instruction
     # panda-gym's observation (gripper position and velocity, cube position, rotation, velocities: 18), the cube's
     # position and the target's, in the dict's key order: achieved_goal, desired_goal, observation
     assert observation.state.shape == (24,)
-    assert np.allclose(observation.state[:3], env.info["object_pos"]) and np.allclose(observation.state[3:6], env.info["goal"])
+    assert np.allclose(observation.state[:3], env.info["object_pos"])
+    assert np.allclose(observation.state[3:6], env.info["goal"])
     assert env.action_dim == 3 and env.low.tolist() == [-1.0] * 3 and env.high.tolist() == [1.0] * 3
     # the frame is drawn from the simulation: moving the arm down changes it
     first = np.asarray(observation.images[0], dtype=np.int16)
