@@ -30,8 +30,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 # Episodes of chunks of 4 actions, long enough for the expert: PushT's within 150 steps, the arm's within 100 (96%).
-VLA = {"pusht": {"env": "pusht", "bins": 64, "chunk": 4, "max_chunks": 38, "reward": "env_max"},
-       "panda-push": {"env": "panda-push", "bins": 64, "chunk": 4, "max_chunks": 25, "reward": "env_max"}}
+VLA = {name: {"env": name, "bins": 64, "chunk": 4, "max_chunks": chunks, "reward": "env_max"}
+       for name, chunks in (("pusht", 38), ("panda-push", 25))}
 
 
 def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, **sections) -> Path:

@@ -73,7 +73,7 @@ class PandaPushExpert:
         along = float(np.dot(ee[:2] - cube[:2], line))
         lateral = float(np.linalg.norm(ee[:2] - cube[:2] - along * line))
         off = float(np.linalg.norm(ee[:2] - start))
-        if self.phase == "push" and (lateral > 0.015 or along > -0.01) or self.phase == "down" and off > 0.03:
+        if (self.phase == "push" and (lateral > 0.015 or along > -0.01)) or (self.phase == "down" and off > 0.03):
             self.phase = "above"
         if self.phase == "above" and off < 0.01:
             self.phase = "down"
