@@ -231,7 +231,7 @@ def load_model(cfg: ModelConfig, device: torch.device, lora: LoraConfig | None =
     refuse_mismatched(loading_info, cfg.name_or_path)
     model.to(device)
     if cfg.attn_implementation in PACKED_CHOICES:
-        use_packed_attention(model)  # after .to(device); it declines for composite (VLM) configs
+        use_packed_attention(model)  # after .to(device); it declines where the kernel does not apply
     if cfg.freeze_vision:
         logger.info("froze the vision tower and projector of %s (%.1fM parameters)", cfg.name_or_path,
                     freeze_vision_tower(model) / 1e6)

@@ -201,7 +201,7 @@ def boundary_inputs(model, batch: PackedBatch) -> dict:
     `PackedRow`, transformers' `flash_attention_2` the FlashAttention `cu_seq_lens_*` / `max_length_*` keywords
     (transformers' own names, which its decoder layers pass on to the attention function). Other implementations
     get nothing: transformers' sdpa and eager build their block-diagonal mask from the position ids themselves."""
-    implementation = getattr(hf_config(model), "_attn_implementation", None)
+    implementation = getattr(hf_config(model).get_text_config(), "_attn_implementation", None)  # (a VLM's LM's)
     if implementation == PACKED_ATTENTION:
         return {"packed_row": packed_row(batch, batch.input_ids.device)}
     if implementation == "flash_attention_2":

@@ -228,11 +228,18 @@ def register_packed_attention() -> None:
     AttentionMaskInterface.register(PACKED_ATTENTION, packed_causal_mask)
 
 
+# Vision-language families whose language model attends causally over image tokens as over text (packed == each
+# sequence alone: tests/integration/test_vlm_rollout.py): it runs the kernel, the vision tower keeps its own attention.
+# Without it a packed row of T tokens gets a T x T mask: memory quadratic in the row (a VLA episode is dozens of turns).
+PACKED_LANGUAGE_MODELS = frozenset({"qwen2_vl", "idefics3"})
+
+
 def packed_attention_unsupported_reason(model) -> str | None:
-    """Why `model` should not use the packed kernel, or None when it can."""
+    """Why `model` (for a vision-language model: its language model) should not use the packed kernel, or None."""
     config = model.config
-    if config.sub_configs:
+    if config.sub_configs and config.model_type not in PACKED_LANGUAGE_MODELS:
         return "composite (e.g. multimodal) models build extra mask patterns this kernel does not reproduce"
+    config = config.get_text_config()
     if not getattr(config, "is_causal", True):
         return "the model is not causal"
     # Per-layer configs (Gemma 2/3, Qwen2, SmolLM3) name their sliding layers in `layer_types`, and may
@@ -257,9 +264,9 @@ def use_packed_attention(model) -> bool:
                     getattr(model.config, "model_type", type(model).__name__), reason)
         return False
     register_packed_attention()
-    model.set_attn_implementation(PACKED_ATTENTION)
+    model.set_attn_implementation({"text_config": PACKED_ATTENTION} if model.config.sub_configs else PACKED_ATTENTION)
     # set_attn_implementation only warns when a model class cannot switch at runtime.
-    if model.config._attn_implementation != PACKED_ATTENTION:
+    if model.config.get_text_config()._attn_implementation != PACKED_ATTENTION:
         logger.info("keeping attention %r: %s cannot switch its attention implementation at runtime",
                     model.config._attn_implementation, type(model).__name__)
         return False

@@ -81,6 +81,39 @@ def test_a_packed_row_of_image_sequences_equals_each_sequence_alone(vlm):
     assert pack(examples).vision.keys() == examples[0].sequences[0].vision.tensors.keys()
 
 
+def test_the_language_model_of_a_causal_family_runs_the_packed_kernel_alike(vlm, monkeypatch):
+    """Qwen2-VL's and Idefics3's language models take oxRL's packed kernel (each sequence attends to itself, no T x T
+    mask: the dozens of turns of a VLA episode in one row stay linear in memory) and give sdpa's log-probs and
+    gradients on a packed image row; their vision towers keep their attention; Gemma 3 (two-way attention among an
+    image's tokens) keeps sdpa."""
+    import copy
+
+    from oxrl.models import packed_attention
+
+    family, model, processor = vlm
+    kernel = copy.deepcopy(model)
+    assert packed_attention.use_packed_attention(kernel) == (family != "gemma3")
+    if family == "gemma3":
+        return
+    assert kernel.config.vision_config._attn_implementation == model.config.vision_config._attn_implementation
+    rows, per_sequence = [], packed_attention.per_sequence_sdpa
+    monkeypatch.setattr(packed_attention, "per_sequence_sdpa",
+                        lambda query, key, value, row, *rest: rows.append(row) or per_sequence(query, key, value, row, *rest))
+    batch = pack(image_examples(processor) + [text_example(processor)])
+    results = []
+    for each in (model, kernel):
+        each.zero_grad()
+        logprobs = token_logprobs(each, batch)
+        logprobs.sum().backward()
+        results.append([logprobs.detach(), *(p.grad for p in each.parameters() if p.grad is not None)])
+    model.zero_grad()
+    assert len(rows) == kernel.config.get_text_config().num_hidden_layers  # the kernel ran in every layer
+    assert all(len(row.segments) == 4 for row in rows)  # each sequence apart
+    assert len(results[0]) == len(results[1]) > 2
+    for sdpa, ours in zip(*results):
+        torch.testing.assert_close(ours, sdpa, atol=1e-5, rtol=1e-4)
+
+
 def test_chunked_logprobs_of_an_image_row_equal_the_full_logits(vlm, monkeypatch):
     """Long rows' log-probs come from hidden states through the output layer a chunk at a time (lm_head.py): the same
     values and gradients on a packed image row, and on Gemma 3's padded batch."""
