@@ -142,7 +142,8 @@ def log_memory_estimate(cfg: Config, device: torch.device, world_size: int, row_
         logger.warning("memory: no estimate for %s (model.allow_oversized)", cfg.model.name_or_path)
         return
     except (ModelNotFoundError, OSError, ValueError) as error:
-        logger.info("memory: no estimate (%s)", error)  # the model load itself will say what is wrong
+        # its first line: transformers lists every class it knows after it; the model load itself says what is wrong
+        logger.info("memory: no estimate (%s)", str(error).partition("\n")[0])
         return
     refusal = shape.tensor_parallel_refusal(plan.tp)  # (checked again, for any tp, when the model is split)
     if refusal:

@@ -236,10 +236,9 @@ PACKED_LANGUAGE_MODELS = frozenset({"qwen2_vl", "idefics3"})
 
 def packed_attention_unsupported_reason(model) -> str | None:
     """Why `model` (for a vision-language model: its language model) should not use the packed kernel, or None."""
-    config = model.config
-    if config.sub_configs and config.model_type not in PACKED_LANGUAGE_MODELS:
+    if model.config.sub_configs and model.config.model_type not in PACKED_LANGUAGE_MODELS:
         return "composite (e.g. multimodal) models build extra mask patterns this kernel does not reproduce"
-    config = config.get_text_config()
+    config = model.config.get_text_config()
     if not getattr(config, "is_causal", True):
         return "the model is not causal"
     # Per-layer configs (Gemma 2/3, Qwen2, SmolLM3) name their sliding layers in `layer_types`, and may

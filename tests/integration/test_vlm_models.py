@@ -3,6 +3,8 @@ vision tower and projector, LoRA adapts only the language model, and saved folde
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from transformers import (AutoModelForImageTextToText, AutoProcessor, Gemma3ForConditionalGeneration,
@@ -160,3 +162,17 @@ def test_a_family_packed_rows_would_compute_wrongly_is_refused_before_its_weight
     AutoConfig.for_model(family).save_pretrained(tmp_path)  # a config only: refused before any weights are read
     with pytest.raises(UnsupportedModelError, match=f"{family}: .*not supported yet"):
         load_model(ModelConfig(name_or_path=str(tmp_path)), CPU)
+
+
+def test_a_size_not_counted_before_loading_is_said_in_one_line(vlm, oxrl_log):
+    """Qwen2-VL's language model has no causal-LM class of its own to count on the meta device: the log says so in
+    transformers' first line, not its list of every class it knows."""
+    family, folder = vlm
+    with oxrl_log.at_level(logging.INFO, logger="oxrl"):
+        load_model(ModelConfig(name_or_path=str(folder)), CPU)
+    said = [line for line in oxrl_log.text.splitlines() if "not counted before loading" in line]
+    if family == "qwen2_vl":
+        assert len(said) == 1 and "Unrecognized configuration class" in said[0], oxrl_log.text[-2000:]
+        assert "Model type should be one of" not in oxrl_log.text
+    else:  # counted
+        assert not said

@@ -97,8 +97,12 @@ def test_the_language_model_of_a_causal_family_runs_the_packed_kernel_alike(vlm,
         return
     assert kernel.config.vision_config._attn_implementation == model.config.vision_config._attn_implementation
     rows, per_sequence = [], packed_attention.per_sequence_sdpa
-    monkeypatch.setattr(packed_attention, "per_sequence_sdpa",
-                        lambda query, key, value, row, *rest: rows.append(row) or per_sequence(query, key, value, row, *rest))
+
+    def spied(query, key, value, row, *rest):
+        rows.append(row)
+        return per_sequence(query, key, value, row, *rest)
+
+    monkeypatch.setattr(packed_attention, "per_sequence_sdpa", spied)
     batch = pack(image_examples(processor) + [text_example(processor)])
     results = []
     for each in (model, kernel):
