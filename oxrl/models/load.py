@@ -189,8 +189,8 @@ def refuse_oversized_weights(config, cfg: ModelConfig, device: torch.device, dty
     except ModelTooLargeError as error:
         raise ModelTooLargeError(f"{cfg.name_or_path}: {error}") from None
     except ValueError as error:  # a family the meta build cannot make alone; the load itself will tell
-        logger.info("%s: its size was not counted before loading (%s)", cfg.name_or_path,
-                    str(error).partition("\n")[0])  # (transformers lists every class it knows after it)
+        # (the first line: transformers lists every class it knows after it)
+        logger.info("%s: size not counted before loading (%s)", cfg.name_or_path, str(error).partition("\n")[0])
         return
     refuse_oversized(shape.parameters * dtype.itemsize, device_memory(device),
                      f"{cfg.name_or_path}: its {shape.parameters:,} parameters (counted from its config) in "

@@ -257,8 +257,7 @@ def use_packed_attention(model) -> bool:
     """Switch a loaded causal LM to the per-sequence packed kernel through transformers' public
     `set_attn_implementation`; returns whether it did. A no-op, with the reason logged, where the
     kernel does not apply."""
-    reason = packed_attention_unsupported_reason(model)
-    if reason is not None:
+    if (reason := packed_attention_unsupported_reason(model)) is not None:
         logger.info("keeping attention %r for %s: %s", model.config._attn_implementation,
                     getattr(model.config, "model_type", type(model).__name__), reason)
         return False
