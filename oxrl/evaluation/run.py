@@ -141,8 +141,10 @@ def eval_prompts(cfg: Config, data_files: list[str], limit: int | None) -> tuple
         template = prompt_template(rl)
         prompts = [prompt for path in data_files for prompt in read_rl_prompts(path, template=template)]
         source = ", ".join(data_files)
-    elif cfg.vla is not None:
-        prompts = load_prompts(cfg, rl)[1]
+    elif cfg.vla is not None:  # the held-out states alone, no more than `limit`
+        from oxrl.vla.build import initial_state_prompts
+
+        prompts = initial_state_prompts(cfg, train=False, limit=limit)[1]
         source = f"{cfg.vla.env}: {len(prompts)} held-out initial states"
     elif rl.task is None and not cfg.data.train:
         raise ValueError("nothing to evaluate on: give --task (e.g. arithmetic) or --data FILE, or a --config or run "

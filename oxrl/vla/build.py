@@ -158,14 +158,16 @@ def initial_state_seeds(cfg: Config) -> tuple[list[int], list[int]]:
             list(range(VALIDATION_SEEDS + offset, VALIDATION_SEEDS + offset + held_out)))
 
 
-def initial_state_prompts(cfg: Config) -> tuple[list, list]:
-    """The training and held-out initial states as prompts (text and frames; the processor encodes them later)."""
-    train, held_out = initial_state_seeds(cfg)
+def initial_state_prompts(cfg: Config, train: bool = True, limit: int | None = None) -> tuple[list, list]:
+    """The training and held-out initial states as prompts (text and frames; the processor encodes them later). An
+    evaluation asks for the first `limit` held-out ones alone (`train` False): each is a simulator reset and a frame,
+    and `rl.task_size` training states cost a simulator seconds to make."""
+    train_seeds, held_out = initial_state_seeds(cfg)
     env = make_env(cfg.vla.env, cfg.vla.env_kwargs, cfg.vla.instruction)
     prompter = Prompter(None, None, cfg.vla.state)
     try:
-        return (initial_prompts(env, prompter, train, f"{cfg.vla.env} (train)"),
-                initial_prompts(env, prompter, held_out, f"{cfg.vla.env} (held out)"))
+        return (initial_prompts(env, prompter, train_seeds if train else [], f"{cfg.vla.env} (train)"),
+                initial_prompts(env, prompter, held_out[:limit], f"{cfg.vla.env} (held out)"))
     finally:
         env.close()
 

@@ -90,14 +90,23 @@ def test_behaviour_cloning_then_grpo_raise_the_held_out_success_rate(cloned):
 
 
 @WHOLE_RUNS
-def test_eval_of_a_vla_run_films_its_episodes_in_its_run_directory(cloned, tmp_path):
+def test_eval_of_a_vla_run_films_its_episodes_in_its_run_directory(cloned, tmp_path, monkeypatch):
     from PIL import Image
 
+    from oxrl.vla import build
     from oxrl.vla.video import BORDER, FAILED, SUCCEEDED
 
+    made, real = [], build.initial_prompts  # the initial states made into prompts: each a simulator reset and frame
+
+    def counted(env, prompter, seeds, source):
+        made.append(list(seeds))
+        return real(env, prompter, seeds, source)
+
+    monkeypatch.setattr(build, "initial_prompts", counted)
     _, _, sft = cloned
     out = tmp_path / "samples.jsonl"
     report = evaluate_models(EvalRequest(str(sft.run_dir), limit=6, out=str(out))).reports[0]
+    assert made == [[], list(range(build.VALIDATION_SEEDS, build.VALIDATION_SEEDS + 6))]  # no training state
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert report.metrics["greedy/accuracy"] == sum(row["correct"] for row in rows) / 6
     video = Image.open(sft.run_dir / "eval_episodes.gif")
