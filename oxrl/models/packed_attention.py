@@ -215,7 +215,9 @@ def prefix_sharing(model) -> bool:
     """Whether `model` reads the shared-prefix layout of `pack(share_prefixes=True)`: only oxRL's packed attention
     kernel does (a continuation's queries see the prefix it shares); any other attention would see each continuation
     as a sequence of its own, without its prompt. A reference with a model of its own (`FrozenModel`) is asked about
-    that model; a precomputed table, keyed by each sequence's own tokens, never reads it."""
+    that model; a precomputed table, keyed by each sequence's own tokens, never reads it. A vision-language model
+    whose language model runs the kernel (`PACKED_LANGUAGE_MODELS`) keeps transformers' name on its top-level config,
+    so its rows are not prefix-shared: a shared prompt's images would have to reach every continuation."""
     inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
     if inner is None:
         return False

@@ -160,8 +160,8 @@ def initial_state_seeds(cfg: Config) -> tuple[list[int], list[int]]:
 
 def initial_state_prompts(cfg: Config, train: bool = True, limit: int | None = None) -> tuple[list, list]:
     """The training and held-out initial states as prompts (text and frames; the processor encodes them later). An
-    evaluation asks for the first `limit` held-out ones alone (`train` False): each is a simulator reset and a frame,
-    and `rl.task_size` training states cost a simulator seconds to make."""
+    evaluation asks for the first `limit` held-out ones alone (`train` False): each state is a simulator reset and a
+    frame, so making `rl.task_size` training states it would not play costs a slow simulator many seconds."""
     train_seeds, held_out = initial_state_seeds(cfg)
     env = make_env(cfg.vla.env, cfg.vla.env_kwargs, cfg.vla.instruction)
     prompter = Prompter(None, None, cfg.vla.state)

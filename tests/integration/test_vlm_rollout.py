@@ -96,6 +96,7 @@ def test_the_language_model_of_a_causal_family_runs_the_packed_kernel_alike(vlm,
     if family == "gemma3":
         return
     assert kernel.config.vision_config._attn_implementation == model.config.vision_config._attn_implementation
+    assert not packed_attention.prefix_sharing(kernel)  # a group's continuations do not share its image prompt
     rows, per_sequence = [], packed_attention.per_sequence_sdpa
 
     def spied(query, key, value, row, *rest):
