@@ -34,11 +34,12 @@ VLA = {name: {"env": name, "bins": 64, "chunk": 4, "max_chunks": chunks, "reward
        for name, chunks in (("pusht", 38), ("panda-push", 25))}
 
 
-def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, **sections) -> Path:
-    tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": 0, "device": "cpu", "overwrite": True},
+def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, seed: int, **sections) -> Path:
+    tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": seed, "device": "cpu", "overwrite": True},
             "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm},
             # SFT reads the action tokens' settings; the episodes' (max_chunks, reward) are RL's and evaluation's
-            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "bins", "chunk")},
+            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "env_kwargs", "bins", "chunk")
+                                                   if key in vla},
             "logging": {"progress_bar": False, "plot": False}, "checkpoint": {"every": None}, **sections}
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -59,7 +60,7 @@ def expert_score(held_out: int, vla: dict) -> dict:
     from oxrl.vla.build import VALIDATION_SEEDS
     from oxrl.vla.envs import expert, make_env
 
-    env = make_env(vla["env"])
+    env = make_env(vla["env"], vla.get("env_kwargs"))
     best, successes = [], 0
     for seed in range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out):
         env.reset(seed)
@@ -82,10 +83,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: runs/vla-ENV")
     parser.add_argument("--demos", type=int, default=96, help="scripted demonstrations")
     parser.add_argument("--sft-steps", type=int, default=1200)
-    parser.add_argument("--grpo-steps", type=int, default=8)
+    parser.add_argument("--grpo-steps", type=int, default=8, help="0: stop after behaviour cloning")
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
     lengths = ", ".join(f"{name} {vla['max_chunks']}" for name, vla in VLA.items())
     parser.add_argument("--max-chunks", type=int, default=None, help=f"action chunks an episode at most ({lengths})")
+    parser.add_argument("--seed", type=int, default=0, help="the policy's initialisation and the runs' seed")
+    parser.add_argument("--env-kwargs", type=json.loads, default=None,
+                        help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: the block\'s pose in the state)')
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
@@ -106,22 +110,24 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     else:
         tokenizer = smollm2_tokenizer.__wrapped__()
-    model = save_tiny_qwen2_vl(out / "model", tokenizer, width="vllm")
+    model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=args.seed, width="vllm")
     started = time.perf_counter()
-    vla = {**VLA[args.env], **({"max_chunks": args.max_chunks} if args.max_chunks else {})}
-    demos, _ = record_demonstrations(args.env, args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"])
+    vla = {**VLA[args.env], **({"max_chunks": args.max_chunks} if args.max_chunks else {}),
+           **({"env_kwargs": args.env_kwargs} if args.env_kwargs else {})}
+    demos, _ = record_demonstrations(args.env, args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"],
+                                     env_kwargs=vla.get("env_kwargs"))
     expert = {"stage": "demonstrations", "episodes": args.demos, "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(expert), flush=True)
 
     rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": 4, "rollout": {"n": 4},
           "validation_every": None}
-    grpo = config(out, model, "grpo", "grpo", vla, rl=rl, data={"max_length": 512},
-                  train={"max_steps": args.grpo_steps, "micro_batch_size_per_device": 32, "optim": {"lr": 3e-4}})
+    grpo = config(out, model, "grpo", "grpo", vla, args.seed, rl=rl, data={"max_length": 512},
+                  train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32, "optim": {"lr": 3e-4}})
     results = {"scripted_expert": expert_score(args.held_out, vla), "untrained": evaluate(model, grpo, args.held_out)}
     print(json.dumps({"stage": "scripted_expert", **results["scripted_expert"]}), flush=True)
     print(json.dumps({"stage": "untrained", **results["untrained"]}), flush=True)
 
-    sft = config(out, model, "sft", "sft", vla, data={"train": [{"path": str(demos), "format": "lerobot"}],
+    sft = config(out, model, "sft", "sft", vla, args.seed, data={"train": [{"path": str(demos), "format": "lerobot"}],
                                                   "max_length": 512, "validation_fraction": 0},
                  train={"max_steps": args.sft_steps, "global_batch_size": 32, "micro_batch_size_per_device": 32,
                         "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 10}})
@@ -131,6 +137,9 @@ def main() -> None:
     results["behaviour_cloned"] = {**evaluate(cloned, grpo, args.held_out), "train_seconds": sft_seconds}
     print(json.dumps({"stage": "behaviour_cloned", **results["behaviour_cloned"]}), flush=True)
 
+    if not args.grpo_steps:
+        print(json.dumps({"summary": results}))
+        return
     grpo_tree = yaml.safe_load(grpo.read_text())
     grpo_tree["model"]["name_or_path"] = str(cloned)
     grpo.write_text(yaml.safe_dump(grpo_tree))

@@ -6,7 +6,7 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
   instruction names; the frame shows the agent and the target. Fast enough for tests, and a tiny model learns it.
 - `pusht`: LeRobot's PushT (`pip install 'gym-pusht>=0.1.8'`, or `pip install -e '.[vla]'` in oxRL's source tree): push
   a T-shaped block onto a target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's
-  position as the state.
+  position as the state (and the block's pose too with `vla.env_kwargs: {block_pose: true}`).
   The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
 - `panda-push`: panda-gym's PandaPush (`pip install 'panda-gym>=3.0.7'`, in the `vla` extra): a Franka arm pushes a
   cube onto a target, PyBullet's physics, 96x96 frames from its CPU renderer (oxrl/vla/panda.py).
@@ -191,11 +191,23 @@ BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[], Callable[[dict], 
 }
 
 
-def _pusht(**kwargs) -> gym.Env:
+def _pusht(block_pose: bool = False, **kwargs) -> gym.Env:
     require("gym_pusht", "gym-pusht", "vla.env `pusht`")
     import gym_pusht  # noqa: F401  (registers gym_pusht/PushT-v0)
 
-    return gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
+    env = gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
+    return _WithBlockPose(env) if block_pose else env
+
+
+class _WithBlockPose(gym.ObservationWrapper):
+    """PushT's state with the block's pose (x, y in pixels, the angle in radians within [-pi, pi)) after the
+    agent's position: what the policy must act on, given apart from the frame that shows it (`vla.env_kwargs:
+    {block_pose: true}`), so that what it learns to see and what it learns to do can be told apart."""
+
+    def observation(self, observation: dict) -> dict:
+        block = self.env.unwrapped.block
+        angle = (block.angle + np.pi) % (2 * np.pi) - np.pi
+        return {**observation, "block_pose": np.array([block.position.x, block.position.y, angle])}
 
 
 def make_env(name: str, kwargs: dict | None = None, instruction: str | None = None) -> RobotEnv:
