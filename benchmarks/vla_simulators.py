@@ -38,7 +38,7 @@ def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, seed: i
     tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": seed, "device": "cpu", "overwrite": True},
             "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm},
             # SFT reads the action tokens' settings; the episodes' (max_chunks, reward) are RL's and evaluation's
-            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "env_kwargs", "bins", "chunk")
+            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "env_kwargs", "bins", "chunk", "state_bins")
                                                    if key in vla},
             "logging": {"progress_bar": False, "plot": False}, "checkpoint": {"every": None}, **sections}
     path = out / f"{name}.yaml"
@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the policy's initialisation and the runs' seed")
     parser.add_argument("--env-kwargs", type=json.loads, default=None,
                         help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: the block\'s pose in the state)')
+    parser.add_argument("--state-bins", type=int, default=None,
+                        help="vla.state_bins: the state as its bins among this many (default: its values' digits)")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
@@ -121,6 +123,8 @@ def main() -> None:
 
     rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": 4, "rollout": {"n": 4},
           "validation_every": None}
+    if args.state_bins:  # the untrained policy's prompts take the state's bounds from the demonstrations
+        vla = {**vla, "state_bins": args.state_bins, "stats": str(demos)}
     grpo = config(out, model, "grpo", "grpo", vla, args.seed, rl=rl, data={"max_length": 512},
                   train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32, "optim": {"lr": 3e-4}})
     results = {"scripted_expert": expert_score(args.held_out, vla), "untrained": evaluate(model, grpo, args.held_out)}

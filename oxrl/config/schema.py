@@ -1066,6 +1066,10 @@ class VLAConfig(Section):
     are not trained in RL: no reward saw them."""
     state: bool = True
     """Write the proprioceptive state into the prompt after the instruction."""
+    state_bins: int | None = Field(None, ge=2)
+    """Write each state dimension as its bin among `state_bins` equal bins between the demonstrations' 1st and 99th
+    percentiles, a zero-padded integer (pi0-FAST's discretised state), rather than its value's digits. The bounds come
+    from `vla.stats` (under `sft`: the first training dataset) and are saved with the model, as the action bins are."""
     reward: Annotated[Literal[EPISODE_REWARDS], _VLA_EPISODES] = "success"
     """An episode's reward: 1 on success, else 0 (`success`); the environment's rewards summed (`env`); or their maximum
     (`env_max`, LeRobot's PushT score). Its score, which held-out accuracy counts, is always its success."""

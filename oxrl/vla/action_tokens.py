@@ -28,10 +28,53 @@ class ActionTokenError(ValueError):
 
 
 @dataclass(frozen=True)
+class StateBins:
+    """The proprioceptive state as a prompt writes it with `vla.state_bins`: each dimension's bin among `bins` equal
+    bins between per-dimension bounds (the demonstrations' 1st and 99th percentiles; values beyond fall in the end
+    bins), a zero-padded integer, as pi0-FAST writes its discretised state into its prompt (arXiv:2501.09747). Every
+    dimension then takes the same few digits at the same place in every prompt, where a float's digits vary in count
+    and meaning with its magnitude (`241.543` and `-2.884`)."""
+
+    low: np.ndarray  # [dims]
+    high: np.ndarray  # [dims], above low
+    bins: int
+
+    @classmethod
+    def from_states(cls, states: np.ndarray, bins: int) -> StateBins:
+        """Bounds at the 1st and 99th percentiles of `states` [N, dims] (demonstration frames' states)."""
+        states = np.asarray(states, dtype=np.float64)
+        if states.ndim != 2 or states.shape[0] < 2:
+            raise ActionTokenError(f"state bins need at least 2 states laid out [N, dims], got shape {list(states.shape)}")
+        low, high = np.quantile(states, 0.01, axis=0), np.quantile(states, 0.99, axis=0)
+        return cls.checked(low, np.where(high > low, high, low + 1e-6 * np.maximum(1.0, np.abs(low))), bins)
+
+    @classmethod
+    def checked(cls, low, high, bins: int) -> StateBins:
+        """Bounds and a bin count (saved ones: `oxrl.vla.build.load_action_tokens`), checked."""
+        low, high = np.atleast_1d(np.asarray(low, dtype=np.float64)), np.atleast_1d(np.asarray(high, dtype=np.float64))
+        if low.ndim != 1 or low.shape != high.shape or not np.all(np.isfinite(low) & np.isfinite(high) & (high > low)):
+            raise ActionTokenError(f"state bins need finite bounds with low < high in every dimension, got "
+                                   f"low={low.tolist()} high={high.tolist()}")
+        if bins < 2:
+            raise ActionTokenError(f"state bins need at least 2 bins, got {bins}")
+        return cls(low, high, bins)
+
+    def text(self, state: np.ndarray) -> str:
+        """`state` [dims] as its bins, e.g. `07 93 50` for 100 bins; a state of other dimensions is an error."""
+        state = np.asarray(state, dtype=np.float64)
+        if state.shape != self.low.shape:
+            raise ActionTokenError(f"a state of {state.size} dimensions, but the state bins have {self.low.size}")
+        bins = np.clip(np.floor((state - self.low) / (self.high - self.low) * self.bins), 0, self.bins - 1)
+        width = len(str(self.bins - 1))
+        return " ".join(f"{int(b):0{width}d}" for b in bins)
+
+
+@dataclass(frozen=True)
 class ActionTokenizer:
     edges: np.ndarray  # [dims, bins + 1], increasing along each row
     first_id: int  # the id of bin 0
     chunk: int  # actions per chunk
+    state: StateBins | None = None  # how the prompts write the state (`vla.state_bins`), saved with the action bins
 
     @property
     def dims(self) -> int:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from oxrl.config.schema import Config, DatasetSpec, VLAConfig
 from oxrl.data.types import Example, Sequence
-from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, last_vocabulary_ids
+from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, StateBins, last_vocabulary_ids
 from oxrl.vla.envs import Observation, expert, make_env
 from oxrl.vla.episodes import Prompter, VLAEpisodes, initial_prompts
 from oxrl.vla.lerobot import EpisodeRecord, LeRobotDataset, read_dataset, refuse_to_overwrite, write_dataset
@@ -36,7 +37,11 @@ def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset |
                      model: str | None = None) -> ActionTokenizer:
     """The bins saved with the `model` folder (module docstring), else the config's: uniform over the environment's
     action space (else the demonstrations' range), uniform over the demonstrations' 1st..99th percentiles, or their
-    quantiles; `vla.stats` names the demonstrations when set."""
+    quantiles; `vla.stats` names the demonstrations when set. The state's bins (`state_bins`) ride with them."""
+    return replace(_action_bins(vla, tokenizer, demonstrations, model), state=state_bins(vla, model, demonstrations))
+
+
+def _action_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None, model: str | None) -> ActionTokenizer:
     first_id = last_vocabulary_ids(tokenizer, vla.bins)
     saved = Path(model) / ACTION_TOKENS if model is not None else None
     if saved is not None and saved.is_file():
@@ -56,6 +61,45 @@ def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset |
         logger.info("vla: the action bins saved with the model (%s)", saved)
         return tokens
     return _config_bins(vla, tokenizer, demonstrations, first_id)
+
+
+def state_bins(vla: VLAConfig, model: str | None, demonstrations: LeRobotDataset | None = None) -> StateBins | None:
+    """How the prompts write the state: None (its values' digits) unless `vla.state_bins`; then the bounds saved with
+    the `model` folder, else the demonstrations' (`vla.stats`, else `demonstrations`, the SFT's first dataset). A
+    model that learned the state written otherwise than the config asks is refused, as for the action bins."""
+    saved = Path(model) / ACTION_TOKENS if model is not None else None
+    if saved is not None and saved.is_file():
+        learned = load_action_tokens(saved).state
+        if (learned.bins if learned is not None else None) != vla.state_bins:
+            written = "as its values' digits" if learned is None else f"in {learned.bins} bins"
+            raise ValueError(f"{saved}: the model learned the state written {written}, but vla.state_bins is "
+                             f"{vla.state_bins}: set vla.state_bins to match")
+        if learned is not None and vla.stats is not None:
+            made = _state_bins_of(read_dataset(Path(vla.stats)), vla.state_bins)
+            if not (np.allclose(made.low, learned.low, rtol=1e-9, atol=0)
+                    and np.allclose(made.high, learned.high, rtol=1e-9, atol=0)):
+                raise ValueError(f"{saved}: vla.stats = {vla.stats} bounds the state's bins otherwise than the model "
+                                 "learned them: leave vla.stats unset to use the model's")
+        return learned
+    if vla.state_bins is None:
+        return None
+    if vla.stats is not None:
+        demonstrations = read_dataset(Path(vla.stats))
+    if demonstrations is None:
+        raise ValueError(f"vla.state_bins = {vla.state_bins} takes the state's bounds from demonstrations: set vla.stats "
+                         "to a LeRobot dataset folder (or start from a model saved with them)")
+    return _state_bins_of(demonstrations, vla.state_bins)
+
+
+def _state_bins_of(demonstrations: LeRobotDataset, bins: int) -> StateBins:
+    states = demonstrations.states()
+    if states is None:
+        raise ValueError(f"{demonstrations.root}: vla.state_bins needs the frames' observation.state, which this "
+                         "dataset has not")
+    try:
+        return StateBins.from_states(states, bins)
+    except ActionTokenError as error:
+        raise ValueError(f"{demonstrations.root}: {error}") from error
 
 
 def _action_dims(vla: VLAConfig) -> int | None:
@@ -93,6 +137,8 @@ def _config_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | Non
 def save_action_tokens(tokens: ActionTokenizer, folder: Path) -> None:
     """The bins as run: `action_tokens.json` (`load_action_tokens` reads it back exactly)."""
     record = {"first_id": tokens.first_id, "chunk": tokens.chunk, "edges": tokens.edges.tolist()}
+    if tokens.state is not None:
+        record["state"] = {"bins": tokens.state.bins, "low": tokens.state.low.tolist(), "high": tokens.state.high.tolist()}
     (Path(folder) / ACTION_TOKENS).write_text(json.dumps(record))
 
 
@@ -110,9 +156,23 @@ def load_action_tokens(path: Path) -> ActionTokenizer:
         if not isinstance(fields[key], int) or isinstance(fields[key], bool):
             raise ValueError(f"{path}: `{key}` must be an integer, got {fields[key]!r}")
     try:
-        return ActionTokenizer.from_edges(edges, fields["first_id"], fields["chunk"])
+        return replace(ActionTokenizer.from_edges(edges, fields["first_id"], fields["chunk"]),
+                       state=_load_state_bins(record.get("state"), path))
     except ActionTokenError as error:
         raise ValueError(f"{path}: {error}") from error
+
+
+def _load_state_bins(record, path: Path) -> StateBins | None:
+    if record is None:
+        return None
+    if not isinstance(record, dict) or set(record) != {"bins", "low", "high"}:
+        raise ValueError(f"{path}: `state` must hold exactly `bins`, `low` and `high`, got {record!r}")
+    if not isinstance(record["bins"], int) or isinstance(record["bins"], bool):
+        raise ValueError(f"{path}: `state.bins` must be an integer, got {record['bins']!r}")
+    if not all(isinstance(record[key], list) and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                     for v in record[key]) for key in ("low", "high")):
+        raise ValueError(f"{path}: `state.low` and `state.high` must be lists of numbers")
+    return StateBins.checked(record["low"], record["high"], record["bins"])
 
 
 class SavedWithActionTokens:
@@ -141,7 +201,7 @@ def episode_runner(cfg: Config, tokenizer, processor) -> VLAEpisodes:
     logger.info("vla: %s, %d action dimensions x %d bins (%s), chunks of %d (%d executed), at most %d chunks an episode",
                 vla.env, tokens.dims, tokens.bins, vla.binning, tokens.chunk, vla.execute or tokens.chunk, vla.max_chunks)
     return VLAEpisodes(vla.env, lambda: make_env(vla.env, vla.env_kwargs, vla.instruction), tokens,
-                       Prompter(tokenizer, processor, vla.state), vla.max_chunks, vla.reward, execute=vla.execute)
+                       Prompter(tokenizer, processor, vla.state, tokens.state), vla.max_chunks, vla.reward, execute=vla.execute)
 
 
 def _check_vision_language(cfg: Config, processor) -> None:
@@ -164,7 +224,7 @@ def initial_state_prompts(cfg: Config, train: bool = True, limit: int | None = N
     frame, so making `rl.task_size` training states it would not play costs a slow simulator many seconds."""
     train_seeds, held_out = initial_state_seeds(cfg)
     env = make_env(cfg.vla.env, cfg.vla.env_kwargs, cfg.vla.instruction)
-    prompter = Prompter(None, None, cfg.vla.state)
+    prompter = Prompter(None, None, cfg.vla.state, state_bins(cfg.vla, cfg.model.name_or_path))
     try:
         return (initial_prompts(env, prompter, train_seeds if train else [], f"{cfg.vla.env} (train)"),
                 initial_prompts(env, prompter, held_out[:limit], f"{cfg.vla.env} (held out)"))
@@ -177,10 +237,10 @@ def demonstration_reader(cfg: Config, tokenizer, processor):
     episode's instruction, its state), then the action chunk that starts at it as action tokens, the only trained
     tokens. A chunk running past the episode's end repeats its last action (the robot holds still)."""
     _check_vision_language(cfg, processor)
-    prompter = Prompter(tokenizer, processor, cfg.vla.state)
     first = cfg.data.train[0]
     datasets = {first.path: read_dataset(Path(first.path))}  # read once: the bins' and the examples' source
     tokens = action_tokenizer(cfg.vla, tokenizer, datasets[first.path], cfg.model.name_or_path)
+    prompter = Prompter(tokenizer, processor, cfg.vla.state, tokens.state)
     logger.info("vla: %d action dimensions x %d bins (%s), chunks of %d", tokens.dims, tokens.bins, cfg.vla.binning,
                 tokens.chunk)
 

@@ -30,7 +30,7 @@ from oxrl.data.formats import prompt_messages_with_images
 from oxrl.data.types import RLPromptBatch, VisionInputs
 from oxrl.loops.multiturn import Episodes
 from oxrl.rollout.base import Completion, SamplingParams
-from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer
+from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, StateBins
 from oxrl.vla.envs import Observation, RobotEnv, RobotEnvError
 from oxrl.vla.video import EpisodeFilm
 
@@ -46,10 +46,13 @@ class Prompter:
     tokenizer: object
     processor: object
     with_state: bool = True
+    state_bins: StateBins | None = None  # the state as its bins (`vla.state_bins`), else its values' digits
 
     def text(self, task: str, state: np.ndarray | None) -> str:
         if not self.with_state or state is None:
             return task
+        if self.state_bins is not None:
+            return f"{task}\nstate: {self.state_bins.text(state)}"
         return f"{task}\nstate: " + " ".join(f"{value:.3f}" for value in state)
 
     def prompt(self, observation: Observation, task: str, source: str, row: int, fields: dict | None = None) -> RLPrompt:

@@ -89,6 +89,13 @@ class LeRobotDataset:
         rows = [frame.action for episode in self.episodes for frame in episode.frames]
         return np.stack(rows) if rows else np.zeros((0, self.action_dim), np.float32)
 
+    def states(self) -> np.ndarray | None:
+        """Every frame's state, as `actions` orders them: float32 [total_frames, state_dim]; None without states."""
+        if self.state_dim is None:
+            return None
+        rows = [frame.state for episode in self.episodes for frame in episode.frames]
+        return np.stack(rows) if rows else np.zeros((0, self.state_dim), np.float32)
+
 
 @dataclass
 class EpisodeRecord:

@@ -195,6 +195,11 @@ def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
     assert task == "push the T-shaped block onto the T-shaped target"
     assert observation.images[0].size == (96, 96) and observation.state.shape == (2,)
     assert env.action_dim == 2 and env.low.tolist() == [0.0, 0.0] and env.high.tolist() == [512.0, 512.0]
+    posed = make_env("pusht", {"block_pose": True})  # the block's pose after the agent's position
+    pose = posed.reset(0)[0].state
+    assert pose[:2].tolist() == observation.state.tolist() and pose[2:].tolist() == posed.info["block_pose"].tolist()
+    moved = posed.step(np.array([200.0, 200.0]), "step 1").observation.state
+    assert moved[2:].tolist() == posed.info["block_pose"].tolist() and -np.pi <= moved[4] < np.pi
     folder, _ = record_demonstrations("pusht", 2, tmp_path / "pusht", max_steps=5)
     dataset = read_dataset(folder)
     assert [len(e.frames) for e in dataset.episodes] == [5, 5] and dataset.image_shapes["observation.image"] == (96, 96, 3)

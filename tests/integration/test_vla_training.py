@@ -232,6 +232,52 @@ def test_a_model_saved_by_a_vla_run_decodes_with_its_own_bins(smollm2_tokenizer,
             action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer, model=str(tmp_path))
 
 
+def test_the_state_bins_come_from_the_demonstrations_and_ride_with_the_model(smollm2_tokenizer, tmp_path):
+    import numpy as np
+
+    from oxrl.config.schema import VLAConfig
+    from oxrl.vla.action_tokens import StateBins
+    from oxrl.vla.build import action_tokenizer, load_action_tokens, record_demonstrations, save_action_tokens, state_bins
+    from oxrl.vla.episodes import Prompter
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos"
+    made = action_tokenizer(VLAConfig(env="reach", bins=8, state_bins=10, stats=str(folder)), smollm2_tokenizer)
+    expected = StateBins.from_states(read_dataset(folder).states(), 10)
+    assert np.array_equal(made.state.low, expected.low) and np.array_equal(made.state.high, expected.high)
+    assert action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer).state is None  # the default: digits
+    text = Prompter(None, None, True, made.state).text("reach", expected.low + 0.55 * (expected.high - expected.low))
+    assert text == "reach\nstate: 5 5"
+    with pytest.raises(ValueError, match="vla.state_bins = 10 takes the state's bounds from demonstrations: set vla.stats"):
+        action_tokenizer(VLAConfig(env="reach", bins=8, state_bins=10), smollm2_tokenizer)
+
+    save_action_tokens(made, tmp_path)  # as a vla run saves them with each model folder
+    loaded = load_action_tokens(tmp_path / "action_tokens.json").state
+    assert loaded.bins == 10 and np.array_equal(loaded.low, made.state.low) and np.array_equal(loaded.high, made.state.high)
+    for vla in (VLAConfig(env="reach", bins=8, state_bins=10),  # RL and evaluation need no demonstrations now
+                VLAConfig(env="reach", bins=8, state_bins=10, stats=str(folder))):
+        used = state_bins(vla, str(tmp_path))
+        assert np.array_equal(used.low, made.state.low) and np.array_equal(used.high, made.state.high)
+    for vla in (VLAConfig(env="reach", bins=8), VLAConfig(env="reach", bins=8, state_bins=20)):
+        with pytest.raises(ValueError, match=f"action_tokens.json: the model learned the state written in 10 bins, but "
+                                             f"vla.state_bins is {vla.state_bins}: set vla.state_bins to match"):
+            action_tokenizer(vla, smollm2_tokenizer, model=str(tmp_path))
+    other = tmp_path / "other_demos"  # other demonstrations bound the state otherwise
+    other.mkdir()
+    record_demonstrations("reach", 3, other / "demos", seed=100)
+    with pytest.raises(ValueError, match="vla.stats = .*other_demos/demos bounds the state's bins otherwise"):
+        state_bins(VLAConfig(env="reach", bins=8, state_bins=10, stats=str(other / "demos")), str(tmp_path))
+    save_action_tokens(action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer), tmp_path)
+    with pytest.raises(ValueError, match="learned the state written as its values' digits, but vla.state_bins is 10"):
+        state_bins(VLAConfig(env="reach", bins=8, state_bins=10), str(tmp_path))
+    assert Prompter(None, None).text("reach", np.array([0.25, -1.0])) == "reach\nstate: 0.250 -1.000"
+    record = json.loads((tmp_path / "action_tokens.json").read_text())
+    for damaged in ({"bins": 10, "low": [0.0]}, {"bins": 2.5, "low": [0.0], "high": [1.0]},
+                    {"bins": 10, "low": ["0"], "high": [1.0]}, {"bins": 10, "low": [1.0], "high": [0.0]}):
+        (tmp_path / "action_tokens.json").write_text(json.dumps({**record, "state": damaged}))
+        with pytest.raises(ValueError, match=r"action_tokens.json: .*state"):
+            state_bins(VLAConfig(env="reach", bins=8, state_bins=10), str(tmp_path))
+
+
 def three_joints():
     """`reach` with a third action dimension: demonstrations of `reach` do not fit it."""
     import gymnasium as gym

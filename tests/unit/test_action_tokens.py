@@ -1,12 +1,13 @@
 """Action tokens (oxrl/vla/action_tokens.py): bin edges and centres worked by hand, the half-bin round trip,
-quantile bins holding equal shares, chunk order, and the errors for ids that are not a chunk of action tokens."""
+quantile bins holding equal shares, chunk order, the errors for ids that are not a chunk of action tokens, and the
+state written as its bins."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, last_vocabulary_ids
+from oxrl.vla.action_tokens import ActionTokenError, ActionTokenizer, StateBins, last_vocabulary_ids
 
 FIRST = 1000
 
@@ -85,3 +86,22 @@ def test_the_last_vocabulary_ids_are_checked_against_special_tokens(smollm2_toke
         last_vocabulary_ids(smollm2_tokenizer, smollm2_tokenizer.vocab_size - 1)  # ids 1.. hold <|im_start|>
     with pytest.raises(ActionTokenError, match="do not fit a vocabulary"):
         last_vocabulary_ids(smollm2_tokenizer, smollm2_tokenizer.vocab_size + 1)
+
+
+def test_the_state_is_written_as_zero_padded_bins_between_its_percentiles():
+    states = np.stack([np.linspace(0.0, 100.0, 101), np.linspace(-1.0, 1.0, 101)], axis=1)
+    bins = StateBins.from_states(states, 10)
+    assert bins.low.tolist() == [1.0, -0.98] and np.allclose(bins.high, [99.0, 0.98])  # the 1st and 99th percentiles
+    # bin = floor((x - low) / (high - low) * 10): 1 -> 0, 50 -> 5 (49 / 98 * 10 = 5.0), 98.9 -> 9; beyond: the end bins
+    assert bins.text(np.array([1.0, 0.0])) == "0 5"
+    assert bins.text(np.array([98.9, -0.99])) == "9 0" and bins.text(np.array([500.0, 3.0])) == "9 9"
+    wide = StateBins.checked([0.0], [1.0], 100)  # two digits each, the same places in every prompt
+    assert [wide.text(np.array([x])) for x in (0.0, 0.05, 0.999)] == ["00", "05", "99"]
+    still = StateBins.from_states(np.ones((5, 1)), 4)  # a joint that never moves still gets bounds
+    assert still.high[0] > still.low[0] and still.text(np.array([1.0])) == "0"
+    with pytest.raises(ActionTokenError, match="a state of 3 dimensions, but the state bins have 2"):
+        bins.text(np.zeros(3))
+    with pytest.raises(ActionTokenError, match="low < high"):
+        StateBins.checked([1.0], [0.0], 4)
+    with pytest.raises(ActionTokenError, match="at least 2 states"):
+        StateBins.from_states(np.zeros((1, 2)), 4)
