@@ -64,7 +64,7 @@ def expert_score(held_out: int, vla: dict) -> dict:
     best, successes = [], 0
     for seed in range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out):
         env.reset(seed)
-        act = expert(vla["env"])  # one per episode: it remembers the push it is making
+        act = expert(vla["env"], vla.get("env_kwargs"))  # one per episode: it remembers the push it is making
         rewards, success = [], False
         for _ in range(vla["chunk"] * vla["max_chunks"]):
             transition = env.step(act(env.info), f"seed {seed}")
@@ -75,6 +75,23 @@ def expert_score(held_out: int, vla: dict) -> dict:
         best.append(max(rewards))
         successes += success
     return {"score": sum(best) / held_out, "success": successes / held_out}
+
+
+def lerobot_anchor(python: Path, demos: Path, vla: dict, seconds: float, held_out: int, seed: int) -> dict:
+    """LeRobot's ACT on the same demonstrations for `seconds`, on the same held-out states (its own venv)."""
+    import subprocess
+
+    from oxrl.vla.build import VALIDATION_SEEDS
+
+    command = [str(python), str(ROOT / "benchmarks" / "lerobot_anchor.py"), "--demos", str(demos), "--env", vla["env"],
+               "--env-kwargs", json.dumps(vla.get("env_kwargs", {})), "--seconds", str(seconds), "--seeds",
+               *map(str, range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out)),
+               "--max-steps", str(vla["chunk"] * vla["max_chunks"]), "--chunk", str(vla["chunk"]), "--seed", str(seed)]
+    finished = subprocess.run(command, capture_output=True, text=True, check=False)
+    if finished.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:2])} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    return {key: value for key, value in result.items() if key != "stage"}
 
 
 def main() -> None:
@@ -92,6 +109,9 @@ def main() -> None:
                         help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: the block\'s pose in the state)')
     parser.add_argument("--state-bins", type=int, default=None,
                         help="vla.state_bins: the state as its bins among this many (default: its values' digits)")
+    parser.add_argument("--lerobot-python", type=Path, default=None,
+                        help="a python with lerobot (benchmarks/lerobot_anchor.py): after cloning, LeRobot's ACT trains "
+                             "on the same demonstrations for as long and plays the same held-out states")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
@@ -140,6 +160,9 @@ def main() -> None:
     sft_seconds = round(time.perf_counter() - started, 1)
     results["behaviour_cloned"] = {**evaluate(cloned, grpo, args.held_out), "train_seconds": sft_seconds}
     print(json.dumps({"stage": "behaviour_cloned", **results["behaviour_cloned"]}), flush=True)
+    if args.lerobot_python is not None:
+        results["lerobot_act"] = lerobot_anchor(args.lerobot_python, demos, vla, sft_seconds, args.held_out, args.seed)
+        print(json.dumps({"stage": "lerobot_act", **results["lerobot_act"]}), flush=True)
 
     if not args.grpo_steps:
         print(json.dumps({"summary": results}))

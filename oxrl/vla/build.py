@@ -281,7 +281,7 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
     try:
         for episode in range(episodes):
             observation, task = env.reset(seed + episode)
-            act = expert(env_name)  # one per episode: PushT's remembers the push it is making
+            act = expert(env_name, env_kwargs)  # one per episode: PushT's remembers the push it is making
             frames, states, actions = [], [], []
             for _ in range(max_steps):
                 action = act(env.info)

@@ -7,7 +7,8 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
 - `pusht`: LeRobot's PushT (`pip install 'gym-pusht>=0.1.8'`, or `pip install -e '.[vla]'` in oxRL's source tree): push
   a T-shaped block onto a target pose with a round agent, 96x96 frames rendered headless by pygame, the agent's
   position as the state (and the block's pose too with `vla.env_kwargs: {block_pose: true}`).
-  The action is where the agent should go (pixels, 0..512); the environment's reward is the goal's coverage.
+  The action is where the agent should go (pixels, 0..512), or with `{relative: R}` its offset from the agent
+  (within +-R pixels); the environment's reward is the goal's coverage.
 - `panda-push`: panda-gym's PandaPush (`pip install 'panda-gym>=3.0.7'`, in the `vla` extra): a Franka arm pushes a
   cube onto a target, PyBullet's physics, 96x96 frames from its CPU renderer (oxrl/vla/panda.py).
 - `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
@@ -191,12 +192,32 @@ BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[], Callable[[dict], 
 }
 
 
-def _pusht(block_pose: bool = False, **kwargs) -> gym.Env:
+def _pusht(block_pose: bool = False, relative: float | None = None, **kwargs) -> gym.Env:
     require("gym_pusht", "gym-pusht", "vla.env `pusht`")
     import gym_pusht  # noqa: F401  (registers gym_pusht/PushT-v0)
 
     env = gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
-    return _WithBlockPose(env) if block_pose else env
+    env = _WithBlockPose(env) if block_pose else env
+    return _RelativeToAgent(env, float(relative)) if relative is not None else env
+
+
+class _RelativeToAgent(gym.ActionWrapper):
+    """PushT's action as an offset from the agent's position, each coordinate within +-`reach` pixels (`vla.env_kwargs:
+    {relative: 96}`), rather than the absolute target the agent is driven to. With absolute targets a policy can
+    clone the demonstrations closely by naming the agent's own position (the expert's target is 15 px from it at
+    the median), and then never moves: the copycat problem of behaviour cloning with proprioception (Wen et al.,
+    arXiv:2010.14876). An offset of zero stands still, so the loss asks for the direction."""
+
+    def __init__(self, env: gym.Env, reach: float):
+        super().__init__(env)
+        if not reach > 0:
+            raise ValueError(f"pusht's `relative` reach must be a positive number of pixels, got {reach}")
+        self.reach = reach
+        self.action_space = gym.spaces.Box(-reach, reach, (2,), np.float64)
+
+    def action(self, offset: np.ndarray) -> np.ndarray:
+        agent = np.asarray(self.env.unwrapped.agent.position, dtype=np.float64)
+        return np.clip(agent + np.clip(offset, -self.reach, self.reach), 0.0, 512.0)
 
 
 class _WithBlockPose(gym.ObservationWrapper):
@@ -230,10 +251,14 @@ def make_env(name: str, kwargs: dict | None = None, instruction: str | None = No
     return RobotEnv(env, name, instruction)
 
 
-def expert(name: str) -> Callable[[dict], np.ndarray]:
+def expert(name: str, kwargs: dict | None = None) -> Callable[[dict], np.ndarray]:
     """A scripted demonstrator of a built-in environment for one episode (PushT's remembers the push it is
-    making): info after reset/step -> the next action."""
+    making): info after reset/step -> the next action, as the environment made with `kwargs` takes it."""
     if name not in BUILT_IN:
         raise RobotEnvError(f"only the built-in environments ({', '.join(BUILT_IN)}) have a scripted demonstrator, "
                             f"not {name!r}")
-    return BUILT_IN[name][1]()
+    act = BUILT_IN[name][1]()
+    reach = (kwargs or {}).get("relative") if name == "pusht" else None
+    if reach is None:
+        return act
+    return lambda info: np.clip(act(info) - np.asarray(info["pos_agent"], dtype=np.float64), -reach, reach)

@@ -13,7 +13,8 @@ A LeRobot dataset is a folder (LeRobot's `lerobot/datasets/utils.py` defines it)
                        task_index column whose pandas index is the task text.
     episodes           v2.1: meta/episodes.jsonl, lines {"episode_index", "tasks", "length"}; v3.0:
                        meta/episodes/chunk-000/file-000.parquet, the same plus where each episode's frames are.
-    meta/stats.json    per feature min/max/mean/std/count and q01..q99 (written for LeRobot; not read).
+    meta/stats.json    per feature min/max/mean/std/count and q01..q99, per camera channel min/max/mean/std of
+                       its pixels in [0, 1] (written for LeRobot, whose policies normalise with them; not read).
 
 `read_dataset` reads v2.1 and v3.0 and checks everything it reads; `write_dataset` writes v3.0.
 
@@ -494,7 +495,9 @@ def _write_layout(root: Path, episodes: list[EpisodeRecord], vectors: dict[str, 
         "meta/episodes/chunk_index": zeros, "meta/episodes/file_index": zeros,
     }), root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
 
-    (root / "meta" / "stats.json").write_text(json.dumps({key: _stats(v) for key, v in vectors.items()}, indent=2))
+    stats = {key: _stats(values) for key, values in vectors.items()}
+    stats |= {key: _image_stats([record.images[key] for record in episodes]) for key in sizes}
+    (root / "meta" / "stats.json").write_text(json.dumps(stats, indent=2))
     info = {"codebase_version": "v3.0", "robot_type": robot_type, "total_episodes": count, "total_frames": bounds[-1],
             "total_tasks": len(task_ids), "chunks_size": 1000, "data_files_size_in_mb": 100,
             "video_files_size_in_mb": 200, "fps": fps, "splits": {"train": f"0:{count}"},
@@ -507,6 +510,23 @@ def _png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def _image_stats(episodes: list[np.ndarray]) -> dict[str, list]:
+    """A camera's statistics as LeRobot keeps them: per channel, over every pixel of every frame scaled to [0, 1],
+    each shaped [3, 1, 1] (a policy normalising its images reads them, e.g. LeRobot's ACT)."""
+    total, squares, count, frames_seen = np.zeros(3), np.zeros(3), 0, 0
+    low, high = np.full(3, 255), np.zeros(3, dtype=np.int64)
+    for frames in episodes:  # [T, H, W, 3] uint8, an episode at a time: the sums stay exact in float64
+        pixels = np.asarray(frames).reshape(-1, 3)
+        total += pixels.sum(0, dtype=np.float64)
+        squares += np.square(pixels, dtype=np.float64).sum(0)
+        low, high, count = np.minimum(low, pixels.min(0)), np.maximum(high, pixels.max(0)), count + len(pixels)
+        frames_seen += len(frames)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    stats = {"min": low / 255, "max": high / 255, "mean": mean / 255, "std": std / 255}
+    return {key: value.reshape(3, 1, 1).tolist() for key, value in stats.items()} | {"count": [frames_seen]}
 
 
 def _stats(values: np.ndarray) -> dict[str, list]:

@@ -16,7 +16,7 @@ from oxrl.loops.rl_update import completion_example, score_logprobs
 from oxrl.rollout.base import Completion, SamplingParams
 from oxrl.rollout.hf import HFEngine
 from oxrl.vla.action_tokens import ActionTokenizer, last_vocabulary_ids
-from oxrl.vla.envs import ReachEnv, RobotEnv, RobotEnvError, make_env
+from oxrl.vla.envs import ReachEnv, RobotEnv, RobotEnvError, expert, make_env
 from oxrl.vla.episodes import EpisodeError, Prompter, VLAEpisodes, initial_prompts
 from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -200,6 +200,13 @@ def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
     assert pose[:2].tolist() == observation.state.tolist() and pose[2:].tolist() == posed.info["block_pose"].tolist()
     moved = posed.step(np.array([200.0, 200.0]), "step 1").observation.state
     assert moved[2:].tolist() == posed.info["block_pose"].tolist() and -np.pi <= moved[4] < np.pi
+    relative = make_env("pusht", {"relative": 96})  # actions as offsets from the agent: zero stands still
+    start = relative.reset(0)[0].state
+    assert relative.low.tolist() == [-96.0, -96.0] and relative.high.tolist() == [96.0, 96.0]
+    assert np.allclose(relative.step(np.zeros(2), "step 1").observation.state, start)
+    assert relative.step(np.array([90.0, 0.0]), "step 2").observation.state[0] > start[0] + 1
+    offset, target = expert("pusht", {"relative": 96})(relative.info), expert("pusht")(relative.info)
+    assert np.allclose(offset, np.clip(target - relative.info["pos_agent"], -96, 96))
     folder, _ = record_demonstrations("pusht", 2, tmp_path / "pusht", max_steps=5)
     dataset = read_dataset(folder)
     assert [len(e.frames) for e in dataset.episodes] == [5, 5] and dataset.image_shapes["observation.image"] == (96, 96, 3)

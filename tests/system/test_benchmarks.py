@@ -4,7 +4,7 @@ Benchmarks that no test runs break silently (a changed signature or default, a k
 the README's figures come from them. So each script here runs as a user starts it (`python benchmarks/x.py ...`,
 a fresh process, both halves of a side-by-side), and its table is read back: its columns, one row per side, and
 where a script prints the first step's loss, the two sides agree on it (same weights, same tokens). A script whose
-dependency is missing (TRL, Ray, a CUDA device, bubblewrap, the PushT simulator) skips, saying which. The list of
+dependency is missing (TRL, Ray, a CUDA device, bubblewrap, the PushT simulator, lerobot's venv) skips, saying which. The list of
 scripts is the folder's: a new script without an entry in SMOKE fails `test_every_benchmark_has_a_smoke_run`.
 """
 
@@ -272,6 +272,28 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     assert all(-1.0 < stage["score"] < 0.0 for stage in summary.values()), summary  # minus the best distance, in m
 
 
+def lerobot_python() -> Path:
+    """A python with lerobot (benchmarks/lerobot_anchor.py says how to make one): OXRL_LEROBOT_PYTHON, else the
+    default venv's; a skip where there is none (lerobot pins its own torch: the set-up does not install it)."""
+    python = Path(os.environ.get("OXRL_LEROBOT_PYTHON", Path.home() / ".cache/oxrl/venv-lerobot/bin/python"))
+    if not python.is_file():
+        pytest.skip(f"no python with lerobot at {python} (set OXRL_LEROBOT_PYTHON; benchmarks/lerobot_anchor.py "
+                    "says how to make one)")
+    return python
+
+
+def smoke_lerobot_anchor(model: Path, tmp_path: Path) -> None:
+    python = lerobot_python()
+    demos = ROOT / "examples" / "data" / "reach_demos"  # LeRobot reads oxRL's dataset as written, stats included
+    result = subprocess.run([python, BENCHMARKS / "lerobot_anchor.py", "--demos", demos, "--env", "reach",
+                             "--seconds", "3", "--seeds", "1000000", "1000001", "--max-steps", "4", "--chunk", "2"],
+                            capture_output=True, text=True, timeout=HUNG_AFTER_S, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["stage"] == "lerobot_act" and row["steps"] >= 1 and 0.0 <= row["success"] <= 1.0, row
+    assert row["score"] == row["success"], row  # reach rewards 1 on success only: the best reward is the success
+
+
 def smoke_experts(model: Path, tmp_path: Path) -> None:
     require_module("gym_pusht", "the PushT simulator is not installed (pip install -e '.[vla]')")
     output = run_script("experts.py", "pusht", "--episodes", 1, "--first-seed", 3, "--max-steps", 150)
@@ -303,6 +325,7 @@ SMOKE: dict[str, Callable[[Path, Path], None]] = {
     "decode.py": smoke_decode,
     "dpo.py": smoke_dpo,
     "experts.py": smoke_experts,
+    "lerobot_anchor.py": smoke_lerobot_anchor,
     "gpu.py": smoke_gpu,
     "grpo.py": smoke_grpo,
     "logits_memory.py": smoke_logits_memory,

@@ -138,6 +138,12 @@ def test_written_files_follow_the_v30_layout(written):
     np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0))
     np.testing.assert_allclose(stats["action"]["q01"], np.quantile(actions, 0.01, axis=0))
     assert set(stats["observation.state"]) >= {"min", "max", "mean", "std", "count", "q01", "q99"}
+    # a camera's: per channel over every pixel in [0, 1], each [3, 1, 1], as LeRobot's policies read them
+    pixels = np.concatenate([np.asarray(r.images["observation.images.top"]) for r in _episodes()]).reshape(-1, 3) / 255
+    camera = stats["observation.images.top"]
+    assert camera["count"] == [8] and np.asarray(camera["mean"]).shape == (3, 1, 1)
+    for key, value in {"min": pixels.min(0), "max": pixels.max(0), "mean": pixels.mean(0), "std": pixels.std(0)}.items():
+        np.testing.assert_allclose(np.asarray(camera[key]).ravel(), value, rtol=1e-9, atol=1e-12)
 
 
 def test_tasks_parquet_reads_as_lerobot_reads_it(written):
