@@ -77,6 +77,46 @@ def expert_score(held_out: int, vla: dict) -> dict:
     return {"score": sum(best) / held_out, "success": successes / held_out}
 
 
+def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: int = 300) -> dict:
+    """How far, in bins, the model's most likely first action is from the expert's on `demos` (the expert on the
+    held-out states; the prompt teacher-forced), against two policies blind to the block: naming the median expert
+    action, and where an action is a position as the state's first numbers are (PushT's absolute targets) naming
+    the agent's own position. A model no closer than the latter has learned to copy the state, not to push."""
+    import numpy as np
+
+    from oxrl.config.load import load_config
+    from oxrl.data.types import pack
+    from oxrl.models.model_inputs import row_forward
+    from oxrl.vla.build import demonstration_reader
+    from oxrl.vla.lerobot import read_dataset
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    cfg = load_config(sft)
+    processor = AutoProcessor.from_pretrained(model)
+    policy = AutoModelForImageTextToText.from_pretrained(model).eval()
+    read, tokens = demonstration_reader(cfg, processor.tokenizer, processor)  # the bins the model was cloned on
+    examples = read(cfg.data.train[0].model_copy(update={"path": str(demos)}))
+    states = read_dataset(demos).states()
+    picked = np.linspace(0, len(examples) - 1, min(frames, len(examples))).round().astype(int)
+    predicted, expert, agent = [], [], []
+    for index in picked:
+        sequence = examples[index].sequences[0]
+        first = sequence.loss_mask.index(True)  # the first action's tokens start here
+        logits = row_forward(policy, pack([examples[index]]))[0].detach()
+        span = slice(tokens.first_id, tokens.first_id + tokens.bins)
+        predicted.append([int(logits[first - 1 + d, span].argmax()) for d in range(tokens.dims)])
+        expert.append([sequence.input_ids[first + d] - tokens.first_id for d in range(tokens.dims)])
+        if states is not None:
+            at = np.tile(states[index][: tokens.dims], (tokens.chunk, 1))
+            agent.append(np.asarray(tokens.encode(at)[: tokens.dims]) - tokens.first_id)
+    predicted, expert = np.asarray(predicted), np.asarray(expert)
+    result = {"frames": len(picked), "model": float(np.abs(predicted - expert).mean()),
+              "median": float(np.abs(np.median(expert, axis=0) - expert).mean())}
+    if vla["env"] == "pusht" and "relative" not in vla.get("env_kwargs", {}):
+        result["agent_position"] = float(np.abs(np.asarray(agent) - expert).mean())
+    return {key: round(value, 3) if isinstance(value, float) else value for key, value in result.items()}
+
+
 def lerobot_anchor(python: Path, demos: Path, vla: dict, seconds: float, held_out: int, seed: int) -> dict:
     """LeRobot's ACT on the same demonstrations for `seconds`, on the same held-out states (its own venv)."""
     import subprocess
@@ -119,7 +159,7 @@ def main() -> None:
     from oxrl.config.load import load_config
     from oxrl.logging.setup import setup_logging
     from oxrl.runner import run
-    from oxrl.vla.build import record_demonstrations
+    from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
     from tests.conftest import smollm2_tokenizer
     from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -160,6 +200,10 @@ def main() -> None:
     sft_seconds = round(time.perf_counter() - started, 1)
     results["behaviour_cloned"] = {**evaluate(cloned, grpo, args.held_out), "train_seconds": sft_seconds}
     print(json.dumps({"stage": "behaviour_cloned", **results["behaviour_cloned"]}), flush=True)
+    record_demonstrations(args.env, min(args.held_out, 6), out / "held_out_demos", seed=VALIDATION_SEEDS,
+                          max_steps=vla["chunk"] * vla["max_chunks"], env_kwargs=vla.get("env_kwargs"))
+    results["first_action_bins"] = first_action_error(cloned, sft, out / "held_out_demos", vla)
+    print(json.dumps({"stage": "first_action_bins", **results["first_action_bins"]}), flush=True)
     if args.lerobot_python is not None:
         results["lerobot_act"] = lerobot_anchor(args.lerobot_python, demos, vla, sft_seconds, args.held_out, args.seed)
         print(json.dumps({"stage": "lerobot_act", **results["lerobot_act"]}), flush=True)

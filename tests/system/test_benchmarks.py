@@ -267,7 +267,10 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     output = run_script("vla_simulators.py", "panda-push", "--out", tmp_path / "vla", "--demos", 2, "--sft-steps", 1,
                         "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model)
     summary = json.loads(output.strip().splitlines()[-1])["summary"]  # the script's table: one JSON line
-    assert list(summary) == ["scripted_expert", "untrained", "behaviour_cloned", "grpo"]
+    assert list(summary) == ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins", "grpo"]
+    bins = summary.pop("first_action_bins")  # the cloned model's first action against the expert's, in bins
+    assert set(bins) == {"frames", "model", "median"} and bins["frames"] >= 2, bins  # (no agent_position: PushT's)
+    assert 0.0 <= bins["model"] < 64 and 0.0 <= bins["median"] < 64, bins
     assert all({"score", "success"} <= set(stage) for stage in summary.values())
     assert all(-1.0 < stage["score"] < 0.0 for stage in summary.values()), summary  # minus the best distance, in m
 
