@@ -27,6 +27,12 @@ def check_vla_layout(cfg) -> None:
     if vla.binning != "uniform" and not (vla.stats is not None or (name == "sft" and robot) or saved_bins):
         raise ValueError(f"vla.binning `{vla.binning}` takes its bins from demonstrations: set vla.stats to a LeRobot "
                          "dataset folder, or start from a model a vla run saved (it holds its action_tokens.json)")
+    if vla.state_bins is not None and not vla.state:
+        raise ValueError(f"vla.state_bins = {vla.state_bins} writes the state, which vla.state false leaves out: unset "
+                         "one of them")
+    if vla.state_bins is not None and not (vla.stats is not None or (name == "sft" and robot) or saved_bins):
+        raise ValueError(f"vla.state_bins = {vla.state_bins} takes the state's bounds from demonstrations: set "
+                         "vla.stats to a LeRobot dataset folder, or start from a model a vla run saved with them")
     if vla.execute is not None and vla.execute > vla.chunk:
         raise ValueError(f"vla.execute = {vla.execute}: a chunk holds vla.chunk = {vla.chunk} actions to execute")
     if name == "sft":

@@ -198,7 +198,7 @@ def _pusht(block_pose: bool = False, relative: float | None = None, **kwargs) ->
 
     env = gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", render_mode="rgb_array", **kwargs)
     env = _WithBlockPose(env) if block_pose else env
-    return _RelativeToAgent(env, float(relative)) if relative is not None else env
+    return _RelativeToAgent(env, relative) if relative is not None else env
 
 
 class _RelativeToAgent(gym.ActionWrapper):
@@ -210,9 +210,10 @@ class _RelativeToAgent(gym.ActionWrapper):
 
     def __init__(self, env: gym.Env, reach: float):
         super().__init__(env)
-        if not reach > 0:
-            raise ValueError(f"pusht's `relative` reach must be a positive number of pixels, got {reach}")
-        self.reach = reach
+        if isinstance(reach, bool) or not isinstance(reach, int | float) or not reach > 0:
+            raise RobotEnvError(f"vla.env_kwargs relative = {reach!r}: pusht's reach must be a positive number of "
+                                "pixels")
+        self.reach = float(reach)
         self.action_space = gym.spaces.Box(-reach, reach, (2,), np.float64)
 
     def action(self, offset: np.ndarray) -> np.ndarray:

@@ -206,6 +206,8 @@ def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
     assert np.allclose(relative.step(np.zeros(2), "step 1").observation.state, start)
     assert relative.step(np.array([90.0, 0.0]), "step 2").observation.state[0] > start[0] + 1
     offset, target = expert("pusht", {"relative": 96})(relative.info), expert("pusht")(relative.info)
+    with pytest.raises(RobotEnvError, match="relative = 0: pusht's reach must be a positive number of pixels"):
+        make_env("pusht", {"relative": 0})
     assert np.allclose(offset, np.clip(target - relative.info["pos_agent"], -96, 96))
     folder, _ = record_demonstrations("pusht", 2, tmp_path / "pusht", max_steps=5)
     dataset = read_dataset(folder)
