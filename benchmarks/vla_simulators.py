@@ -6,12 +6,17 @@ before and after each.
     .venv/bin/python benchmarks/vla_simulators.py pusht --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
     .venv/bin/python benchmarks/vla_simulators.py panda-push --out runs/vla-panda
     .venv/bin/python benchmarks/vla_simulators.py pusht --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
+    .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --env-kwargs '{"block_pose": true, "relative": 96}' \
+        --state-bins 100 --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns from the demonstrations alone. The score is the environment's best
 reward in an episode (`vla.reward: env_max`: for PushT LeRobot's metric, the goal's coverage / 0.95 capped at 1;
 for panda-push minus the cube's distance to the target in metres) and the success rate, greedy, over the same
-held-out initial states before and after; the scripted expert's own score is the ceiling.
+held-out initial states before and after; the scripted expert's own score is the ceiling. After cloning it also
+measures how far (in action bins) the cloned model's first action is from the expert's on the expert's own episodes
+from the held-out states, beside policies that ignore the block (`first_action_error`), and with --lerobot-python
+trains LeRobot's ACT on the same demonstrations for as long as cloning took (benchmarks/lerobot_anchor.py).
 Prints one JSON line per stage and a summary.
 """
 

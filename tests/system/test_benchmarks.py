@@ -264,10 +264,15 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     # panda-push: the script is the same for either simulator but for its name (and one entry of its settings),
     # and panda-push's score, being negative, is the one a wrong starting value would hide
     require_module("panda_gym", "panda-gym is not installed (pip install -e '.[vla]')")
+    python = lerobot_venv()  # LeRobot's ACT beside the cloned policy, where lerobot's venv exists
+    anchor = ["--lerobot-python", python] if python.is_file() else []
     output = run_script("vla_simulators.py", "panda-push", "--out", tmp_path / "vla", "--demos", 2, "--sft-steps", 1,
-                        "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model)
+                        "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model, *anchor)
     summary = json.loads(output.strip().splitlines()[-1])["summary"]  # the script's table: one JSON line
-    assert list(summary) == ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins", "grpo"]
+    assert list(summary) == ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins",
+                             *(["lerobot_act"] if anchor else []), "grpo"]
+    if anchor:
+        assert summary["lerobot_act"]["steps"] >= 1 and summary["lerobot_act"]["train_seconds"] > 0, summary
     bins = summary.pop("first_action_bins")  # the cloned model's first action against the expert's, in bins
     assert set(bins) == {"frames", "model", "median"} and bins["frames"] >= 2, bins  # (no agent_position: PushT's)
     assert 0.0 <= bins["model"] < 64 and 0.0 <= bins["median"] < 64, bins
@@ -275,10 +280,15 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     assert all(-1.0 < stage["score"] < 0.0 for stage in summary.values()), summary  # minus the best distance, in m
 
 
+def lerobot_venv() -> Path:
+    """Where a python with lerobot is looked for (benchmarks/lerobot_anchor.py says how to make one):
+    OXRL_LEROBOT_PYTHON, else the default venv's. lerobot pins its own torch: the set-up does not install it."""
+    return Path(os.environ.get("OXRL_LEROBOT_PYTHON", Path.home() / ".cache/oxrl/venv-lerobot/bin/python"))
+
+
 def lerobot_python() -> Path:
-    """A python with lerobot (benchmarks/lerobot_anchor.py says how to make one): OXRL_LEROBOT_PYTHON, else the
-    default venv's; a skip where there is none (lerobot pins its own torch: the set-up does not install it)."""
-    python = Path(os.environ.get("OXRL_LEROBOT_PYTHON", Path.home() / ".cache/oxrl/venv-lerobot/bin/python"))
+    """A python with lerobot, or a skip saying where none was found."""
+    python = lerobot_venv()
     if not python.is_file():
         pytest.skip(f"no python with lerobot at {python} (set OXRL_LEROBOT_PYTHON; benchmarks/lerobot_anchor.py "
                     "says how to make one)")
