@@ -3,9 +3,10 @@ demonstration folder oxRL clones, for a wall-clock budget on this machine, then 
 initial states of the same simulator (oxRL's `make_env`, so the same reset seeds, frames, state and success).
 
 lerobot pins torch < 2.11 and a CUDA torchvision, so it lives in a virtual environment of its own (about 8.5 GB, 6
-minutes to install; oxRL's set-up keeps the CPU torch 2.13):
+minutes to install; oxRL's set-up keeps the CPU torch 2.13), with the simulators oxRL's `vla` extra installs:
 
-    python3.11 -m venv ~/.cache/oxrl/venv-lerobot && ~/.cache/oxrl/venv-lerobot/bin/pip install 'lerobot[pusht]==0.4.4'
+    python3.11 -m venv ~/.cache/oxrl/venv-lerobot
+    ~/.cache/oxrl/venv-lerobot/bin/pip install 'lerobot[pusht]==0.4.4' 'panda-gym>=3.0.7'
     ~/.cache/oxrl/venv-lerobot/bin/python benchmarks/lerobot_anchor.py --demos runs/vla-pusht/demos --env pusht \\
         --seconds 600 --seeds 1000000 1000001 --max-steps 152
 
