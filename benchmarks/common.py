@@ -255,3 +255,23 @@ def trainer_step_clock():
             self.last, self.last_cpu = now, now_cpu
 
     return StepClock()
+
+
+def score_episodes(env, seeds: list[int], policy: Callable[[str], Callable], max_steps: int) -> dict:
+    """Episodes of a robot environment (`oxrl.vla.envs.RobotEnv`) from each reset seed, each under a fresh
+    `policy(task)` (observation, info -> action), until `max_steps` actions, success or the episode's end: the mean of
+    each episode's best reward (PushT: LeRobot's coverage score) and the success rate, as `oxrl eval` scores a VLA
+    run."""
+    best, successes = [], 0
+    for seed in seeds:
+        observation, task = env.reset(seed)
+        act, rewards, success = policy(task), [], False
+        for step in range(max_steps):
+            transition = env.step(act(observation, env.info), f"seed {seed}, step {step}")
+            observation, success = transition.observation, success or transition.success
+            rewards.append(transition.reward)
+            if transition.done or success:
+                break
+        best.append(max(rewards))
+        successes += success
+    return {"score": sum(best) / len(seeds), "success": successes / len(seeds)}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))  # oxrl.vla.envs only (gymnasium and numpy): the simulator as oxRL makes it
+    sys.path.insert(0, str(ROOT))  # the simulator as oxRL makes it (oxrl.vla.envs), benchmarks.common
 
 
 def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int):
@@ -78,34 +78,28 @@ def evaluate(policy, preprocess, postprocess, cameras: list[str], env_name: str,
     import numpy as np
     import torch
 
+    from benchmarks.common import score_episodes
     from oxrl.vla.envs import make_env
 
+    def act(task: str):
+        policy.reset()  # a new episode: ACT's queue of actions still to execute empties
+
+        def action(observation, info) -> np.ndarray:
+            batch = {key: torch.from_numpy(np.array(image)).permute(2, 0, 1).float()[None] / 255
+                     for key, image in zip(cameras, observation.images, strict=True)}
+            if observation.state is not None:
+                batch["observation.state"] = torch.tensor(observation.state, dtype=torch.float32)[None]
+            with torch.no_grad():
+                action = postprocess(policy.select_action(preprocess({**batch, "task": [task]})))
+            return action[0].numpy().astype(np.float64)
+
+        return action
+
     env = make_env(env_name, env_kwargs)
-    best, successes = [], 0
     try:
-        for seed in seeds:
-            observation, task = env.reset(seed)
-            policy.reset()
-            rewards, success = [], False
-            for step in range(max_steps):
-                batch = {key: torch.from_numpy(np.array(image)).permute(2, 0, 1).float()[None] / 255
-                         for key, image in zip(cameras, observation.images, strict=True)}
-                if observation.state is not None:
-                    batch["observation.state"] = torch.tensor(observation.state, dtype=torch.float32)[None]
-                batch["task"] = [task]
-                with torch.no_grad():
-                    action = postprocess(policy.select_action(preprocess(batch)))
-                transition = env.step(action[0].numpy().astype(np.float64), f"seed {seed}, step {step}")
-                observation = transition.observation
-                rewards.append(transition.reward)
-                success = success or transition.success
-                if transition.done or success:
-                    break
-            best.append(max(rewards))
-            successes += success
+        return score_episodes(env, seeds, act, max_steps)
     finally:
         env.close()
-    return {"score": sum(best) / len(seeds), "success": successes / len(seeds)}
 
 
 def main() -> None:

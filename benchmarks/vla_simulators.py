@@ -6,8 +6,8 @@ before and after each.
     .venv/bin/python benchmarks/vla_simulators.py pusht --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
     .venv/bin/python benchmarks/vla_simulators.py panda-push --out runs/vla-panda
     .venv/bin/python benchmarks/vla_simulators.py pusht --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
-    .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --env-kwargs '{"block_pose": true, "relative": 96}' \
-        --state-bins 100 --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
+    .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --state-bins 100 \
+        --env-kwargs '{"block_pose": true, "relative": 96}' --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns from the demonstrations alone. The score is the environment's best
@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
+SFT_READS = ("env", "env_kwargs", "bins", "chunk", "state_bins")  # a `vla` section's settings cloning reads
+
 # Episodes of chunks of 4 actions, long enough for the expert: PushT's within 150 steps, the arm's within 100 (96%).
 VLA = {name: {"env": name, "bins": 64, "chunk": 4, "max_chunks": chunks, "reward": "env_max"}
        for name, chunks in (("pusht", 38), ("panda-push", 25))}
@@ -43,8 +45,7 @@ def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, seed: i
     tree = {"run": {"name": name, "output_dir": str(out / "runs"), "seed": seed, "device": "cpu", "overwrite": True},
             "model": {"name_or_path": str(model)}, "algorithm": {"name": algorithm},
             # SFT reads the action tokens' settings; the episodes' (max_chunks, reward) are RL's and evaluation's
-            "vla": vla if algorithm != "sft" else {key: vla[key] for key in ("env", "env_kwargs", "bins", "chunk", "state_bins")
-                                                   if key in vla},
+            "vla": vla if algorithm != "sft" else {key: vla[key] for key in SFT_READS if key in vla},
             "logging": {"progress_bar": False, "plot": False}, "checkpoint": {"every": None}, **sections}
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -62,24 +63,20 @@ def evaluate(model: Path, rl_config: Path, held_out: int) -> dict:
 
 def expert_score(held_out: int, vla: dict) -> dict:
     """The scripted demonstrator on the same held-out initial states, in as many actions as a policy gets."""
+    from benchmarks.common import score_episodes
     from oxrl.vla.build import VALIDATION_SEEDS
     from oxrl.vla.envs import expert, make_env
 
-    env = make_env(vla["env"], vla.get("env_kwargs"))
-    best, successes = [], 0
-    for seed in range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out):
-        env.reset(seed)
+    def demonstrator(task: str):
         act = expert(vla["env"], vla.get("env_kwargs"))  # one per episode: it remembers the push it is making
-        rewards, success = [], False
-        for _ in range(vla["chunk"] * vla["max_chunks"]):
-            transition = env.step(act(env.info), f"seed {seed}")
-            rewards.append(transition.reward)
-            success = success or transition.success
-            if transition.done or success:
-                break
-        best.append(max(rewards))
-        successes += success
-    return {"score": sum(best) / held_out, "success": successes / held_out}
+        return lambda observation, info: act(info)
+
+    env = make_env(vla["env"], vla.get("env_kwargs"))
+    try:
+        return score_episodes(env, list(range(VALIDATION_SEEDS, VALIDATION_SEEDS + held_out)), demonstrator,
+                              vla["chunk"] * vla["max_chunks"])
+    finally:
+        env.close()
 
 
 def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: int = 300) -> dict:
@@ -151,12 +148,12 @@ def main() -> None:
     parser.add_argument("--max-chunks", type=int, default=None, help=f"action chunks an episode at most ({lengths})")
     parser.add_argument("--seed", type=int, default=0, help="the policy's initialisation and the runs' seed")
     parser.add_argument("--env-kwargs", type=json.loads, default=None,
-                        help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: the block\'s pose in the state)')
+                        help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: its pose in the state)')
     parser.add_argument("--state-bins", type=int, default=None,
                         help="vla.state_bins: the state as its bins among this many (default: its values' digits)")
     parser.add_argument("--lerobot-python", type=Path, default=None,
-                        help="a python with lerobot (benchmarks/lerobot_anchor.py): after cloning, LeRobot's ACT trains "
-                             "on the same demonstrations for as long and plays the same held-out states")
+                        help="a python with lerobot (benchmarks/lerobot_anchor.py): after cloning, LeRobot's ACT "
+                             "trains on the same demonstrations for as long and plays the same held-out states")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
@@ -191,7 +188,8 @@ def main() -> None:
     if args.state_bins:  # the untrained policy's prompts take the state's bounds from the demonstrations
         vla = {**vla, "state_bins": args.state_bins, "stats": str(demos)}
     grpo = config(out, model, "grpo", "grpo", vla, args.seed, rl=rl, data={"max_length": 512},
-                  train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32, "optim": {"lr": 3e-4}})
+                  train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32,
+                         "optim": {"lr": 3e-4}})
     results = {"scripted_expert": expert_score(args.held_out, vla), "untrained": evaluate(model, grpo, args.held_out)}
     print(json.dumps({"stage": "scripted_expert", **results["scripted_expert"]}), flush=True)
     print(json.dumps({"stage": "untrained", **results["untrained"]}), flush=True)

@@ -1307,9 +1307,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _vla_fits(self) -> "Config":
         """The `vla` section: behaviour cloning (`sft` on LeRobot datasets) or RL in its simulator, nothing else."""
-        robot = any(spec.format in ROBOT_FORMATS for spec in (*self.data.train, *self.data.validation))
-        if self.vla is not None or robot:  # (the checks load only where there is a robot)
-            from oxrl.config.vla_layout import check_vla_layout
+        if self.vla is not None or any(d.format in ROBOT_FORMATS for d in (*self.data.train, *self.data.validation)):
+            from oxrl.config.vla_layout import check_vla_layout  # (the checks load only where there is a robot)
 
             check_vla_layout(self)
         return self
