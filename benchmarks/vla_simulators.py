@@ -98,24 +98,22 @@ def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: i
     policy = AutoModelForImageTextToText.from_pretrained(model).eval()
     read, tokens = demonstration_reader(cfg, processor.tokenizer, processor)  # the bins the model was cloned on
     examples = read(cfg.data.train[0].model_copy(update={"path": str(demos)}))
-    states = read_dataset(demos).states()
     picked = np.linspace(0, len(examples) - 1, min(frames, len(examples))).round().astype(int)
-    predicted, expert, agent = [], [], []
+    span = slice(tokens.first_id, tokens.first_id + tokens.bins)
+    predicted, expert = [], []
     for index in picked:
         sequence = examples[index].sequences[0]
         first = sequence.loss_mask.index(True)  # the first action's tokens start here
         logits = row_forward(policy, pack([examples[index]]))[0].detach()
-        span = slice(tokens.first_id, tokens.first_id + tokens.bins)
         predicted.append([int(logits[first - 1 + d, span].argmax()) for d in range(tokens.dims)])
         expert.append([sequence.input_ids[first + d] - tokens.first_id for d in range(tokens.dims)])
-        if states is not None:
-            at = np.tile(states[index][: tokens.dims], (tokens.chunk, 1))
-            agent.append(np.asarray(tokens.encode(at)[: tokens.dims]) - tokens.first_id)
     predicted, expert = np.asarray(predicted), np.asarray(expert)
     result = {"frames": len(picked), "model": float(np.abs(predicted - expert).mean()),
               "median": float(np.abs(np.median(expert, axis=0) - expert).mean())}
-    if vla["env"] == "pusht" and "relative" not in vla.get("env_kwargs", {}):
-        result["agent_position"] = float(np.abs(np.asarray(agent) - expert).mean())
+    if vla["env"] == "pusht" and "relative" not in vla.get("env_kwargs", {}):  # actions in the state's coordinates
+        agent = [tokens.encode(np.tile(state[: tokens.dims], (tokens.chunk, 1)))[: tokens.dims]
+                 for state in read_dataset(demos).states()[picked]]
+        result["agent_position"] = float(np.abs(np.asarray(agent) - tokens.first_id - expert).mean())
     return {key: round(value, 3) if isinstance(value, float) else value for key, value in result.items()}
 
 
