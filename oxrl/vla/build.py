@@ -38,7 +38,15 @@ def action_tokenizer(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset |
     """The bins saved with the `model` folder (module docstring), else the config's: uniform over the environment's
     action space (else the demonstrations' range), uniform over the demonstrations' 1st..99th percentiles, or their
     quantiles; `vla.stats` names the demonstrations when set. The state's bins (`state_bins`) ride with them."""
+    demonstrations = _demonstrations(vla, demonstrations)  # read once, for both
     return replace(_action_bins(vla, tokenizer, demonstrations, model), state=state_bins(vla, model, demonstrations))
+
+
+def _demonstrations(vla: VLAConfig, given: LeRobotDataset | None) -> LeRobotDataset | None:
+    """The demonstrations that bound the bins: `vla.stats`' (read unless `given` is that folder), else `given`."""
+    if vla.stats is None or (given is not None and Path(given.root).resolve() == Path(vla.stats).resolve()):
+        return given
+    return read_dataset(Path(vla.stats))
 
 
 def _action_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None, model: str | None) -> ActionTokenizer:
@@ -51,7 +59,7 @@ def _action_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | Non
             ("the first action token id", first_id, tokens.first_id),
             (f"vla.env {vla.env}'s action dimensions", _action_dims(vla), tokens.dims)) if mine not in (theirs, None)]
         if vla.stats is not None and not differs:  # bins the config names explicitly must be the model's
-            made = _config_bins(vla, tokenizer, None, first_id).edges
+            made = _config_bins(vla, tokenizer, demonstrations, first_id).edges
             if made.shape != tokens.edges.shape or not np.allclose(made, tokens.edges, rtol=1e-9, atol=0):
                 differs.append(f"vla.stats = {vla.stats} (its bins' edges are not the model's)")
         if differs:
@@ -75,7 +83,7 @@ def state_bins(vla: VLAConfig, model: str | None, demonstrations: LeRobotDataset
             raise ValueError(f"{saved}: the model learned the state written {written}, but vla.state_bins is "
                              f"{vla.state_bins}: set vla.state_bins to match")
         if learned is not None and vla.stats is not None:
-            made = _state_bins_of(read_dataset(Path(vla.stats)), vla.state_bins)
+            made = _state_bins_of(_demonstrations(vla, demonstrations), vla.state_bins)
             if not (np.allclose(made.low, learned.low, rtol=1e-9, atol=0)
                     and np.allclose(made.high, learned.high, rtol=1e-9, atol=0)):
                 raise ValueError(f"{saved}: vla.stats = {vla.stats} bounds the state's bins otherwise than the model "
@@ -83,8 +91,7 @@ def state_bins(vla: VLAConfig, model: str | None, demonstrations: LeRobotDataset
         return learned
     if vla.state_bins is None:
         return None
-    if vla.stats is not None:
-        demonstrations = read_dataset(Path(vla.stats))
+    demonstrations = _demonstrations(vla, demonstrations)
     if demonstrations is None:
         raise ValueError(f"vla.state_bins = {vla.state_bins} takes the state's bounds from demonstrations: set vla.stats "
                          "to a LeRobot dataset folder (or start from a model saved with them)")
@@ -113,8 +120,7 @@ def _action_dims(vla: VLAConfig) -> int | None:
 
 
 def _config_bins(vla: VLAConfig, tokenizer, demonstrations: LeRobotDataset | None, first_id: int) -> ActionTokenizer:
-    if vla.stats is not None:
-        demonstrations = read_dataset(Path(vla.stats))
+    demonstrations = _demonstrations(vla, demonstrations)
     if vla.binning == "uniform" and vla.env is not None:
         env = make_env(vla.env, vla.env_kwargs, vla.instruction)
         try:

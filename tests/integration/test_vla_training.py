@@ -232,16 +232,22 @@ def test_a_model_saved_by_a_vla_run_decodes_with_its_own_bins(smollm2_tokenizer,
             action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer, model=str(tmp_path))
 
 
-def test_the_state_bins_come_from_the_demonstrations_and_ride_with_the_model(smollm2_tokenizer, tmp_path):
+def test_the_state_bins_come_from_the_demonstrations_and_ride_with_the_model(smollm2_tokenizer, tmp_path, monkeypatch):
     import numpy as np
 
+    import oxrl.vla.build
     from oxrl.config.schema import VLAConfig
     from oxrl.vla.action_tokens import StateBins
     from oxrl.vla.build import action_tokenizer, load_action_tokens, record_demonstrations, save_action_tokens, state_bins
     from oxrl.vla.episodes import Prompter
 
     folder = Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos"
-    made = action_tokenizer(VLAConfig(env="reach", bins=8, state_bins=10, stats=str(folder)), smollm2_tokenizer)
+    reads = []  # the action bins and the state bins share one read of vla.stats (its frames are decoded images)
+    monkeypatch.setattr(oxrl.vla.build, "read_dataset", lambda root: reads.append(root) or read_dataset(root))
+    made = action_tokenizer(VLAConfig(env="reach", bins=8, binning="quantile", state_bins=10, stats=str(folder)),
+                            smollm2_tokenizer)
+    assert reads == [folder]
+    monkeypatch.undo()
     expected = StateBins.from_states(read_dataset(folder).states(), 10)
     assert np.array_equal(made.state.low, expected.low) and np.array_equal(made.state.high, expected.high)
     assert action_tokenizer(VLAConfig(env="reach", bins=8), smollm2_tokenizer).state is None  # the default: digits
