@@ -107,14 +107,23 @@ def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: i
         logits = row_forward(policy, pack([examples[index]]))[0].detach()
         predicted.append([int(logits[first - 1 + d, span].argmax()) for d in range(tokens.dims)])
         expert.append([sequence.input_ids[first + d] - tokens.first_id for d in range(tokens.dims)])
-    predicted, expert = np.asarray(predicted), np.asarray(expert)
-    result = {"frames": len(picked), "model": float(np.abs(predicted - expert).mean()),
-              "median": float(np.abs(np.median(expert, axis=0) - expert).mean())}
-    if vla["env"] == "pusht" and "relative" not in vla.get("env_kwargs", {}):  # actions in the state's coordinates
-        agent = [tokens.encode(np.tile(state[: tokens.dims], (tokens.chunk, 1)))[: tokens.dims]
-                 for state in read_dataset(demos).states()[picked]]
-        result["agent_position"] = float(np.abs(np.asarray(agent) - tokens.first_id - expert).mean())
-    return {key: round(value, 3) if isinstance(value, float) else value for key, value in result.items()}
+    # actions in the state's coordinates (PushT's absolute targets): the agent's own position is a baseline
+    states = read_dataset(demos).states()[picked] if vla["env"] == "pusht" and "relative" not in vla.get(
+        "env_kwargs", {}) else None
+    return {"frames": len(picked), **bins_off(tokens, np.asarray(predicted), np.asarray(expert), states)}
+
+
+def bins_off(tokens, predicted, expert, states=None) -> dict:
+    """Mean |bins| from the expert's first actions `expert` [N, dims] of the model's `predicted`, of the median expert
+    action, and (with `states` [N, >= dims] whose first numbers are the agent's position in the actions' units) of
+    naming that position; rounded to 3 places."""
+    import numpy as np
+
+    result = {"model": np.abs(predicted - expert).mean(), "median": np.abs(np.median(expert, axis=0) - expert).mean()}
+    if states is not None:
+        agent = [tokens.encode(np.tile(state[: tokens.dims], (tokens.chunk, 1)))[: tokens.dims] for state in states]
+        result["agent_position"] = np.abs(np.asarray(agent) - tokens.first_id - expert).mean()
+    return {key: round(float(value), 3) for key, value in result.items()}
 
 
 def lerobot_anchor(python: Path, demos: Path, vla: dict, seconds: float, held_out: int, seed: int) -> dict:
