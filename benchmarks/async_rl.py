@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -155,13 +155,21 @@ def pipelined_minutes(rows: list[dict], k: int) -> list[float]:
 
 @dataclass
 class Curve:
-    """One run's held-out accuracy at each validation: the step, the modelled wall-clock minutes at that step."""
+    """One run's held-out accuracy at each validation: the step, the modelled wall-clock minutes at that step; and
+    each trained step's mean training reward with the policy version that sampled it (step - 1 - its lag)."""
 
     setting: str
     seed: int
     steps: list[int]
     minutes: list[float]
     accuracy: list[float]
+    sampled_by: list[int] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+
+    def reward_by_version(self, first: int, last: int) -> float | None:
+        """The mean training reward of the steps sampled by versions first..last (None: no such step)."""
+        rewards = [r for version, r in zip(self.sampled_by, self.reward) if first <= version <= last]
+        return statistics.mean(rewards) if rewards else None
 
     def at_minutes(self, limit: float) -> tuple[int, float]:
         """The last validation at or before `limit` minutes: (its step, its accuracy)."""
@@ -179,7 +187,15 @@ def curve_of(run_dir: Path, setting: str, seed: int, k: int) -> Curve:
     minutes = [0.0] + pipelined_minutes(trained, k)
     validated = [row for row in rows if "val/accuracy" in row]
     return Curve(setting, seed, [row["step"] for row in validated], [minutes[row["step"]] for row in validated],
-                 [row["val/accuracy"] for row in validated])
+                 [row["val/accuracy"] for row in validated],
+                 [row["step"] - 1 - round(row.get("off_policy/version_lag", 0)) for row in trained],
+                 [row["reward/mean"] for row in trained])
+
+
+def mean_of(values: list[float | None]) -> str:
+    """The mean of the values that exist, to 3 places; `-` where none does."""
+    present = [value for value in values if value is not None]
+    return f"{statistics.mean(present):.3f}" if present else "-"
 
 
 def spread(values: list[float]) -> str:
@@ -223,6 +239,13 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
                                          if all(step in run.steps for run in group) else "-" for step in validated}}
                  for setting, group in of.items()],
                 title=f"held-out greedy accuracy against steps, mean (min..max) over seeds {seeds}; runs in {out}")
+    # Progress per update: the training reward against the version that sampled it. Where the stale runs' rewards
+    # match k = 0's version for version, an update from one-step-old samples improves the policy as much as a fresh one.
+    versions = max(max(run.sampled_by) for run in runs) + 1
+    blocks = [(first, min(first + every, versions) - 1) for first in range(0, versions, every)]
+    print_table([{"setting": setting, **{f"versions {a}..{b}": mean_of([run.reward_by_version(a, b) for run in group])
+                                         for a, b in blocks}} for setting, group in of.items()],
+                title="training reward (reward/mean) by the policy version that sampled it, mean over the seeds")
     synchronous = {run.seed: run.minutes[-1] for run in of.get("k = 0", [])}
     if synchronous:  # each run at the time its seed's synchronous run took for all its steps
         table = []

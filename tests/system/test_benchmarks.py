@@ -223,6 +223,9 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     assert by_steps.columns == ["setting", "step 0", "step 2", "step 4"]
     assert by_steps.column("setting") == ["k = 0", "k = 1, decoupled"]
     assert by_steps.rows[0]["step 4"] == "-" and by_steps.rows[1]["step 4"].endswith(")")  # k = 0 stops at 2 steps
+    by_version = table(output, "training reward (reward/mean) by the policy version that sampled it")
+    assert by_version.columns == ["setting", "versions 0..1", "versions 2..2"]  # k = 1 sampled steps 1-4 by 0, 0, 1, 2
+    assert by_version.rows[0]["versions 2..2"] == "-" and 0 <= float(by_version.rows[1]["versions 2..2"]) <= 1
     at_time = table(output, "held-out greedy accuracy at the wall-clock of the same seed's k = 0 run")
     assert at_time.column("steps done")[0] == "2"  # k = 0's own last step; k = 1's is whatever it reached by then
     assert plot.stat().st_size > 10_000

@@ -1,7 +1,9 @@
 """benchmarks/async_rl.py's wall-clock model of a trainer and a rollout worker on a device each, against values
 worked out by hand."""
 
-from benchmarks.async_rl import Curve, pipelined_minutes
+import json
+
+from benchmarks.async_rl import Curve, curve_of, pipelined_minutes
 
 
 def halves(generate: list[float], train: list[float]) -> list[dict]:
@@ -37,3 +39,17 @@ def test_a_curve_is_read_at_the_last_validation_by_then():
     curve = Curve("k = 1, decoupled", 0, [0, 4, 8], [0.0, 1.0, 2.0], [0.25, 0.5, 0.75])
     assert curve.at_minutes(1.9) == (4, 0.5)
     assert curve.at_minutes(2.0) == (8, 0.75)
+
+
+def test_each_trained_step_is_credited_to_the_version_that_sampled_it(tmp_path):
+    # k = 1: steps 1 and 2 are sampled by version 0, step 3 by version 1 (lags 0, 1, 1)
+    rows = [{"step": 0, "val/accuracy": 0.25}]
+    rows += [{"step": s, "reward/mean": r, "time/generate": 2, "time/train": 3, "off_policy/version_lag": lag}
+             for s, r, lag in ((1, 0.2, 0.0), (2, 0.4, 1.0), (3, 0.9, 1.0))]
+    rows[-1]["val/accuracy"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    curve = curve_of(tmp_path, "k = 1, decoupled", 0, k=1)
+    assert curve.sampled_by == [0, 0, 1] and curve.reward == [0.2, 0.4, 0.9]
+    assert curve.steps == [0, 3] and curve.accuracy == [0.25, 0.5] and curve.minutes == [0.0, 11 / 60]
+    assert round(curve.reward_by_version(0, 0), 9) == 0.3 and curve.reward_by_version(1, 3) == 0.9
+    assert curve.reward_by_version(2, 3) is None
