@@ -25,7 +25,8 @@ wall-clock, for k = 0 and each k >= 1 with each `--corrections`, over `--seeds`,
 runs make the demo's 16 steps, the pipelined ones 24 (about what they make in the same time). The wall-clock is
 modelled from each run's own measured halves (`pipelined_minutes`: a trainer and a rollout worker on a device each),
 since on this 2-core machine runs that share the cores cannot be timed as they would run apart. `--jobs 2` runs two
-at a time with one thread each: accuracy does not depend on timing, and every run's halves are timed alike.
+at a time with one thread each: accuracy does not depend on timing, and every run's halves are timed alike. It also
+prints the training reward by the policy version that sampled each step: progress per update, fresh or stale.
 """
 
 from __future__ import annotations
