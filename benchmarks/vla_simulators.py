@@ -108,8 +108,8 @@ def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: i
         predicted.append([int(logits[first - 1 + d, span].argmax()) for d in range(tokens.dims)])
         expert.append([sequence.input_ids[first + d] - tokens.first_id for d in range(tokens.dims)])
     # actions in the state's coordinates (PushT's absolute targets): the agent's own position is a baseline
-    states = read_dataset(demos).states()[picked] if vla["env"] == "pusht" and "relative" not in vla.get(
-        "env_kwargs", {}) else None
+    absolute = vla["env"] == "pusht" and "relative" not in vla.get("env_kwargs", {})
+    states = read_dataset(demos).states()[picked] if absolute else None
     return {"frames": len(picked), **bins_off(tokens, np.asarray(predicted), np.asarray(expert), states)}
 
 
