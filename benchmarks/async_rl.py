@@ -27,6 +27,9 @@ modelled from each run's own measured halves (`pipelined_minutes`: a trainer and
 since on this 2-core machine runs that share the cores cannot be timed as they would run apart. `--jobs 2` runs two
 at a time with one thread each: accuracy does not depend on timing, and every run's halves are timed alike. It also
 prints the training reward by the policy version that sampled each step: progress per update, fresh or stale.
+With `--out DIR` the runs stay in DIR, and a later invocation with the same DIR and overrides reads the finished runs
+there rather than running them again: more settings (`--k 1 --corrections tis mask`) or seeds join the tables and the
+plot of the first, and a killed invocation goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -203,19 +206,33 @@ def spread(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f}% ({100 * min(values):.1f}..{100 * max(values):.1f})"
 
 
+def finished(out: Path, name: str, config: str) -> bool:
+    """Whether `out` holds a finished run `name` of this very config (to read again rather than run); an unfinished
+    one (killed, crashed) is run afresh; a finished one of another config is refused: its numbers would be mixed in."""
+    written = out / f"{name}.yaml"
+    if not (out / name / "summary.json").is_file():
+        return False
+    if not written.is_file() or written.read_text() != config:
+        raise SystemExit(f"{out / name} holds a finished run of another config than this invocation's (see {written}):"
+                         " give another --out, or the same overrides and step counts as the run that made it")
+    return True
+
+
 def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, sync_steps: int, every: int,
-           jobs: int, overrides: list[str], plot: Path | None) -> None:
-    """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`."""
+           jobs: int, overrides: list[str], plot: Path | None, out: Path | None = None) -> None:
+    """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`, the runs in
+    `out` (a new temporary folder by default); the finished runs already there with the same configs are read again."""
     import os
 
     from benchmarks.common import print_table
 
-    out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
+    out.mkdir(parents=True, exist_ok=True)
     settings = {setting_name(k, correction): (k, correction)
                 for k in ks for correction in (corrections if k else ["-"])}
 
-    def one(job: tuple[str, int]) -> Curve:
-        setting, seed = job
+    def config_of(setting: str, seed: int) -> tuple[str, str]:
         k, correction = settings[setting]
         name = f"seed{seed}_k{k}_{correction}".replace("-", "none")
         cfg = demo_config(out, name, k, seed, None, False, overrides)
@@ -223,15 +240,26 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
         cfg["rl"]["validation_every"] = every
         if k:
             cfg["rl"]["off_policy_correction"] = correction
-        path = out / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
-        subprocess.run([sys.executable, "-m", "oxrl", "train", str(path)], check=True, env={**os.environ, **threads},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return curve_of(out / name, setting, seed, k)
+        return name, yaml.safe_dump(cfg)
+
+    jobs_of = {(setting, seed): config_of(setting, seed) for seed in seeds for setting in settings}
+    done = {job for job, (name, config) in jobs_of.items() if finished(out, name, config)}  # (refused before any run)
+
+    def one(job: tuple[str, int]) -> Curve:
+        (setting, seed), (name, config) = job, jobs_of[job]
+        if job not in done:
+            path = out / f"{name}.yaml"
+            path.write_text(config)
+            again = ["run.overwrite=true"] if (out / name).exists() else []  # an unfinished run: killed or crashed
+            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
+            subprocess.run([sys.executable, "-m", "oxrl", "train", str(path), *again], check=True,
+                           env={**os.environ, **threads}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return curve_of(out / name, setting, seed, settings[setting][0])
 
     with ThreadPoolExecutor(jobs) as pool:
-        runs = list(pool.map(one, [(setting, seed) for seed in seeds for setting in settings]))
+        runs = list(pool.map(one, jobs_of))
+    if done:
+        print(f"read again from {out}: {len(done)} finished run(s) of the same configs")
     (out / "curves.json").write_text(json.dumps([dataclasses.asdict(run) for run in runs], indent=1))
     of = {setting: [run for run in runs if run.setting == setting] for setting in settings}
 
@@ -312,6 +340,9 @@ def main() -> None:
     learnt.add_argument("--every", type=int, default=4, help="validate every this many steps (greedy: draws nothing)")
     learnt.add_argument("--jobs", type=int, default=1, help="runs at a time (each with one thread when > 1)")
     learnt.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG")
+    learnt.add_argument("--out", type=Path, default=None,
+                        help="the runs' folder (default: a new temporary one); its finished runs of the same configs "
+                             "are read, not run again: a second invocation adds seeds or settings to a first's")
     for command in (fast, several, learnt):
         command.add_argument("overrides", nargs="*", help="dotted overrides of the demo's config (model.name_or_path=DIR)")
     args = parser.parse_args()
@@ -326,7 +357,7 @@ def main() -> None:
             parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
                          f"({args.every}): every run validates at the same steps")
         curves(args.seeds, args.k, args.corrections, args.steps, args.sync_steps, args.every, args.jobs, args.overrides,
-               args.plot)
+               args.plot, args.out)
 
 
 if __name__ == "__main__":

@@ -216,9 +216,10 @@ def smoke_ray_broadcast(model: Path, tmp_path: Path) -> None:
 
 
 def smoke_async_rl(model: Path, tmp_path: Path) -> None:
-    plot = tmp_path / "plots" / "curves.png"  # (a folder the script makes)
-    output = run_script("async_rl.py", "curves", *demo_overrides(model), "--seeds", 0, "--k", 0, 1,
-                        "--steps", 4, "--sync-steps", 2, "--every", 2, "--jobs", 2, "--plot", plot)
+    plot, runs = tmp_path / "plots" / "curves.png", tmp_path / "runs"  # (folders the script makes)
+    curves = ["curves", *demo_overrides(model), "--seeds", 0, "--steps", 4, "--sync-steps", 2, "--every", 2,
+              "--out", runs]
+    output = run_script("async_rl.py", *curves, "--k", 0, 1, "--jobs", 2, "--plot", plot)
     by_steps = table(output, "held-out greedy accuracy against steps")
     assert by_steps.columns == ["setting", "step 0", "step 2", "step 4"]
     assert by_steps.column("setting") == ["k = 0", "k = 1, decoupled"]
@@ -229,6 +230,11 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     at_time = table(output, "held-out greedy accuracy at the wall-clock of the same seed's k = 0 run")
     assert at_time.column("steps done")[0] == "2"  # k = 0's own last step; k = 1's is whatever it reached by then
     assert plot.stat().st_size > 10_000
+    again = run_script("async_rl.py", *curves, "--k", 0)  # the finished k = 0 run is read, not run again
+    assert f"read again from {runs}: 1 finished run(s)" in again
+    read = table(again, "held-out greedy accuracy against steps")
+    assert read.columns == ["setting", "step 0", "step 2"]
+    assert read.rows == [{column: by_steps.rows[0][column] for column in read.columns}]
     require_module("ray", RAY_MISSING)
     # the overrides first: `--k` takes every number after it
     output = run_script("async_rl.py", "speed", *demo_overrides(model), "--steps", 2, "--k", 1)  # (k = 0: below)

@@ -3,7 +3,9 @@ worked out by hand."""
 
 import json
 
-from benchmarks.async_rl import Curve, curve_of, pipelined_minutes
+import pytest
+
+from benchmarks.async_rl import Curve, curve_of, finished, pipelined_minutes
 
 
 def halves(generate: list[float], train: list[float]) -> list[dict]:
@@ -53,3 +55,14 @@ def test_each_trained_step_is_credited_to_the_version_that_sampled_it(tmp_path):
     assert curve.steps == [0, 3] and curve.accuracy == [0.25, 0.5] and curve.minutes == [0.0, 11 / 60]
     assert round(curve.reward_by_version(0, 0), 9) == 0.3 and curve.reward_by_version(1, 3) == 0.9
     assert curve.reward_by_version(2, 3) is None
+
+
+def test_a_finished_run_of_the_same_config_is_read_again_and_one_of_another_is_refused(tmp_path):
+    assert not finished(tmp_path, "seed0_k1_tis", "a: 1\n")  # never run
+    (tmp_path / "seed0_k1_tis.yaml").write_text("a: 1\n")
+    (tmp_path / "seed0_k1_tis").mkdir()
+    assert not finished(tmp_path, "seed0_k1_tis", "a: 1\n")  # started, never finished (killed): run again
+    (tmp_path / "seed0_k1_tis" / "summary.json").write_text("{}")
+    assert finished(tmp_path, "seed0_k1_tis", "a: 1\n")
+    with pytest.raises(SystemExit, match="seed0_k1_tis holds a finished run of another config"):
+        finished(tmp_path, "seed0_k1_tis", "a: 2\n")
