@@ -287,12 +287,13 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
                                  f"min for {sync_steps} steps, a trainer and a rollout worker on a device each), the last "
                                  f"validation by then; {jobs} run(s) at a time on {os.cpu_count()} cores")
     if plot is not None:
-        draw_curves(of, plot)
+        draw_curves(of, plot, overrides)
         print(f"\nplot: {plot}")
 
 
-def draw_curves(of: dict[str, list[Curve]], path: Path) -> None:
-    """Accuracy against steps and against minutes, one line (the seeds' mean) per setting, min..max shaded."""
+def draw_curves(of: dict[str, list[Curve]], path: Path, overrides: list[str]) -> None:
+    """Accuracy against steps and against minutes, one line (the seeds' mean) per setting, min..max shaded; the
+    title names the overrides of the demo's task (a harder task is one of them)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -315,7 +316,8 @@ def draw_curves(of: dict[str, list[Curve]], path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Pipelined RL (rl.max_staleness = k) on the demo's task: seeds' mean, min..max shaded", fontsize=10)
+    task = "the demo's task" + (f" with {' '.join(overrides)}" if overrides else "")
+    fig.suptitle(f"Pipelined RL (rl.max_staleness = k) on {task}: seeds' mean, min..max shaded", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
