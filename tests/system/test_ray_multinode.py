@@ -6,7 +6,8 @@ raylet per node, each with its own resources and node id), the driver attaching 
     layouts   `ray.<group>.resources` pins each group to its node: the trainer, rollout and reward actors run on the
               nodes named, the weights cross a node boundary at every sync, and the run equals the same run with
               every group on one node (metrics of every step, final weights)
-    failures  a node removed mid-run (`cluster.remove_node`: its raylet and workers die as in a real loss) and a
+    failures  a node lost mid-run (`_lose_node`: its raylet and every process it started killed at once, as in a real
+              loss, then `cluster.remove_node`) and a
               replacement added: a lost rollout + reward node is restarted there and the run goes on; a lost trainer
               node makes the driver rebuild the groups and continue from the last checkpoint by itself
               (`ray.trainer_restarts`); either way the run equals the uninterrupted one and the checkpoints written
@@ -21,6 +22,7 @@ rollout + reward node 159 s; the lost trainer node 133 s; the pure and refusal t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -28,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -151,6 +154,18 @@ def _logged(run_dir: Path) -> set[int]:
     return set(rows_by_step(run_dir)) if (run_dir / "metrics.jsonl").exists() else set()
 
 
+def _lose_node(cluster, role: str) -> None:
+    """The node of `role` lost as a machine is: its raylet and every process it started (workers, agents) get SIGKILL
+    together. `cluster.remove_node` alone stops the raylet only; its workers live on for about a second and answer
+    calls, time enough on a fast machine for a trainer to finish the run before its loss is seen."""
+    node = cluster.nodes_by_role[role]
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    for process in [raylet, *raylet.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that exited on its own meanwhile
+            process.kill()
+    cluster.remove_node(node, allow_graceful=False)  # reaps the raylet and whatever of the node is left
+
+
 def _run_with_losses(cluster, base: dict, name: str, kills: list[tuple[int, str]], **sections) -> tuple[Path, str]:
     """`oxrl train` (a driver process attached with ray.address) while this process removes a node as soon as the
     run has logged and checkpointed each `(step, role)`'s step, adding a node with the same resources 2 s later
@@ -175,7 +190,7 @@ def _run_with_losses(cluster, base: dict, name: str, kills: list[tuple[int, str]
                     time.sleep(0.05)
                 stamps.update({str(p.relative_to(run_dir)): (p.stat().st_ino, p.stat().st_mtime_ns)
                                for p in (run_dir / "checkpoints").rglob("*") if p.is_file()})
-                cluster.remove_node(cluster.nodes_by_role[role], allow_graceful=False)  # its raylet and workers die
+                _lose_node(cluster, role)
                 time.sleep(2.0)  # the run notices the loss before a replacement joins
                 cluster.nodes_by_role[role] = cluster.add_node(num_cpus=1, resources=TRAINER if role == "trainers" else WORKERS)
             assert process.wait(timeout=900) == 0, log.read_text()[-4000:]
@@ -284,7 +299,7 @@ def test_a_lost_node_no_node_replaces_within_node_wait_s_stops_the_run_naming_th
         while 1 not in _logged(run_dir):
             assert process.poll() is None and time.monotonic() < deadline, "the run ended or hung before step 1"
             time.sleep(0.05)
-        cluster.remove_node(cluster.nodes_by_role["workers"], allow_graceful=False)
+        _lose_node(cluster, "workers")
         output, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
