@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.vla_reach import clone_config, grpo_config
 from oxrl.cli import main
 from oxrl.config.load import load_config
 from oxrl.evaluation.run import EvalRequest, evaluate_models
@@ -18,42 +19,19 @@ from oxrl.runner import run
 from oxrl.vla.lerobot import read_dataset
 from tests.vlm_fixtures import save_tiny_qwen2_vl
 
-VLA = {"env": "reach", "bins": 16, "max_chunks": 4}
-RUN = {"device": "cpu", "seed": 0}
-QUIET = {"progress_bar": False, "plot": False}
 # Whole training runs through the runner (about two minutes together): `make test` runs them, `make test-fast` not.
 WHOLE_RUNS = pytest.mark.system
 
 
 @pytest.fixture(scope="module")
 def cloned(tmp_path_factory, smollm2_tokenizer):
-    """The tiny model, 48 recorded demonstrations, and the model behaviour cloning made of them."""
+    """The tiny model, 48 recorded demonstrations, and the model behaviour cloning made of them (the recipe
+    benchmarks/vla_reach.py repeats over seeds and precisions)."""
     tmp = tmp_path_factory.mktemp("vla_training")
     base = save_tiny_qwen2_vl(tmp / "base", smollm2_tokenizer)
     assert main(["demos", "reach", "--episodes", "48", "--out", str(tmp / "demos")]) == 0
-    config = {"run": {**RUN, "name": "sft", "output_dir": str(tmp / "runs")}, "model": {"name_or_path": str(base)},
-              "algorithm": {"name": "sft"}, "vla": {key: VLA[key] for key in ("env", "bins")},  # (max_chunks: RL's)
-              "logging": QUIET,
-              "data": {"train": [{"path": str(tmp / "demos"), "format": "lerobot"}], "max_length": 128,
-                       "validation_fraction": 0},
-              "train": {"max_steps": 40, "global_batch_size": 16, "micro_batch_size_per_device": 16,
-                        "optim": {"lr": 1e-2}},
-              "checkpoint": {"every": None}}
-    (tmp / "sft.yaml").write_text(yaml.safe_dump(config))
-    result = run(load_config(tmp / "sft.yaml"))
+    result = run(load_config(clone_config(tmp, base, tmp / "demos")))
     return tmp, base, result
-
-
-def grpo_config(tmp: Path, model: Path, name: str, **train) -> Path:
-    config = {"run": {**RUN, "name": name, "output_dir": str(tmp / "runs")}, "model": {"name_or_path": str(model)},
-              "algorithm": {"name": "grpo"}, "vla": VLA, "logging": QUIET,
-              "rl": {"task_size": 64, "validation_size": 64, "prompts_per_step": 8, "rollout": {"n": 8},
-                     "validation_every": 100},
-              "train": {"max_steps": 20, "micro_batch_size_per_device": 16, "optim": {"lr": 1e-2}, **train},
-              "checkpoint": {"every": None}}
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @WHOLE_RUNS

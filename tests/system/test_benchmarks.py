@@ -21,6 +21,7 @@ from typing import Callable
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import save_tiny_model
 
@@ -289,6 +290,18 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     assert all(-1.0 < stage["score"] < 0.0 for stage in summary.values()), summary  # minus the best distance, in m
 
 
+def smoke_vla_reach(model: Path, tmp_path: Path) -> None:
+    output = run_script("vla_reach.py", "--out", tmp_path / "reach", "--seeds", 0, 1, "--precisions", "fp32",
+                        "--episodes", 4, "--sft-steps", 1, "--steps", 1, "--held-out", 2, "--tokenizer", model)
+    runs = table(output, "GRPO on reach from the cloned model, each run (lr 0.003, 1 steps, 2 held-out")
+    assert runs.column("seed") == ["0", "1"] and runs.column("precision") == ["fp32", "fp32"]
+    assert len(set(runs.column("before"))) == 1  # both seeds start from the one clone, on the same initial states
+    summary = table(output, "GRPO on reach over seeds 0, 1")
+    assert summary.column("runs") == ["2"] and summary.rows[0]["before"] == runs.rows[0]["before"]
+    config = yaml.safe_load((tmp_path / "reach" / "grpo_fp32_seed1.yaml").read_text())
+    assert config["train"]["mixed_precision"] == "no" and config["rl"]["rollout"]["precision"] == "trainer"
+
+
 def lerobot_venv() -> Path:
     """Where a python with lerobot is looked for (benchmarks/lerobot_anchor.py says how to make one):
     OXRL_LEROBOT_PYTHON, else the default venv's. lerobot pins its own torch: the set-up does not install it."""
@@ -359,6 +372,7 @@ SMOKE: dict[str, Callable[[Path, Path], None]] = {
     "sandbox.py": smoke_sandbox,
     "sft.py": smoke_sft,
     "startup.py": smoke_startup,
+    "vla_reach.py": smoke_vla_reach,
     "vla_simulators.py": smoke_vla_simulators,
 }
 
