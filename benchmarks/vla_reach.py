@@ -2,7 +2,7 @@
 asserts on one seed (a tiny random Qwen2-VL cloned from 48 scripted demonstrations, then GRPO on 8 initial states x
 8 episodes a step), repeated so that its held-out lift can be read against the seed spread.
 
-    .venv/bin/python benchmarks/vla_reach.py                  # seeds 0-5 in bf16 and fp32: about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/vla_reach.py                  # seeds 0-5 in bf16 and fp32: about 7 minutes on 2 cores
     .venv/bin/python benchmarks/vla_reach.py --lr 1e-2 --precisions bf16 --out runs/vla-reach-1e-2
     .venv/bin/python benchmarks/vla_reach.py --out /tmp/reach --seeds 0 --precisions fp32 --episodes 4 --sft-steps 1 \
         --steps 1 --held-out 2 --tokenizer DIR
