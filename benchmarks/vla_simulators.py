@@ -38,7 +38,7 @@ SFT_READS = ("env", "env_kwargs", "bins", "chunk", "state_bins")  # a `vla` sect
 
 # Episodes of chunks of 4 actions, long enough for the expert: PushT's within 150 steps, the arm's within 100 (96%).
 VLA = {name: {"env": name, "bins": 64, "chunk": 4, "max_chunks": chunks, "reward": "env_max"}
-       for name, chunks in (("pusht", 38), ("panda-push", 25))}
+       for name, chunks in (("pusht", 38), ("panda-push", 25), ("panda-reach", 13))}
 
 
 def config(out: Path, model: Path, name: str, algorithm: str, vla: dict, seed: int, **sections) -> Path:

@@ -1040,9 +1040,10 @@ class VLAConfig(Section):
 
     env: Annotated[str | None, NamesCode("a `module:factory` or `file.py:factory` environment, to import and call",
                                          _not_built_in(lambda: ROBOT_ENVIRONMENTS))] = None
-    """The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht), `panda-push` (panda-gym; both in
-    the `vla` extra) or `module:factory` / `file.py:factory` returning a gymnasium environment with image
-    observations. Required by RL; under `sft` it sets the uniform bins' range (its action space)."""
+    """The simulator RL and `oxrl eval` step: `reach` (built in), `pusht` (gym-pusht), `panda-push` or `panda-reach`
+    (panda-gym; both packages in the `vla` extra) or `module:factory` / `file.py:factory` returning a gymnasium
+    environment with image observations. Required by RL; under `sft` it sets the uniform bins' range (its action
+    space)."""
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment's factory."""
     instruction: str | None = None

@@ -11,6 +11,7 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
   (within +-R pixels); the environment's reward is the goal's coverage.
 - `panda-push`: panda-gym's PandaPush (`pip install 'panda-gym>=3.0.7'`, in the `vla` extra): a Franka arm pushes a
   cube onto a target, PyBullet's physics, 96x96 frames from its CPU renderer (oxrl/vla/panda.py).
+- `panda-reach`: panda-gym's PandaReach, the same arm and camera: the gripper moves to a target point.
 - `module:factory` or `file.py:factory`: any callable returning a gymnasium environment (called with
   `vla.env_kwargs`). It is code: in a config that is data (a run directory's saved config.yaml under `oxrl eval`)
   it is refused before anything is imported, unless --trust-config-code (oxrl/config/trust.py).
@@ -178,17 +179,27 @@ def _panda_push_expert() -> Callable[[dict], np.ndarray]:
     return PandaPushExpert()
 
 
-def _panda_push(**kwargs) -> gym.Env:
-    from oxrl.vla.panda import make_panda_push  # (PyBullet: loaded only where this environment is named)
+def _panda(name: str) -> Callable[..., gym.Env]:
+    def make(**kwargs) -> gym.Env:
+        from oxrl.vla.panda import make_panda  # (PyBullet: loaded only where such an environment is named)
 
-    return make_panda_push(**kwargs)
+        return make_panda(name, **kwargs)
+
+    return make
+
+
+def _panda_reach_expert() -> Callable[[dict], np.ndarray]:
+    from oxrl.vla.panda import panda_reach_expert
+
+    return panda_reach_expert
 
 
 # name -> (factory, a new scripted demonstrator for an episode, instruction when the environment gives none)
 BUILT_IN: dict[str, tuple[Callable[..., gym.Env], Callable[[], Callable[[dict], np.ndarray]], str | None]] = {
     "reach": (ReachEnv, lambda: reach_expert, None),
     "pusht": (lambda **kwargs: _pusht(**kwargs), _pusht_expert, "push the T-shaped block onto the T-shaped target"),
-    "panda-push": (_panda_push, _panda_push_expert, "push the cube onto the target"),
+    "panda-push": (_panda("panda-push"), _panda_push_expert, "push the cube onto the target"),
+    "panda-reach": (_panda("panda-reach"), _panda_reach_expert, "move the gripper to the green target"),
 }
 
 

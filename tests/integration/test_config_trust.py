@@ -161,7 +161,7 @@ def test_built_in_names_name_no_code(tmp_path, tiny_model):
     """Built-in rewards and simulators, and trust_remote_code off (in any spelling validation reads), load."""
     saved = merged(SAVED, {"model": {"trust_remote_code": "no"}, "rl": {"rewards": [{"name": n} for n in REWARD_NAMES]}})
     assert load_config(shared_run(tmp_path, tiny_model, saved) / "config.yaml", screen=as_data({})).rl.rewards
-    for env in ("reach", "pusht", "panda-push"):
+    for env in ("reach", "pusht", "panda-push", "panda-reach"):
         saved = merged(SAVED, {"rl": {"task": None}, "vla": {"env": env}})
         cfg = load_config(shared_run(tmp_path / env, tiny_model, saved) / "config.yaml", screen=as_data({}))
         assert cfg.vla.env == env
@@ -269,7 +269,7 @@ FED_BY: dict[str, list[str] | str] = {
     "oxrl/rewards/base.py": ["rl.rewards[].name"],
     "oxrl/loops/multiturn.py": ["rl.env.path"],
     "oxrl/vla/envs.py": ["vla.env"],  # and gym.make of the built-in `pusht`'s fixed id
-    "oxrl/vla/panda.py": "gym.make of the built-in `panda-push`'s fixed id",
+    "oxrl/vla/panda.py": "gym.make of the built-in panda-gym tasks' fixed ids (PANDA_TASKS)",
     "oxrl/models/load.py": ["model.trust_remote_code"],
     "oxrl/models/processor.py": ["model.trust_remote_code"],
     "oxrl/models/fit.py": ["model.trust_remote_code"],

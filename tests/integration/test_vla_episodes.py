@@ -218,18 +218,18 @@ def test_pusht_runs_headless_as_a_robot_environment(vlm, tmp_path):
     assert episodes.turns == [3, 3] and all(0.0 <= reward <= 3.0 for reward in episodes.rewards)
 
 
-def test_panda_push_runs_headless_as_a_robot_environment(vlm):
+@pytest.mark.parametrize("name", ["panda-push", "panda-reach"])
+def test_panda_gym_runs_headless_as_a_robot_environment(vlm, name):
     """One policy episode on panda-gym's PyBullet arm: 3 chunks sampled from the frames, scored by its dense reward."""
     pytest.importorskip("panda_gym")
     model, processor = vlm
-    env = make_env("panda-push")
+    env = make_env(name)
     low, high = env.low, env.high
     env.close()
     tokens = ActionTokenizer.uniform(low, high, BINS, last_vocabulary_ids(processor.tokenizer, BINS))
-    run = VLAEpisodes("panda-push", lambda: make_env("panda-push"), tokens, Prompter(processor.tokenizer, processor), 3,
-                      "env")
+    run = VLAEpisodes(name, lambda: make_env(name), tokens, Prompter(processor.tokenizer, processor), 3, "env")
     episodes = run.run(HFEngine(model, processor.tokenizer), prompts(run, [0]), SamplingParams(n=2))
-    # minus the cube's distance to the target, summed over 3 steps: the cube starts within 0.5 m of it
+    # minus the cube's (the gripper's) distance to the target, summed over 3 steps: it starts within 0.5 m of it
     assert episodes.turns == [3, 3] and all(-1.5 <= reward < 0.0 for reward in episodes.rewards)
 
 

@@ -1,6 +1,7 @@
 """The built-in simulators' scripted demonstrators succeed on the real simulators, within the steps a recording gives
 them: PushT's (gym-pusht) ends with the block on the goal's pose (coverage > 95%), turned as well as moved;
-panda-push's (panda-gym's PyBullet arm, frames from its CPU renderer) with the cube within 5 cm of the target."""
+panda-push's (panda-gym's PyBullet arm, frames from its CPU renderer) with the cube within 5 cm of the target,
+panda-reach's (the same arm) with the gripper within 5 cm of its target."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
 from oxrl.vla.envs import expert, make_env
 from oxrl.vla.lerobot import read_dataset
 
-PACKAGES = {"pusht": "gym_pusht", "panda-push": "panda_gym"}
+PACKAGES = {"pusht": "gym_pusht", "panda-push": "panda_gym", "panda-reach": "panda_gym"}
 # Training and held-out reset seeds each finishes in 33-51 (PushT) or 12-41 (panda-push) steps here; the budgets
 # leave room for small numeric differences between machines (a PushT planner's tie can break the other way).
 CASES = [("pusht", seed, 150) for seed in (0, 3, 22, VALIDATION_SEEDS + 22)] + \
-        [("panda-push", seed, 100) for seed in (0, 2, VALIDATION_SEEDS, VALIDATION_SEEDS + 1)]
+        [("panda-push", seed, 100) for seed in (0, 2, VALIDATION_SEEDS, VALIDATION_SEEDS + 1)] + \
+        [("panda-reach", seed, 20) for seed in (0, 2, VALIDATION_SEEDS, VALIDATION_SEEDS + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,8 @@ def simulators():
 def how_far(name: str, info: dict) -> str:
     if name == "pusht":
         return f"coverage {info['coverage']:.3f}"
-    return f"the cube {np.linalg.norm(info['object_pos'] - info['goal']):.3f} m from the target"
+    moved = "the cube" if name == "panda-push" else "the gripper"  # (panda-reach's achieved goal is the gripper)
+    return f"{moved} {np.linalg.norm(info['object_pos'] - info['goal']):.3f} m from the target"
 
 
 @pytest.mark.parametrize(("name", "seed", "budget"), CASES)
@@ -79,6 +82,20 @@ def test_a_panda_push_observation_is_a_camera_frame_the_state_and_an_instruction
         transition = env.step(np.array([0.0, 0.0, -1.0]), "seed 0")
     assert np.abs(np.asarray(transition.observation.images[0], dtype=np.int16) - first).sum() > 0
     assert transition.reward == pytest.approx(-np.linalg.norm(env.info["object_pos"] - env.info["goal"]), abs=1e-6)
+
+
+def test_a_panda_reach_observation_is_the_gripper_and_its_target(simulators):
+    env = simulators("panda-reach")
+    observation, task = env.reset(0)
+    assert task == "move the gripper to the green target"
+    assert [image.size for image in observation.images] == [(96, 96)]
+    # achieved_goal (the gripper's position), desired_goal (the target's), observation (its position and velocity)
+    assert observation.state.shape == (12,)
+    assert np.allclose(observation.state[:3], env.info["ee_pos"]) and np.allclose(observation.state[6:9], env.info["ee_pos"])
+    assert np.allclose(observation.state[3:6], env.info["goal"])
+    transition = env.step(np.array([1.0, 0.0, 0.0]), "seed 0")
+    assert transition.observation.state[0] > observation.state[0]  # the gripper moved along x
+    assert transition.reward == pytest.approx(-np.linalg.norm(env.info["ee_pos"] - env.info["goal"]), abs=1e-6)
 
 
 def test_panda_push_demonstrations_are_a_lerobot_dataset(tmp_path):

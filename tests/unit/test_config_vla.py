@@ -25,7 +25,7 @@ def test_a_behaviour_cloning_and_an_rl_config_load():
     (MODEL + ["algorithm.name=sft", "data.train=[{path: chat.jsonl}]", "vla.bins=8"],
      r"every dataset needs format `lerobot` \(data.train\[0\]\)"),
     (MODEL + ["algorithm.name=grpo", "vla.bins=8"], r"runs episodes in a simulator: set vla.env"),
-    (MODEL + ["algorithm.name=grpo", "vla.env=nowhere"], r"vla.env 'nowhere' is not a built-in environment \(reach, pusht, panda-push\)"),
+    (MODEL + ["algorithm.name=grpo", "vla.env=nowhere"], r"vla.env 'nowhere' is not a built-in environment \(reach, pusht, panda-push, panda-reach\)"),
     (RL + ["rl.task=arithmetic"], r"rl.task = 'arithmetic' is not read by `grpo`: it is read only without a `vla` section: its episodes start"),
     (RL + ["rl.rollout.max_new_tokens=64"], r"rl.rollout.max_new_tokens = 64 is not read by `grpo`: it is read only without a `vla` section: each of its turns"),
     (RL + ["rl.max_staleness=1", "rl.off_policy_correction=tis"], r"leave rl.max_staleness 0 and run.launcher local"),
