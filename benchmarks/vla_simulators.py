@@ -1,10 +1,11 @@
-"""A vision-language-action run on a real simulator on this CPU, headless (PushT: gym-pusht; panda-push: panda-gym's
-PyBullet arm): scripted demonstrations, behaviour cloning, then GRPO over episodes, with the environment's own score
+"""A vision-language-action run on a real simulator on this CPU, headless (PushT: gym-pusht; panda-push and
+panda-reach: panda-gym's PyBullet arm): scripted demonstrations, behaviour cloning, then GRPO over episodes, with the environment's own score
 before and after each.
 
     .venv/bin/python benchmarks/vla_simulators.py pusht          # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/vla_simulators.py pusht --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
     .venv/bin/python benchmarks/vla_simulators.py panda-push --out runs/vla-panda
+    .venv/bin/python benchmarks/vla_simulators.py panda-reach --out runs/vla-panda-reach --sft-steps 600 --seed 1
     .venv/bin/python benchmarks/vla_simulators.py pusht --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
     .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --state-bins 100 \
         --env-kwargs '{"block_pose": true, "relative": 96}' --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
@@ -12,7 +13,7 @@ before and after each.
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns from the demonstrations alone. The score is the environment's best
 reward in an episode (`vla.reward: env_max`: for PushT LeRobot's metric, the goal's coverage / 0.95 capped at 1;
-for panda-push minus the cube's distance to the target in metres) and the success rate, greedy, over the same
+for panda-push minus the cube's distance to the target in metres, for panda-reach the gripper's) and the success rate, greedy, over the same
 held-out initial states before and after; the scripted expert's own score is the ceiling. After cloning it also
 measures how far (in action bins) the cloned model's first action is from the expert's on the expert's own episodes
 from the held-out states, beside policies that ignore the block (`first_action_error`), and with --lerobot-python
@@ -36,7 +37,8 @@ if __package__ in (None, ""):
 
 SFT_READS = ("env", "env_kwargs", "bins", "chunk", "state_bins")  # a `vla` section's settings cloning reads
 
-# Episodes of chunks of 4 actions, long enough for the expert: PushT's within 150 steps, the arm's within 100 (96%).
+# Episodes of chunks of 4 actions, long enough for the expert: PushT's within 150 steps, the arm's push within 100
+# (96%), its reach within 4 (panda-gym's own limit, 50 steps, ends an episode of 13 chunks two actions early).
 VLA = {name: {"env": name, "bins": 64, "chunk": 4, "max_chunks": chunks, "reward": "env_max"}
        for name, chunks in (("pusht", 38), ("panda-push", 25), ("panda-reach", 13))}
 
