@@ -28,9 +28,8 @@ def missing_for(cfg: Config) -> list[str]:
             needs.append(("gguf", "gguf", f"{field} (a .gguf file)"))
     if cfg.vla is not None:  # robot environments (oxrl/vla/envs.py)
         needs.append(("gymnasium", "gymnasium", "a `vla` section"))
-        simulator = {"pusht": ("gym_pusht", "gym-pusht"), "panda-push": ("panda_gym", "panda-gym"),
-                     "panda-reach": ("panda_gym", "panda-gym")}.get(cfg.vla.env)
-        needs += [(*simulator, f"vla.env `{cfg.vla.env}`")] if simulator else []
+        package = {"pusht": "gym-pusht", "panda-push": "panda-gym", "panda-reach": "panda-gym"}.get(cfg.vla.env)
+        needs += [(package.replace("-", "_"), package, f"vla.env `{cfg.vla.env}`")] if package else []
     if is_rl(cfg.algorithm.name) and cfg.vla is None:  # (a VLA's episodes reward themselves)
         from oxrl.loops.rl_setup import reward_specs  # (the rewards' modules: only a run that scores imports them)
 
