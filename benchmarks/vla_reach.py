@@ -30,12 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import PRECISIONS  # noqa: E402  (--precision -> train.mixed_precision)
+
 VLA = {"env": "reach", "bins": 16, "max_chunks": 4}
 QUIET = {"progress_bar": False, "plot": False}
-# What `auto` computes in on a CPU with and without bf16 instructions, set explicitly.
-PRECISIONS = {"auto": {"mixed_precision": "auto", "rollout": "auto"},
-              "bf16": {"mixed_precision": "bf16", "rollout": "bf16"},
-              "fp32": {"mixed_precision": "no", "rollout": "trainer"}}
+# What `auto` computes in on a CPU with and without bf16 instructions, set explicitly: train.mixed_precision as the
+# other benchmarks set it, and beside it the weights the rollout samples from (rl.rollout.precision).
+MIXED_PRECISION = {"auto": "auto", **PRECISIONS}
+ROLLOUT_PRECISION = {"auto": "auto", "bf16": "bf16", "fp32": "trainer"}
 
 
 def clone_config(out: Path, base: Path, demos: Path, *, precision: str = "auto", max_steps: int = 40) -> Path:
@@ -45,7 +47,7 @@ def clone_config(out: Path, base: Path, demos: Path, *, precision: str = "auto",
               "vla": {key: VLA[key] for key in ("env", "bins")}, "logging": QUIET,  # (max_chunks: RL's)
               "data": {"train": [{"path": str(demos), "format": "lerobot"}], "max_length": 128, "validation_fraction": 0},
               "train": {"max_steps": max_steps, "global_batch_size": 16, "micro_batch_size_per_device": 16,
-                        "optim": {"lr": 1e-2}, "mixed_precision": PRECISIONS[precision]["mixed_precision"]},
+                        "optim": {"lr": 1e-2}, "mixed_precision": MIXED_PRECISION[precision]},
               "checkpoint": {"every": None}}
     path = out / f"sft_{precision}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -58,9 +60,9 @@ def grpo_config(out: Path, model: Path, name: str, *, seed: int = 0, precision: 
     config = {"run": {"name": name, "output_dir": str(out / "runs"), "device": "cpu", "seed": seed},
               "model": {"name_or_path": str(model)}, "algorithm": {"name": "grpo"}, "vla": VLA, "logging": QUIET,
               "rl": {"task_size": 64, "validation_size": held_out, "prompts_per_step": 8,
-                     "rollout": {"n": 8, "precision": PRECISIONS[precision]["rollout"]}, "validation_every": 100},
+                     "rollout": {"n": 8, "precision": ROLLOUT_PRECISION[precision]}, "validation_every": 100},
               "train": {"max_steps": 20, "micro_batch_size_per_device": 16, "optim": {"lr": 1e-2},
-                        "mixed_precision": PRECISIONS[precision]["mixed_precision"], **train},
+                        "mixed_precision": MIXED_PRECISION[precision], **train},
               "checkpoint": {"every": None}}
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
