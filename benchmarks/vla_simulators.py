@@ -5,14 +5,15 @@ before and after each.
     .venv/bin/python benchmarks/vla_simulators.py pusht          # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/vla_simulators.py pusht --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
     .venv/bin/python benchmarks/vla_simulators.py panda-push --out runs/vla-panda
-    .venv/bin/python benchmarks/vla_simulators.py panda-reach --out runs/vla-panda-reach --sft-steps 600 --seed 1
+    .venv/bin/python benchmarks/vla_simulators.py panda-reach --out runs/vla-panda-reach --demos 480 --sft-steps 600 \
+        --state-bins 100 --grpo-steps 10 --reward success --prompts-per-step 8 --seeds 0 1 2
     .venv/bin/python benchmarks/vla_simulators.py pusht --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
     .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --state-bins 100 \
         --env-kwargs '{"block_pose": true, "relative": 96}' --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns from the demonstrations alone. The score is the environment's best
-reward in an episode (`vla.reward: env_max`: for PushT LeRobot's metric, the goal's coverage / 0.95 capped at 1;
+reward in an episode (`vla.reward: env_max`, whichever reward GRPO trains on, `--reward`: for PushT LeRobot's metric, the goal's coverage / 0.95 capped at 1;
 for panda-push minus the cube's distance to the target in metres, for panda-reach the gripper's) and the success rate, greedy, over the same
 held-out initial states before and after; the scripted expert's own score is the ceiling. After cloning it also
 measures how far (in action bins) the cloned model's first action is from the expert's on the expert's own episodes
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import print_table
+from oxrl.config.names import EPISODE_REWARDS
 
 SFT_READS = ("env", "env_kwargs", "bins", "chunk", "state_bins")  # a `vla` section's settings cloning reads
 
@@ -87,13 +92,13 @@ def first_action_error(model: Path, sft: Path, demos: Path, vla: dict, frames: i
     action, and where an action is a position as the state's first numbers are (PushT's absolute targets) naming
     the agent's own position. A model no closer than the latter has learned to copy the state, not to push."""
     import numpy as np
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from oxrl.config.load import load_config
     from oxrl.data.types import pack
     from oxrl.models.model_inputs import row_forward
     from oxrl.vla.build import demonstration_reader
     from oxrl.vla.lerobot import read_dataset
-    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     cfg = load_config(sft)
     processor = AutoProcessor.from_pretrained(model)
@@ -152,10 +157,15 @@ def main() -> None:
     parser.add_argument("--demos", type=int, default=96, help="scripted demonstrations")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8, help="0: stop after behaviour cloning")
+    parser.add_argument("--grpo-lr", type=float, default=3e-4, help="GRPO's learning rate")
+    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO's initial states a step (4 episodes each)")
+    parser.add_argument("--reward", choices=EPISODE_REWARDS, default="env_max", help="vla.reward: GRPO's episode reward")
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
     lengths = ", ".join(f"{name} {vla['max_chunks']}" for name, vla in VLA.items())
     parser.add_argument("--max-chunks", type=int, default=None, help=f"action chunks an episode at most ({lengths})")
-    parser.add_argument("--seed", type=int, default=0, help="the policy's initialisation and the runs' seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="the policies' initialisations and the runs' seeds, one run of every stage each, on the "
+                             "same demonstrations and held-out states; several: a table of each stage's spread")
     parser.add_argument("--env-kwargs", type=json.loads, default=None,
                         help='vla.env_kwargs as JSON, e.g. \'{"block_pose": true}\' (PushT: its pose in the state)')
     parser.add_argument("--state-bins", type=int, default=None,
@@ -167,12 +177,9 @@ def main() -> None:
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
 
-    from oxrl.config.load import load_config
     from oxrl.logging.setup import setup_logging
-    from oxrl.runner import run
-    from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
+    from oxrl.vla.build import record_demonstrations
     from tests.conftest import smollm2_tokenizer
-    from tests.vlm_fixtures import save_tiny_qwen2_vl
 
     setup_logging()
     out = (args.out or Path(f"runs/vla-{args.env}")).resolve()
@@ -183,55 +190,92 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     else:
         tokenizer = smollm2_tokenizer.__wrapped__()
-    model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=args.seed, width="vllm")
-    started = time.perf_counter()
-    vla = {**VLA[args.env], **({"max_chunks": args.max_chunks} if args.max_chunks else {}),
+    vla = {**VLA[args.env], "reward": args.reward, **({"max_chunks": args.max_chunks} if args.max_chunks else {}),
            **({"env_kwargs": args.env_kwargs} if args.env_kwargs else {})}
+    started = time.perf_counter()
     demos, _ = record_demonstrations(args.env, args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"],
                                      env_kwargs=vla.get("env_kwargs"))
-    expert = {"stage": "demonstrations", "episodes": args.demos, "seconds": round(time.perf_counter() - started, 1)}
-    print(json.dumps(expert), flush=True)
-
-    rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": 4, "rollout": {"n": 4},
-          "validation_every": None}
+    print(json.dumps({"stage": "demonstrations", "episodes": args.demos,
+                      "seconds": round(time.perf_counter() - started, 1)}), flush=True)
     if args.state_bins:  # the untrained policy's prompts take the state's bounds from the demonstrations
         vla = {**vla, "state_bins": args.state_bins, "stats": str(demos)}
-    grpo = config(out, model, "grpo", "grpo", vla, args.seed, rl=rl, data={"max_length": 512},
-                  train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32,
-                         "optim": {"lr": 3e-4}})
-    results = {"scripted_expert": expert_score(args.held_out, vla), "untrained": evaluate(model, grpo, args.held_out)}
-    print(json.dumps({"stage": "scripted_expert", **results["scripted_expert"]}), flush=True)
-    print(json.dumps({"stage": "untrained", **results["untrained"]}), flush=True)
+    expert = expert_score(args.held_out, vla)  # the demonstrator is the same for every seed
+    print(json.dumps({"stage": "scripted_expert", **expert}), flush=True)
+    runs = {seed: {"scripted_expert": expert, **stages(args, vla, demos, tokenizer, seed, out / f"seed-{seed}")}
+            for seed in args.seeds}
+    if len(runs) > 1:
+        print_table(spread_rows(runs), f"{args.env} over seeds {', '.join(map(str, runs))} ({args.held_out} held-out "
+                                       "initial states each): mean +- std (lowest..highest)")
+    print(json.dumps({"summary": runs[args.seeds[0]] if len(runs) == 1 else means(runs), "seeds": runs}))
 
-    sft = config(out, model, "sft", "sft", vla, args.seed, data={"train": [{"path": str(demos), "format": "lerobot"}],
-                                                  "max_length": 512, "validation_fraction": 0},
+
+def stages(args, vla: dict, demos: Path, tokenizer, seed: int, out: Path) -> dict:
+    """One seed's runs on the demonstrations in `demos`: the untrained policy, behaviour cloning, the first-action
+    diagnostic, LeRobot's ACT (with --lerobot-python) and GRPO from the cloned model, each scored on the held-out
+    states, one JSON line each."""
+    from oxrl.config.load import load_config
+    from oxrl.runner import run
+    from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
+    from tests.vlm_fixtures import save_tiny_qwen2_vl
+
+    def report(stage: str, result: dict) -> None:
+        results[stage] = result
+        print(json.dumps({"stage": stage, "seed": seed, **result}), flush=True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=seed, width="vllm")
+    rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": args.prompts_per_step,
+          "rollout": {"n": 4}, "validation_every": None}
+    grpo = config(out, model, "grpo", "grpo", vla, seed, rl=rl, data={"max_length": 512},
+                  train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32,
+                         "optim": {"lr": args.grpo_lr}})
+    # every stage is scored by the simulator's own measure, whichever reward GRPO trains on
+    scored = config(out, model, "score", "grpo", {**vla, "reward": "env_max"}, seed, rl=rl, data={"max_length": 512})
+    results: dict = {}
+    report("untrained", evaluate(model, scored, args.held_out))
+    sft = config(out, model, "sft", "sft", vla, seed, data={"train": [{"path": str(demos), "format": "lerobot"}],
+                                                           "max_length": 512, "validation_fraction": 0},
                  train={"max_steps": args.sft_steps, "global_batch_size": 32, "micro_batch_size_per_device": 32,
                         "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 10}})
     started = time.perf_counter()
     cloned = run(load_config(sft)).final_model_dir
     sft_seconds = round(time.perf_counter() - started, 1)
-    results["behaviour_cloned"] = {**evaluate(cloned, grpo, args.held_out), "train_seconds": sft_seconds}
-    print(json.dumps({"stage": "behaviour_cloned", **results["behaviour_cloned"]}), flush=True)
+    report("behaviour_cloned", {**evaluate(cloned, scored, args.held_out), "train_seconds": sft_seconds})
     record_demonstrations(args.env, min(args.held_out, 6), out / "held_out_demos", seed=VALIDATION_SEEDS,
                           max_steps=vla["chunk"] * vla["max_chunks"], env_kwargs=vla.get("env_kwargs"))
-    results["first_action_bins"] = first_action_error(cloned, sft, out / "held_out_demos", vla)
-    print(json.dumps({"stage": "first_action_bins", **results["first_action_bins"]}), flush=True)
+    report("first_action_bins", first_action_error(cloned, sft, out / "held_out_demos", vla))
     if args.lerobot_python is not None:
-        results["lerobot_act"] = lerobot_anchor(args.lerobot_python, demos, vla, sft_seconds, args.held_out, args.seed)
-        print(json.dumps({"stage": "lerobot_act", **results["lerobot_act"]}), flush=True)
+        report("lerobot_act", lerobot_anchor(args.lerobot_python, demos, vla, sft_seconds, args.held_out, seed))
+    if args.grpo_steps:
+        grpo_tree = yaml.safe_load(grpo.read_text())
+        grpo_tree["model"]["name_or_path"] = str(cloned)
+        grpo.write_text(yaml.safe_dump(grpo_tree))
+        started = time.perf_counter()
+        tuned = run(load_config(grpo)).final_model_dir
+        report("grpo", {**evaluate(tuned, scored, args.held_out),
+                        "train_seconds": round(time.perf_counter() - started, 1)})
+    return results
 
-    if not args.grpo_steps:
-        print(json.dumps({"summary": results}))
-        return
-    grpo_tree = yaml.safe_load(grpo.read_text())
-    grpo_tree["model"]["name_or_path"] = str(cloned)
-    grpo.write_text(yaml.safe_dump(grpo_tree))
-    started = time.perf_counter()
-    tuned = run(load_config(grpo)).final_model_dir
-    grpo_seconds = round(time.perf_counter() - started, 1)
-    results["grpo"] = {**evaluate(tuned, grpo, args.held_out), "train_seconds": grpo_seconds}
-    print(json.dumps({"stage": "grpo", **results["grpo"]}), flush=True)
-    print(json.dumps({"summary": results}))
+
+def means(runs: dict[int, dict]) -> dict:
+    """Each stage's numbers averaged over the seeds' runs."""
+    first = next(iter(runs.values()))
+    return {stage: {key: statistics.mean(run[stage][key] for run in runs.values()) for key in first[stage]}
+            for stage in first}
+
+
+def spread_rows(runs: dict[int, dict]) -> list[dict[str, str]]:
+    """One row a scored stage: success and score over the seeds, mean +- std (lowest..highest)."""
+    def cell(values: list[float], scale: float, unit: str) -> str:
+        return (f"{scale * statistics.mean(values):.1f}{unit} +- {scale * statistics.stdev(values):.1f} "
+                f"({scale * min(values):.1f}..{scale * max(values):.1f})")
+
+    first = next(iter(runs.values()))
+    return [{"stage": stage, "success": cell([run[stage]["success"] for run in runs.values()], 100, "%"),
+             "score": cell([run[stage]["score"] for run in runs.values()], 1, ""),
+             "seconds (train, eval)": " ".join(f"{round(statistics.mean(run[stage][key] for run in runs.values()))}"
+                                               for key in ("train_seconds", "seconds") if key in first[stage])}
+            for stage in first if "success" in first[stage]]
 
 
 if __name__ == "__main__":

@@ -277,17 +277,31 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     python = lerobot_venv()  # LeRobot's ACT beside the cloned policy, where lerobot's venv exists
     anchor = ["--lerobot-python", python] if python.is_file() else []
     output = run_script("vla_simulators.py", "panda-push", "--out", tmp_path / "vla", "--demos", 2, "--sft-steps", 1,
-                        "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model, *anchor)
-    summary = json.loads(output.strip().splitlines()[-1])["summary"]  # the script's table: one JSON line
-    assert list(summary) == ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins",
-                             *(["lerobot_act"] if anchor else []), "grpo"]
+                        "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model,
+                        "--seeds", 0, 1, "--state-bins", 10, "--reward", "success", "--grpo-lr", 1e-3, *anchor)
+    result = json.loads(output.strip().splitlines()[-1])  # the script's results: one JSON line
+    runs, summary = result["seeds"], result["summary"]
+    stages = ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins",
+              *(["lerobot_act"] if anchor else []), "grpo"]
+    assert list(runs) == ["0", "1"] and all(list(run) == stages for run in runs.values()) and list(summary) == stages
+    assert runs["0"]["scripted_expert"] == runs["1"]["scripted_expert"]  # one demonstrator, one set of states
+    grpo = yaml.safe_load((tmp_path / "vla" / "seed-1" / "grpo.yaml").read_text())  # the GRPO settings asked for
+    assert grpo["run"]["seed"] == 1 and grpo["train"]["optim"]["lr"] == 1e-3
+    assert grpo["vla"]["reward"] == "success" and grpo["vla"]["state_bins"] == 10
+    for stage in stages:  # the summary is the seeds' mean
+        for key in set(summary[stage]) & {"success", "score", "model"}:
+            assert summary[stage][key] == pytest.approx((runs["0"][stage][key] + runs["1"][stage][key]) / 2), stage
     if anchor:
-        assert summary["lerobot_act"]["steps"] >= 1 and summary["lerobot_act"]["train_seconds"] > 0, summary
-    bins = summary.pop("first_action_bins")  # the cloned model's first action against the expert's, in bins
-    assert set(bins) == {"frames", "model", "median"} and bins["frames"] >= 2, bins  # (no agent_position: PushT's)
-    assert 0.0 <= bins["model"] < 64 and 0.0 <= bins["median"] < 64, bins
-    assert all({"score", "success"} <= set(stage) for stage in summary.values())
-    assert all(-1.0 < stage["score"] < 0.0 for stage in summary.values()), summary  # minus the best distance, in m
+        assert all(run["lerobot_act"]["steps"] >= 1 and run["lerobot_act"]["train_seconds"] > 0 for run in runs.values())
+    for run in runs.values():
+        bins = run.pop("first_action_bins")  # the cloned model's first action against the expert's, in bins
+        assert set(bins) == {"frames", "model", "median"} and bins["frames"] >= 2, bins  # (no agent_position: PushT's)
+        assert 0.0 <= bins["model"] < 64 and 0.0 <= bins["median"] < 64, bins
+        assert all({"score", "success"} <= set(stage) for stage in run.values())
+        assert all(-1.0 < stage["score"] < 0.0 for stage in run.values()), run  # minus the best distance, in m
+    spread = table(output, "panda-push over seeds 0, 1 (1 held-out initial states each)")
+    assert spread.column("stage") == [stage for stage in stages if stage != "first_action_bins"]
+    assert all(row["success"].endswith(")") and "+-" in row["success"] for row in spread.rows), spread.rows
 
 
 def smoke_vla_reach(model: Path, tmp_path: Path) -> None:
