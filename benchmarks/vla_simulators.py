@@ -265,18 +265,19 @@ def means(runs: dict[int, dict]) -> dict:
 
 
 def spread_rows(runs: dict[int, dict]) -> list[dict[str, str]]:
-    """One row a scored stage: success and score over the seeds, mean +- std (lowest..highest)."""
-    def cell(values: list[float], scale: float, unit: str) -> str:
-        return (f"{scale * statistics.mean(values):.1f}{unit} +- {scale * statistics.stdev(values):.1f} "
-                f"({scale * min(values):.1f}..{scale * max(values):.1f})")
+    """One row a scored stage: success and score over the seeds, mean +- std (lowest..highest), and its mean times."""
+    def cell(values: list[float], scale: float, digits: int, unit: str = "") -> str:
+        mean, deviation = scale * statistics.mean(values), scale * statistics.stdev(values)
+        return f"{mean:.{digits}f}{unit} +- {deviation:.{digits}f} ({scale * min(values):.{digits}f}..{scale * max(values):.{digits}f})"
+
+    def seconds(stage: str) -> str:
+        return ", ".join(f"{what} {statistics.mean(run[stage][key] for run in runs.values()):.0f} s"
+                         for what, key in (("train", "train_seconds"), ("eval", "seconds")) if key in first[stage])
 
     first = next(iter(runs.values()))
-    return [{"stage": stage, "success": cell([run[stage]["success"] for run in runs.values()], 100, "%"),
-             "score": cell([run[stage]["score"] for run in runs.values()], 1, ""),
-             "seconds (train, eval)": " ".join(f"{round(statistics.mean(run[stage][key] for run in runs.values()))}"
-                                               for key in ("train_seconds", "seconds") if key in first[stage])}
+    return [{"stage": stage, "success": cell([run[stage]["success"] for run in runs.values()], 100, 1, "%"),
+             "score": cell([run[stage]["score"] for run in runs.values()], 1, 3), "time": seconds(stage)}
             for stage in first if "success" in first[stage]]
-
 
 if __name__ == "__main__":
     main()
