@@ -1,6 +1,6 @@
 """A vision-language-action run on a real simulator on this CPU, headless (PushT: gym-pusht; panda-push and
-panda-reach: panda-gym's PyBullet arm): scripted demonstrations, behaviour cloning, then GRPO over episodes, with the environment's own score
-before and after each.
+panda-reach: panda-gym's PyBullet arm): scripted demonstrations, behaviour cloning, then GRPO over episodes, with the
+environment's own score before and after each, for one seed or several (`--seeds`: one table of each stage's spread).
 
     .venv/bin/python benchmarks/vla_simulators.py pusht          # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/vla_simulators.py pusht --out runs/vla-pusht --demos 96 --sft-steps 1200 --grpo-steps 8
@@ -13,13 +13,14 @@ before and after each.
 
 No hub: the policy is a small random Qwen2-VL (the test suite's builder at its `vllm` width: 2 layers, hidden 64)
 with the bundled SmolLM2 tokenizer, so it learns from the demonstrations alone. The score is the environment's best
-reward in an episode (`vla.reward: env_max`, whichever reward GRPO trains on, `--reward`: for PushT LeRobot's metric, the goal's coverage / 0.95 capped at 1;
-for panda-push minus the cube's distance to the target in metres, for panda-reach the gripper's) and the success rate, greedy, over the same
-held-out initial states before and after; the scripted expert's own score is the ceiling. After cloning it also
+reward in an episode (`vla.reward: env_max`, whichever reward GRPO trains on: `--reward`; for PushT LeRobot's
+metric, the goal's coverage / 0.95 capped at 1; for panda-push minus the cube's distance to the target in metres, for
+panda-reach the gripper's) and the success rate, greedy, over the same held-out initial states before and after;
+the scripted expert's own score is the ceiling. After cloning it also
 measures how far (in action bins) the cloned model's first action is from the expert's on the expert's own episodes
 from the held-out states, beside policies that ignore the block (`first_action_error`), and with --lerobot-python
 trains LeRobot's ACT on the same demonstrations for as long as cloning took (benchmarks/lerobot_anchor.py).
-Prints one JSON line per stage and a summary.
+Prints one JSON line per stage and seed, then the seeds' mean of each stage and every seed's results as one line.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8, help="0: stop after behaviour cloning")
     parser.add_argument("--grpo-lr", type=float, default=3e-4, help="GRPO's learning rate")
-    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO's initial states a step (4 episodes each)")
-    parser.add_argument("--reward", choices=EPISODE_REWARDS, default="env_max", help="vla.reward: GRPO's episode reward")
+    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO's initial states a step, 4 episodes each")
+    parser.add_argument("--reward", choices=EPISODE_REWARDS, default="env_max", help="vla.reward, GRPO's reward")
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
     lengths = ", ".join(f"{name} {vla['max_chunks']}" for name, vla in VLA.items())
     parser.add_argument("--max-chunks", type=int, default=None, help=f"action chunks an episode at most ({lengths})")
@@ -260,15 +261,16 @@ def stages(args, vla: dict, demos: Path, tokenizer, seed: int, out: Path) -> dic
 def means(runs: dict[int, dict]) -> dict:
     """Each stage's numbers averaged over the seeds' runs."""
     first = next(iter(runs.values()))
-    return {stage: {key: statistics.mean(run[stage][key] for run in runs.values()) for key in first[stage]}
-            for stage in first}
+    return {stage: {key: statistics.mean(run[stage][key] for run in runs.values())
+                    for key, value in first[stage].items() if isinstance(value, int | float)} for stage in first}
 
 
 def spread_rows(runs: dict[int, dict]) -> list[dict[str, str]]:
     """One row a scored stage: success and score over the seeds, mean +- std (lowest..highest), and its mean times."""
     def cell(values: list[float], scale: float, digits: int, unit: str = "") -> str:
         mean, deviation = scale * statistics.mean(values), scale * statistics.stdev(values)
-        return f"{mean:.{digits}f}{unit} +- {deviation:.{digits}f} ({scale * min(values):.{digits}f}..{scale * max(values):.{digits}f})"
+        low, high = scale * min(values), scale * max(values)
+        return f"{mean:.{digits}f}{unit} +- {deviation:.{digits}f} ({low:.{digits}f}..{high:.{digits}f})"
 
     def seconds(stage: str) -> str:
         return ", ".join(f"{what} {statistics.mean(run[stage][key] for run in runs.values()):.0f} s"
@@ -278,6 +280,7 @@ def spread_rows(runs: dict[int, dict]) -> list[dict[str, str]]:
     return [{"stage": stage, "success": cell([run[stage]["success"] for run in runs.values()], 100, 1, "%"),
              "score": cell([run[stage]["score"] for run in runs.values()], 1, 3), "time": seconds(stage)}
             for stage in first if "success" in first[stage]]
+
 
 if __name__ == "__main__":
     main()

@@ -292,7 +292,8 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
         for key in set(summary[stage]) & {"success", "score", "model"}:
             assert summary[stage][key] == pytest.approx((runs["0"][stage][key] + runs["1"][stage][key]) / 2), stage
     if anchor:
-        assert all(run["lerobot_act"]["steps"] >= 1 and run["lerobot_act"]["train_seconds"] > 0 for run in runs.values())
+        assert all(run["lerobot_act"]["steps"] >= 1 and run["lerobot_act"]["train_seconds"] > 0
+                   for run in runs.values()), runs
     for run in runs.values():
         bins = run.pop("first_action_bins")  # the cloned model's first action against the expert's, in bins
         assert set(bins) == {"frames", "model", "median"} and bins["frames"] >= 2, bins  # (no agent_position: PushT's)
