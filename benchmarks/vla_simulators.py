@@ -179,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from oxrl.logging.setup import setup_logging
-    from oxrl.vla.build import record_demonstrations
+    from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
     from tests.conftest import smollm2_tokenizer
 
     setup_logging()
@@ -202,7 +202,12 @@ def main() -> None:
         vla = {**vla, "state_bins": args.state_bins, "stats": str(demos)}
     expert = expert_score(args.held_out, vla)  # the demonstrator is the same for every seed
     print(json.dumps({"stage": "scripted_expert", **expert}), flush=True)
-    runs = {seed: {"scripted_expert": expert, **stages(args, vla, demos, tokenizer, seed, out / f"seed-{seed}")}
+    # the expert's own episodes from the first held-out states, on which each cloned model's first action is measured
+    held_out_demos, _ = record_demonstrations(args.env, min(args.held_out, 6), out / "held_out_demos",
+                                              seed=VALIDATION_SEEDS, max_steps=vla["chunk"] * vla["max_chunks"],
+                                              env_kwargs=vla.get("env_kwargs"))
+    runs = {seed: {"scripted_expert": expert,
+                   **stages(args, vla, demos, held_out_demos, tokenizer, seed, out / f"seed-{seed}")}
             for seed in args.seeds}
     if len(runs) > 1:
         print_table(spread_rows(runs), f"{args.env} over seeds {', '.join(map(str, runs))} ({args.held_out} held-out "
@@ -210,13 +215,12 @@ def main() -> None:
     print(json.dumps({"summary": runs[args.seeds[0]] if len(runs) == 1 else means(runs), "seeds": runs}))
 
 
-def stages(args, vla: dict, demos: Path, tokenizer, seed: int, out: Path) -> dict:
+def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: int, out: Path) -> dict:
     """One seed's runs on the demonstrations in `demos`: the untrained policy, behaviour cloning, the first-action
-    diagnostic, LeRobot's ACT (with --lerobot-python) and GRPO from the cloned model, each scored on the held-out
+    diagnostic (on the expert's episodes in `held_out_demos`), LeRobot's ACT (with --lerobot-python) and GRPO from the cloned model, each scored on the held-out
     states, one JSON line each."""
     from oxrl.config.load import load_config
     from oxrl.runner import run
-    from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
     from tests.vlm_fixtures import save_tiny_qwen2_vl
 
     def report(stage: str, result: dict) -> None:
@@ -242,9 +246,7 @@ def stages(args, vla: dict, demos: Path, tokenizer, seed: int, out: Path) -> dic
     cloned = run(load_config(sft)).final_model_dir
     sft_seconds = round(time.perf_counter() - started, 1)
     report("behaviour_cloned", {**evaluate(cloned, scored, args.held_out), "train_seconds": sft_seconds})
-    record_demonstrations(args.env, min(args.held_out, 6), out / "held_out_demos", seed=VALIDATION_SEEDS,
-                          max_steps=vla["chunk"] * vla["max_chunks"], env_kwargs=vla.get("env_kwargs"))
-    report("first_action_bins", first_action_error(cloned, sft, out / "held_out_demos", vla))
+    report("first_action_bins", first_action_error(cloned, sft, held_out_demos, vla))
     if args.lerobot_python is not None:
         report("lerobot_act", lerobot_anchor(args.lerobot_python, demos, vla, sft_seconds, args.held_out, seed))
     if args.grpo_steps:
