@@ -47,9 +47,13 @@ class Observation:
     state: np.ndarray | None  # float [state_dim]
 
 
+# A wrapper with this attribute draws its camera frames only while it is true (oxrl/vla/panda.py's PandaFrames).
+ON_DEMAND = "draw_frames"
+
+
 @dataclass
 class Transition:
-    observation: Observation
+    observation: Observation | None  # None: a step taken with observe=False
     reward: float
     success: bool
     done: bool  # terminated or truncated
@@ -83,13 +87,19 @@ class RobotEnv:
                                 "set vla.instruction")
         return self.observation(raw, "reset"), str(task)
 
-    def step(self, action: np.ndarray, where: str) -> Transition:
+    def step(self, action: np.ndarray, where: str, observe: bool = True) -> Transition:
+        """One action. `observe=False`: no one looks at this step's frames (an action inside a chunk), so the
+        transition has no observation, and an environment that draws its frames on demand (a `draw_frames`
+        attribute: panda-gym's renderer, most of its step's time) does not draw them."""
+        if self.env.has_wrapper_attr(ON_DEMAND):
+            self.env.set_wrapper_attr(ON_DEMAND, observe)
         raw, reward, terminated, truncated, info = self.env.step(action.astype(self.env.action_space.dtype))
         if not np.isfinite(reward):
             raise RobotEnvError(f"environment {self.name!r}: {where}: reward {reward!r} is not finite")
         self.info = dict(info)
         success = bool(info.get("is_success", info.get("success", False)))
-        return Transition(self.observation(raw, where), float(reward), success, bool(terminated or truncated), self.info)
+        return Transition(self.observation(raw, where) if observe else None, float(reward), success,
+                          bool(terminated or truncated), self.info)
 
     def observation(self, raw: Any, where: str) -> Observation:
         """Cameras and state of a raw observation; a frame whose size differs from the episode's first frame's is an

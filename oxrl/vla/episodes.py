@@ -185,7 +185,10 @@ class VLAEpisodes:
         episode.actions.append(" ".join(f"{v:.3g}" for v in actions.ravel()))
         episode.chunks = chunk
         for k, action in enumerate(actions):
-            transition = self._guarded(lambda: episode.env.step(action, f"{where}, action {k}"), f"{where}, action {k}")
+            # the policy sees only the frames after a chunk's last action, and none after the episode's last chunk
+            observe = episode.film is not None or (k == len(actions) - 1 and chunk < self.max_chunks)
+            transition = self._guarded(lambda: episode.env.step(action, f"{where}, action {k}", observe),
+                                       f"{where}, action {k}")
             episode.reward += transition.reward
             episode.best = max(episode.best, transition.reward)
             episode.success = episode.success or transition.success

@@ -233,6 +233,41 @@ def test_panda_gym_runs_headless_as_a_robot_environment(vlm, name):
     assert episodes.turns == [3, 3] and all(-1.5 <= reward < 0.0 for reward in episodes.rewards)
 
 
+def test_panda_gym_draws_only_the_frames_the_policy_sees_and_plays_the_same_episodes(vlm):
+    """Drawing a frame is most of a panda-gym step: an episode draws one at reset and one after each chunk that a next
+    chunk follows, not one after every action, and plays the episodes of a runner that films (draws every frame)."""
+    pytest.importorskip("panda_gym")
+    from oxrl.vla.panda import PandaFrames, make_panda
+
+    model, processor = vlm
+    drawn = []
+
+    class Counted(gym.Wrapper):
+        def render(self):
+            drawn.append(1)
+            return self.env.render()
+
+    def make():
+        return RobotEnv(PandaFrames(Counted(make_panda("panda-reach").env)), "panda-reach", "reach the target")
+
+    env = make()
+    tokens = ActionTokenizer.uniform(env.low, env.high, BINS, last_vocabulary_ids(processor.tokenizer, BINS), 4)
+    env.close()
+    played, frames = {}, {}
+    for filming in (False, True):
+        run = VLAEpisodes("panda-reach", make, tokens, Prompter(processor.tokenizer, processor), 3, "env",
+                          films=[] if filming else None)
+        batch = prompts(run, [0, 1])
+        drawn.clear()
+        played[filming] = run.run(HFEngine(model, processor.tokenizer), batch, SamplingParams(n=2, temperature=0))
+        frames[filming] = len(drawn)
+    seen, filmed = played[False], played[True]
+    assert [c.completion_ids for c in seen.completions] == [c.completion_ids for c in filmed.completions]
+    assert seen.rewards == filmed.rewards and seen.turns == filmed.turns == [3] * 4 and not any(seen.scores)
+    assert frames[False] == 4 * (1 + 2)  # reset, then after chunks 1 and 2 of 3
+    assert frames[True] == 4 * (1 + 3 * 4)  # reset, then after every action
+
+
 class TwoCameras(ReachEnv):
     """`reach` with a second camera (the first one's frame mirrored), as a wrist camera beside a scene camera."""
 
