@@ -19,7 +19,8 @@ a proprioceptive state and an instruction, and stepped with continuous actions.
 An observation is read from what the environment returns: a dict's uint8 arrays of shape [H, W, 3] are the
 cameras (in key order), its 1-D float arrays the state (concatenated in key order); a bare [H, W, 3] array is
 one camera and no state. Success is `info["is_success"]` (gymnasium-robotics, PushT) or `info["success"]`;
-the instruction is `info["task"]` after reset, else `vla.instruction`.
+the instruction is `info["task"]` after reset, else `vla.instruction`. An environment with a `draw_frames` attribute
+(ON_DEMAND) is told before each step whether anyone will look at its frames, and may leave them out when not.
 """
 
 from __future__ import annotations
