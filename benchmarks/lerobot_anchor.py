@@ -30,8 +30,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))  # the simulator as oxRL makes it (oxrl.vla.envs), benchmarks.common
 
 
-def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int):
-    """ACT trained on `demos` until `seconds` have passed: the policy, its pre/post-processors, the steps taken."""
+def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int, state: bool = True):
+    """ACT trained on `demos` until `seconds` have passed: the policy, its pre/post-processors, the steps taken.
+    `state=False`: the policy sees the cameras alone (the demonstrations' `observation.state` is not an input)."""
     import torch
     from lerobot.configs.types import FeatureType
     from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata
@@ -44,7 +45,8 @@ def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int):
     meta = LeRobotDatasetMetadata("local/demos", root=demos)
     features = dataset_to_policy_features(meta.features)
     outputs = {key: feature for key, feature in features.items() if feature.type is FeatureType.ACTION}
-    inputs = {key: feature for key, feature in features.items() if key not in outputs}
+    inputs = {key: feature for key, feature in features.items()
+              if key not in outputs and (state or feature.type is not FeatureType.STATE)}
     config = ACTConfig(input_features=inputs, output_features=outputs, chunk_size=chunk, n_action_steps=chunk,
                        pretrained_backbone_weights=None, device="cpu")
     policy = ACTPolicy(config)
@@ -68,11 +70,12 @@ def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int):
             if time.perf_counter() - started >= seconds:
                 break
     policy.eval()
-    return policy, preprocess, postprocess, meta.camera_keys, steps, sum(losses) / max(len(losses), 1)
+    return policy, preprocess, postprocess, meta.camera_keys, steps, sum(losses) / max(len(losses), 1), \
+        "observation.state" in inputs
 
 
 def evaluate(policy, preprocess, postprocess, cameras: list[str], env_name: str, env_kwargs: dict, seeds: list[int],
-             max_steps: int) -> dict:
+             max_steps: int, state: bool = True) -> dict:
     """Greedy episodes from each held-out seed: the mean of each episode's best reward (PushT: LeRobot's coverage
     score) and the success rate, as `oxrl eval` scores oxRL's policy."""
     import numpy as np
@@ -87,8 +90,10 @@ def evaluate(policy, preprocess, postprocess, cameras: list[str], env_name: str,
         def action(observation, info) -> np.ndarray:
             batch = {key: torch.from_numpy(np.array(image)).permute(2, 0, 1).float()[None] / 255
                      for key, image in zip(cameras, observation.images, strict=True)}
-            if observation.state is not None:
-                batch["observation.state"] = torch.tensor(observation.state, dtype=torch.float32)[None]
+            if observation.state is not None:  # without the state as an input, ACT's inference still reads the
+                # tensor's device (lerobot 0.4.4): it gets zeros, which nothing else reads
+                values = observation.state if state else np.zeros_like(observation.state)
+                batch["observation.state"] = torch.tensor(values, dtype=torch.float32)[None]
             with torch.no_grad():
                 action = postprocess(policy.select_action(preprocess({**batch, "task": [task]})))
             return action[0].numpy().astype(np.float64)
@@ -113,15 +118,19 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=4, help="actions a chunk, all executed (oxRL's vla.chunk)")
     parser.add_argument("--batch-size", type=int, default=8, help="LeRobot's default")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-state", action="store_true",
+                        help="the cameras alone: whether the policy needs the state (a diagnostic)")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    policy, preprocess, postprocess, cameras, steps, loss = train(args.demos, args.chunk, args.seconds,
-                                                                  args.batch_size, args.seed)
+    policy, preprocess, postprocess, cameras, steps, loss, state = train(args.demos, args.chunk, args.seconds,
+                                                                         args.batch_size, args.seed, not args.no_state)
     trained = time.perf_counter() - started
-    result = evaluate(policy, preprocess, postprocess, cameras, args.env, args.env_kwargs, args.seeds, args.max_steps)
-    print(json.dumps({"stage": "lerobot_act", **result, "train_seconds": round(trained, 1), "steps": steps,
-                      "final_loss": round(loss, 4), "eval_seconds": round(time.perf_counter() - started - trained, 1)}))
+    result = evaluate(policy, preprocess, postprocess, cameras, args.env, args.env_kwargs, args.seeds, args.max_steps,
+                      state)
+    print(json.dumps({"stage": "lerobot_act", **result, "state": state, "train_seconds": round(trained, 1),
+                      "steps": steps, "final_loss": round(loss, 4),
+                      "eval_seconds": round(time.perf_counter() - started - trained, 1)}))
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def lerobot_anchor(python: Path, demos: Path, vla: dict, seconds: float, held_ou
     if finished.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:2])} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     result = json.loads(finished.stdout.strip().splitlines()[-1])
-    return {key: value for key, value in result.items() if key != "stage"}
+    return {key: value for key, value in result.items() if key not in ("stage", "state")}  # (state: always given)
 
 
 def main() -> None:
@@ -217,8 +217,8 @@ def main() -> None:
 
 def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: int, out: Path) -> dict:
     """One seed's runs on the demonstrations in `demos`: the untrained policy, behaviour cloning, the first-action
-    diagnostic (on the expert's episodes in `held_out_demos`), LeRobot's ACT (with --lerobot-python) and GRPO from the cloned model, each scored on the held-out
-    states, one JSON line each."""
+    diagnostic (on the expert's episodes in `held_out_demos`), LeRobot's ACT (with --lerobot-python) and GRPO from
+    the cloned model, each scored on the held-out states, one JSON line each."""
     from oxrl.config.load import load_config
     from oxrl.runner import run
     from tests.vlm_fixtures import save_tiny_qwen2_vl

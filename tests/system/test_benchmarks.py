@@ -335,13 +335,16 @@ def lerobot_python() -> Path:
 def smoke_lerobot_anchor(model: Path, tmp_path: Path) -> None:
     python = lerobot_python()
     demos = ROOT / "examples" / "data" / "reach_demos"  # LeRobot reads oxRL's dataset as written, stats included
-    result = subprocess.run([python, BENCHMARKS / "lerobot_anchor.py", "--demos", demos, "--env", "reach",
-                             "--seconds", "3", "--seeds", "1000000", "1000001", "--max-steps", "4", "--chunk", "2"],
-                            capture_output=True, text=True, timeout=HUNG_AFTER_S, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    row = json.loads(result.stdout.strip().splitlines()[-1])
-    assert row["stage"] == "lerobot_act" and row["steps"] >= 1 and 0.0 <= row["success"] <= 1.0, row
-    assert row["score"] == row["success"], row  # reach rewards 1 on success only: the best reward is the success
+    for cameras_only in (False, True):  # --no-state: the diagnostic run without the state as an input
+        result = subprocess.run([python, BENCHMARKS / "lerobot_anchor.py", "--demos", demos, "--env", "reach",
+                                 "--seconds", "3", "--seeds", "1000000", "1000001", "--max-steps", "4", "--chunk", "2",
+                                 *(["--no-state"] if cameras_only else [])],
+                                capture_output=True, text=True, timeout=HUNG_AFTER_S, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        row = json.loads(result.stdout.strip().splitlines()[-1])
+        assert row["stage"] == "lerobot_act" and row["steps"] >= 1 and 0.0 <= row["success"] <= 1.0, row
+        assert row["state"] is not cameras_only, row
+        assert row["score"] == row["success"], row  # reach rewards 1 on success only: the best reward is the success
 
 
 def smoke_experts(model: Path, tmp_path: Path) -> None:
