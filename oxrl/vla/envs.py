@@ -72,6 +72,7 @@ class RobotEnv:
                                 f"got {space}")
         self.low, self.high = space.low.astype(np.float64), space.high.astype(np.float64)
         self.image_shapes: list[tuple[int, ...]] | None = None  # the first frame's, which every later one must match
+        self.on_demand = env.has_wrapper_attr(ON_DEMAND)  # it draws its frames only when told to
         self.info: dict = {}
 
     @property
@@ -92,7 +93,7 @@ class RobotEnv:
         """One action. `observe=False`: no one looks at this step's frames (an action inside a chunk), so the
         transition has no observation, and an environment that draws its frames on demand (a `draw_frames`
         attribute: panda-gym's renderer, most of its step's time) does not draw them."""
-        if self.env.has_wrapper_attr(ON_DEMAND):
+        if self.on_demand:
             self.env.set_wrapper_attr(ON_DEMAND, observe)
         raw, reward, terminated, truncated, info = self.env.step(action.astype(self.env.action_space.dtype))
         if not np.isfinite(reward):
