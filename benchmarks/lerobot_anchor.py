@@ -70,12 +70,16 @@ def train(demos: Path, chunk: int, seconds: float, batch_size: int, seed: int, s
             if time.perf_counter() - started >= seconds:
                 break
     policy.eval()
-    return policy, preprocess, postprocess, meta.camera_keys, steps, sum(losses) / max(len(losses), 1), \
-        "observation.state" in inputs
+    return policy, preprocess, postprocess, meta.camera_keys, steps, sum(losses) / max(len(losses), 1)
+
+
+def reads_state(policy) -> bool:
+    """Whether the trained ACT takes the proprioceptive state as an input (not with --no-state, nor without one)."""
+    return policy.config.robot_state_feature is not None
 
 
 def evaluate(policy, preprocess, postprocess, cameras: list[str], env_name: str, env_kwargs: dict, seeds: list[int],
-             max_steps: int, state: bool = True) -> dict:
+             max_steps: int) -> dict:
     """Greedy episodes from each held-out seed: the mean of each episode's best reward (PushT: LeRobot's coverage
     score) and the success rate, as `oxrl eval` scores oxRL's policy."""
     import numpy as np
@@ -83,6 +87,8 @@ def evaluate(policy, preprocess, postprocess, cameras: list[str], env_name: str,
 
     from benchmarks.common import score_episodes
     from oxrl.vla.envs import make_env
+
+    state = reads_state(policy)
 
     def act(task: str):
         policy.reset()  # a new episode: ACT's queue of actions still to execute empties
@@ -123,13 +129,12 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
-    policy, preprocess, postprocess, cameras, steps, loss, state = train(args.demos, args.chunk, args.seconds,
-                                                                         args.batch_size, args.seed, not args.no_state)
+    policy, preprocess, postprocess, cameras, steps, loss = train(args.demos, args.chunk, args.seconds,
+                                                                  args.batch_size, args.seed, not args.no_state)
     trained = time.perf_counter() - started
-    result = evaluate(policy, preprocess, postprocess, cameras, args.env, args.env_kwargs, args.seeds, args.max_steps,
-                      state)
-    print(json.dumps({"stage": "lerobot_act", **result, "state": state, "train_seconds": round(trained, 1),
-                      "steps": steps, "final_loss": round(loss, 4),
+    result = evaluate(policy, preprocess, postprocess, cameras, args.env, args.env_kwargs, args.seeds, args.max_steps)
+    print(json.dumps({"stage": "lerobot_act", **result, "state": reads_state(policy),
+                      "train_seconds": round(trained, 1), "steps": steps, "final_loss": round(loss, 4),
                       "eval_seconds": round(time.perf_counter() - started - trained, 1)}))
 
 
