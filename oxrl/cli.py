@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")
     demos.add_argument("--max-steps", type=int, default=64, help="actions per demonstration at most (default 64)")
     demos.add_argument("--env-kwargs", metavar="JSON", help="the environment's keyword arguments, as in vla.env_kwargs")
+    demos.add_argument("--noise", type=float, default=0.0, metavar="FRACTION",
+                       help="execute each action with Gaussian noise of FRACTION of the action space's half-width, "
+                       "recording the expert's own action (DART): states off the expert's path, with the way back "
+                       "(default 0)")
     demos.set_defaults(func=_elsewhere("demos"))
     return parser
 

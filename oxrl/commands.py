@@ -63,7 +63,7 @@ def demos(args: argparse.Namespace) -> int:
 
     kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
     folder, success = record_demonstrations(args.env, args.episodes, Path(args.out), seed=args.seed,
-                                            max_steps=args.max_steps, env_kwargs=kwargs)
+                                            max_steps=args.max_steps, env_kwargs=kwargs, noise=args.noise)
     logger.info("wrote %d demonstrations of %s to %s (the scripted expert succeeded in %.0f%%)", args.episodes, args.env,
                 folder, 100 * success)
     return 0

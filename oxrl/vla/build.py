@@ -275,12 +275,22 @@ def demonstration_reader(cfg: Config, tokenizer, processor):
 
 
 def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: int = 0, max_steps: int = 64,
-                          env_kwargs: dict | None = None, instruction: str | None = None) -> tuple[Path, float]:
+                          env_kwargs: dict | None = None, instruction: str | None = None,
+                          noise: float = 0.0) -> tuple[Path, float]:
     """`episodes` demonstrations of a built-in environment's scripted expert, from reset seeds seed, seed + 1, ...,
     written as a LeRobot dataset; returns the folder and the expert's success rate. Checked before anything runs:
-    at least one episode, and a folder that does not exist yet (or is empty)."""
+    at least one episode, and a folder that does not exist yet (or is empty).
+
+    `noise` > 0 records what the expert would do from the states a policy's errors lead to (DART, Laskey et al.,
+    arXiv:1703.09327): each step executes the expert's action plus Gaussian noise of `noise` times the action
+    space's half-width (clipped into the space), and records the expert's own action as the label. Without it an
+    expert that goes straight to its goal shows a cloned policy no state off that path, so the policy cannot come
+    back from one (panda-reach: docs/benchmarks.md)."""
     if episodes < 1 or max_steps < 1:
         raise ValueError(f"demonstrations need at least 1 episode of at least 1 step, got {episodes} of {max_steps}")
+    if not (np.isfinite(noise) and noise >= 0):
+        raise ValueError(f"demonstration noise must be a finite number >= 0 (a fraction of the action space's "
+                         f"half-width), got {noise}")
     refuse_to_overwrite(folder)
     env = make_env(env_name, env_kwargs, instruction)
     records, successes = [], 0
@@ -288,13 +298,17 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
         for episode in range(episodes):
             observation, task = env.reset(seed + episode)
             act = expert(env_name, env_kwargs)  # one per episode: PushT's remembers the push it is making
+            perturb = np.random.default_rng([seed + episode])  # each episode's noise its own: it repeats alone
             frames, states, actions = [], [], []
             for _ in range(max_steps):
-                action = act(env.info)
+                action = np.asarray(act(env.info), dtype=np.float64)
                 frames.append([np.asarray(image) for image in observation.images])
                 states.append(observation.state)
-                actions.append(np.asarray(action, dtype=np.float32))
-                transition = env.step(np.asarray(action, dtype=np.float64), f"demonstration {episode}")
+                actions.append(action.astype(np.float32))
+                if noise:
+                    half = (env.high - env.low) / 2
+                    action = np.clip(action + noise * half * perturb.standard_normal(action.shape), env.low, env.high)
+                transition = env.step(action, f"demonstration {episode}")
                 observation = transition.observation
                 if transition.success or transition.done:
                     successes += transition.success

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,6 +17,7 @@ from oxrl.cli import main
 from oxrl.config.load import load_config
 from oxrl.evaluation.run import EvalRequest, evaluate_models
 from oxrl.runner import run
+from oxrl.vla.build import record_demonstrations
 from oxrl.vla.lerobot import read_dataset
 from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -150,6 +152,36 @@ def test_the_bundled_demonstrations_are_what_oxrl_demos_records(tmp_path):
             assert list(a.images["observation.image"].getdata()) == list(b.images["observation.image"].getdata())
 
 
+def test_noisy_demonstrations_leave_the_experts_path_and_record_the_way_back(tmp_path):
+    """`oxrl demos --noise`: the executed actions are perturbed, the recorded ones are still the expert's own for the
+    state each frame shows, so the states leave the noiseless path; the noise repeats; bad noise is refused first."""
+    from oxrl.vla.envs import ReachEnv
+
+    assert main(["demos", "reach", "--episodes", "8", "--noise", "0.5", "--out", str(tmp_path / "noisy")]) == 0
+    noisy = read_dataset(tmp_path / "noisy")
+    clean = read_dataset(record_demonstrations("reach", 8, tmp_path / "clean")[0])
+    speed = ReachEnv().speed
+    off_path = 0
+    for episode in noisy.episodes:
+        corner = np.array(ReachEnv.CORNERS[episode.task.removeprefix("move the red dot to the ")[: -len(" corner")]])
+        for frame, following in zip(episode.frames, episode.frames[1:] + [None]):
+            assert np.allclose(frame.action, np.clip((corner - frame.state) / speed, -1, 1), atol=1e-6)  # the label
+            if following is not None:  # the step executed was not the label
+                stepped = np.clip(frame.state + speed * frame.action, 0, 1)
+                off_path += not np.allclose(following.state, stepped, atol=1e-6)
+    assert off_path >= 3, off_path  # (a step whose noise points past a saturated action is clipped back onto it)
+    for episode in clean.episodes:  # without noise every step is its label
+        for frame, following in zip(episode.frames, episode.frames[1:]):
+            assert np.allclose(following.state, np.clip(frame.state + speed * frame.action, 0, 1), atol=1e-6)
+    assert [e.frames[0].state.tolist() for e in noisy.episodes] == [e.frames[0].state.tolist() for e in clean.episodes]
+    again = read_dataset(record_demonstrations("reach", 8, tmp_path / "again", noise=0.5)[0])
+    assert [[f.state.tolist() for f in e.frames] for e in again.episodes] == \
+        [[f.state.tolist() for f in e.frames] for e in noisy.episodes]
+    with pytest.raises(ValueError, match="demonstration noise must be a finite number >= 0.*got -0.1"):
+        record_demonstrations("reach", 1, tmp_path / "refused", noise=-0.1)
+    assert not (tmp_path / "refused").exists()
+
+
 def test_the_bins_come_from_the_environment_or_the_demonstrations(smollm2_tokenizer):
     import numpy as np
 
@@ -214,7 +246,7 @@ def test_the_state_bins_come_from_the_demonstrations_and_ride_with_the_model(smo
     import oxrl.vla.build
     from oxrl.config.schema import VLAConfig
     from oxrl.vla.action_tokens import StateBins
-    from oxrl.vla.build import action_tokenizer, load_action_tokens, record_demonstrations, save_action_tokens, state_bins
+    from oxrl.vla.build import action_tokenizer, load_action_tokens, save_action_tokens, state_bins
     from oxrl.vla.episodes import Prompter
 
     folder = Path(__file__).resolve().parents[2] / "examples" / "data" / "reach_demos"
