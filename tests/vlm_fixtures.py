@@ -81,9 +81,10 @@ def _special_ids(tokenizer) -> dict:
                 bos_token_id=tokenizer.bos_token_id)
 
 
-def tiny_qwen2_vl(tokenizer, width: str = "tiny", seed: int = 0):
+def tiny_qwen2_vl(tokenizer, width: str = "tiny", seed: int = 0, digits: Path | None = None):
     """A 2-layer Qwen2-VL (2-layer vision tower, 14-pixel patches merged 2x2) and its processor: (model, processor).
-    A 56x56 image becomes 16 patches and 4 image tokens."""
+    A 56x56 image becomes 16 patches and 4 image tokens. With `digits` (a SmolLM2 GGUF file) its digit tokens'
+    embeddings take that pretrained model's geometry (`pretrained_digits`)."""
     tokenizer = _copy(tokenizer)
     ids = _token_ids(tokenizer, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
     image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
@@ -102,7 +103,38 @@ def tiny_qwen2_vl(tokenizer, width: str = "tiny", seed: int = 0):
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         **_special_ids(tokenizer))
     torch.manual_seed(seed)
-    return Qwen2VLForConditionalGeneration(config), processor
+    model = Qwen2VLForConditionalGeneration(config)
+    if digits is not None:
+        pretrained_digits(model, tokenizer, digits, seed)
+    return model, processor
+
+
+def pretrained_digits(model, tokenizer, gguf: Path, seed: int = 0) -> None:
+    """Give the random `model`'s digit tokens "0".."9" the geometry of a pretrained model's embeddings of them, read
+    from the GGUF file `gguf` (SmolLM2-135M's is ordered: its first principal component follows the digits' values):
+    those 10 embeddings, centred, placed by a random rotation into this model's width around the random rows' mean,
+    scaled to the random rows' mean pairwise distance. What a prompt's numbers mean to a pretrained backbone and not
+    to a random one, with nothing else of the pretrained model."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    ids = [tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)]
+    (tensor,) = [t for t in GGUFReader(str(gguf)).tensors if t.name == "token_embd.weight"]
+    pretrained = torch.tensor(dequantize(tensor.data, tensor.tensor_type)[ids], dtype=torch.float64)
+    centred = pretrained - pretrained.mean(0)
+    u, s, _ = torch.linalg.svd(centred, full_matrices=False)
+    coordinates = u * s  # [10, 10]: the same pairwise distances, in 10 numbers each
+    weight = model.get_input_embeddings().weight
+    if weight.shape[1] < coordinates.shape[1]:
+        raise ValueError(f"pretrained_digits needs a width of at least 10, got {weight.shape[1]}")
+    generator = torch.Generator().manual_seed(seed)
+    rotation, _ = torch.linalg.qr(torch.randn(weight.shape[1], coordinates.shape[1], dtype=torch.float64,
+                                              generator=generator))  # [width, 10], orthonormal columns
+    placed = coordinates @ rotation.T
+    random_rows = weight.detach()[ids].double()
+    scale = torch.pdist(random_rows).mean() / torch.pdist(placed).mean()
+    with torch.no_grad():
+        weight[ids] = (random_rows.mean(0) + scale * placed).to(weight.dtype)
 
 
 def tiny_idefics3(tokenizer, width: str = "tiny", seed: int = 0):
@@ -120,8 +152,8 @@ def tiny_idefics3(tokenizer, width: str = "tiny", seed: int = 0):
     return Idefics3ForConditionalGeneration(config), processor
 
 
-def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0, width: str = "tiny") -> Path:
-    return _save(*tiny_qwen2_vl(tokenizer, width=width, seed=seed), folder)
+def save_tiny_qwen2_vl(folder: Path, tokenizer, seed: int = 0, width: str = "tiny", digits: Path | None = None) -> Path:
+    return _save(*tiny_qwen2_vl(tokenizer, width=width, seed=seed, digits=digits), folder)
 
 
 def save_tiny_idefics3(folder: Path, tokenizer, seed: int = 0) -> Path:

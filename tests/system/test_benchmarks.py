@@ -278,7 +278,8 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     anchor = ["--lerobot-python", python] if python.is_file() else []
     output = run_script("vla_simulators.py", "panda-push", "--out", tmp_path / "vla", "--demos", 2, "--sft-steps", 1,
                         "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model,
-                        "--seeds", 0, 1, "--state-bins", 10, "--reward", "success", "--grpo-lr", 1e-3, *anchor)
+                        "--seeds", 0, 1, "--state-bins", 10, "--reward", "success", "--grpo-lr", 1e-3,
+                        "--execute", 1, "--digits", "smollm2", *anchor)
     result = json.loads(output.strip().splitlines()[-1])  # the script's results: one JSON line
     runs, summary = result["seeds"], result["summary"]
     stages = ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins",
@@ -287,7 +288,18 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     assert runs["0"]["scripted_expert"] == runs["1"]["scripted_expert"]  # one demonstrator, one set of states
     grpo = yaml.safe_load((tmp_path / "vla" / "seed-1" / "grpo.yaml").read_text())  # the GRPO settings asked for
     assert grpo["run"]["seed"] == 1 and grpo["train"]["optim"]["lr"] == 1e-3
-    assert grpo["vla"]["reward"] == "success" and grpo["vla"]["state_bins"] == 10
+    assert grpo["vla"]["reward"] == "success" and grpo["vla"]["state_bins"] == 10 and grpo["vla"]["execute"] == 1
+    # --digits smollm2: the policy started from the random one but for its 10 digit tokens' embeddings
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from tests.vlm_fixtures import tiny_qwen2_vl
+
+    random, _ = tiny_qwen2_vl(AutoTokenizer.from_pretrained(model), width="vllm", seed=1)
+    saved = load_file(tmp_path / "vla" / "seed-1" / "model" / "model.safetensors")
+    (embedding,) = [saved[name] for name in saved if name.endswith("embed_tokens.weight")]
+    changed = (embedding != random.get_input_embeddings().weight.detach()).any(dim=1).nonzero().flatten().tolist()
+    assert len(changed) == 10 and AutoTokenizer.from_pretrained(model).convert_ids_to_tokens(changed) == list("0123456789")
     for stage in stages:  # the summary is the seeds' mean
         for key in set(summary[stage]) & {"success", "score", "model"}:
             assert summary[stage][key] == pytest.approx((runs["0"][stage][key] + runs["1"][stage][key]) / 2), stage
