@@ -74,19 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     from oxrl.config.names import ROBOT_ENVIRONMENTS  # names only: no torch
 
     demos = sub.add_parser("demos", help="record a built-in simulator's scripted demonstrations (a LeRobot dataset)",
-                           description="Record EPISODES demonstrations of a built-in environment's scripted expert, "
-                           "from reset seeds SEED, SEED + 1, ..., as a LeRobot dataset folder (parquet + PNG frames) "
-                           "that `sft` with a `vla` section trains on (docs/vla.md).")
+                           description="Record EPISODES demonstrations of a built-in environment's scripted expert, from "
+                           "reset seeds SEED, SEED + 1, ..., as a LeRobot dataset folder for `sft` (docs/vla.md).")
     demos.add_argument("env", choices=list(ROBOT_ENVIRONMENTS), help="the environment")
     demos.add_argument("--out", required=True, metavar="DIR", help="the dataset folder to create (must not exist)")
     demos.add_argument("--episodes", type=int, default=64, help="demonstrations to record (default 64)")
     demos.add_argument("--seed", type=int, default=0, help="the first reset seed (default 0)")
     demos.add_argument("--max-steps", type=int, default=64, help="actions per demonstration at most (default 64)")
     demos.add_argument("--env-kwargs", metavar="JSON", help="the environment's keyword arguments, as in vla.env_kwargs")
-    demos.add_argument("--noise", type=float, default=0.0, metavar="FRACTION",
-                       help="execute each action with Gaussian noise of FRACTION of the action space's half-width, "
-                       "recording the expert's own action (DART): states off the expert's path, with the way back "
-                       "(default 0)")
+    demos.add_argument("--noise", type=float, default=0.0, help="DART: noise on executed actions (x half their range)")
     demos.set_defaults(func=_elsewhere("demos"))
     return parser
 
