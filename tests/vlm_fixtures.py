@@ -115,12 +115,8 @@ def pretrained_digits(model, tokenizer, gguf: Path, seed: int = 0) -> None:
     those 10 embeddings, centred, placed by a random rotation into this model's width around the random rows' mean,
     scaled to the random rows' mean pairwise distance. What a prompt's numbers mean to a pretrained backbone and not
     to a random one, with nothing else of the pretrained model."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
     ids = [tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)]
-    (tensor,) = [t for t in GGUFReader(str(gguf)).tensors if t.name == "token_embd.weight"]
-    pretrained = torch.tensor(dequantize(tensor.data, tensor.tensor_type)[ids], dtype=torch.float64)
+    pretrained = gguf_embeddings(gguf, ids)
     centred = pretrained - pretrained.mean(0)
     u, s, _ = torch.linalg.svd(centred, full_matrices=False)
     coordinates = u * s  # [10, 10]: the same pairwise distances, in 10 numbers each
@@ -135,6 +131,15 @@ def pretrained_digits(model, tokenizer, gguf: Path, seed: int = 0) -> None:
     scale = torch.pdist(random_rows).mean() / torch.pdist(placed).mean()
     with torch.no_grad():
         weight[ids] = (random_rows.mean(0) + scale * placed).to(weight.dtype)
+
+
+def gguf_embeddings(gguf: Path, ids: list[int]) -> torch.Tensor:
+    """The token embeddings of `ids` [len(ids), width] stored in the GGUF file `gguf`, dequantised, in float64."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    (tensor,) = [t for t in GGUFReader(str(gguf)).tensors if t.name == "token_embd.weight"]
+    return torch.tensor(dequantize(tensor.data, tensor.tensor_type)[ids], dtype=torch.float64)
 
 
 def tiny_idefics3(tokenizer, width: str = "tiny", seed: int = 0):

@@ -299,6 +299,7 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
             observation, task = env.reset(seed + episode)
             act = expert(env_name, env_kwargs)  # one per episode: PushT's remembers the push it is making
             perturb = np.random.default_rng([seed + episode])  # each episode's noise its own: it repeats alone
+            spread = noise * (env.high - env.low) / 2
             frames, states, actions = [], [], []
             for _ in range(max_steps):
                 action = np.asarray(act(env.info), dtype=np.float64)
@@ -306,8 +307,7 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
                 states.append(observation.state)
                 actions.append(action.astype(np.float32))
                 if noise:
-                    half = (env.high - env.low) / 2
-                    action = np.clip(action + noise * half * perturb.standard_normal(action.shape), env.low, env.high)
+                    action = np.clip(action + spread * perturb.standard_normal(action.shape), env.low, env.high)
                 transition = env.step(action, f"demonstration {episode}")
                 observation = transition.observation
                 if transition.success or transition.done:

@@ -295,11 +295,12 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
 
     from tests.vlm_fixtures import tiny_qwen2_vl
 
-    random, _ = tiny_qwen2_vl(AutoTokenizer.from_pretrained(model), width="vllm", seed=1)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    random, _ = tiny_qwen2_vl(tokenizer, width="vllm", seed=1)
     saved = load_file(tmp_path / "vla" / "seed-1" / "model" / "model.safetensors")
     (embedding,) = [saved[name] for name in saved if name.endswith("embed_tokens.weight")]
     changed = (embedding != random.get_input_embeddings().weight.detach()).any(dim=1).nonzero().flatten().tolist()
-    assert len(changed) == 10 and AutoTokenizer.from_pretrained(model).convert_ids_to_tokens(changed) == list("0123456789")
+    assert tokenizer.convert_ids_to_tokens(changed) == list("0123456789")
     for stage in stages:  # the summary is the seeds' mean
         for key in set(summary[stage]) & {"success", "score", "model"}:
             assert summary[stage][key] == pytest.approx((runs["0"][stage][key] + runs["1"][stage][key]) / 2), stage

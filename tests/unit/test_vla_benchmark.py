@@ -1,4 +1,5 @@
-"""benchmarks/vla_simulators.py's first-action diagnostic, against bins counted by hand."""
+"""benchmarks/vla_simulators.py's first-action diagnostic, against bins counted by hand, and its `--digits smollm2`
+policy (tests/vlm_fixtures.py's `pretrained_digits`)."""
 
 import numpy as np
 import pytest
@@ -19,11 +20,9 @@ def test_the_first_action_is_scored_in_bins_against_the_median_and_the_agents_ow
 
 def test_pretrained_digits_gives_the_random_policys_digit_tokens_smollm2s_geometry_and_nothing_else(smollm2_tokenizer):
     import torch
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     from tests.conftest import bundled_gguf
-    from tests.vlm_fixtures import tiny_qwen2_vl
+    from tests.vlm_fixtures import gguf_embeddings, tiny_qwen2_vl
 
     gguf = bundled_gguf()
     random, _ = tiny_qwen2_vl(smollm2_tokenizer, width="vllm", seed=3)
@@ -31,9 +30,7 @@ def test_pretrained_digits_gives_the_random_policys_digit_tokens_smollm2s_geomet
     before, after = random.get_input_embeddings().weight.detach(), transplanted.get_input_embeddings().weight.detach()
     digits = [smollm2_tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)]
     assert (before != after).any(dim=1).nonzero().flatten().tolist() == digits  # those 10 rows, no other
-    (tensor,) = [t for t in GGUFReader(str(gguf)).tensors if t.name == "token_embd.weight"]
-    pretrained = torch.tensor(dequantize(tensor.data, tensor.tensor_type)[digits], dtype=torch.float64)
-    ratio = torch.pdist(after[digits].double()) / torch.pdist(pretrained)
+    ratio = torch.pdist(after[digits].double()) / torch.pdist(gguf_embeddings(gguf, digits))
     assert torch.allclose(ratio, ratio.mean(), rtol=1e-4)  # every distance scaled alike: the same geometry
     assert torch.pdist(after[digits]).mean() == pytest.approx(torch.pdist(before[digits]).mean().item(), rel=1e-5)
     assert torch.allclose(after[digits].mean(0), before[digits].mean(0), atol=1e-6)  # around the random rows' mean
