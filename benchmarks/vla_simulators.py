@@ -210,7 +210,7 @@ def main() -> None:
     else:
         tokenizer = smollm2_tokenizer.__wrapped__()
     vla = {**VLA[args.env], "reward": args.reward, **({"max_chunks": args.max_chunks} if args.max_chunks else {}),
-           **({"execute": args.execute} if args.execute else {}),
+           **({"execute": args.execute} if args.execute is not None else {}),
            **({"env_kwargs": args.env_kwargs} if args.env_kwargs else {})}
     started = time.perf_counter()
     demos, _ = record_demonstrations(args.env, args.demos, out / "demos", max_steps=vla["chunk"] * vla["max_chunks"],

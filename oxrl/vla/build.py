@@ -293,13 +293,13 @@ def record_demonstrations(env_name: str, episodes: int, folder: Path, *, seed: i
                          f"half-width), got {noise}")
     refuse_to_overwrite(folder)
     env = make_env(env_name, env_kwargs, instruction)
+    spread = noise * (env.high - env.low) / 2  # the noise's standard deviation in each action dimension
     records, successes = [], 0
     try:
         for episode in range(episodes):
             observation, task = env.reset(seed + episode)
             act = expert(env_name, env_kwargs)  # one per episode: PushT's remembers the push it is making
             perturb = np.random.default_rng([seed + episode])  # each episode's noise its own: it repeats alone
-            spread = noise * (env.high - env.low) / 2
             frames, states, actions = [], [], []
             for _ in range(max_steps):
                 action = np.asarray(act(env.info), dtype=np.float64)
