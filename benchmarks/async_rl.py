@@ -26,7 +26,8 @@ runs make the demo's 16 steps, the pipelined ones 24 (about what they make in th
 modelled from each run's own measured halves (`pipelined_minutes`: a trainer and a rollout worker on a device each),
 since on this 2-core machine runs that share the cores cannot be timed as they would run apart. `--jobs 2` runs two
 at a time with one thread each: accuracy does not depend on timing, and every run's halves are timed alike. It also
-prints the training reward by the policy version that sampled each step: progress per update, fresh or stale.
+prints the training reward by the policy version that sampled each step: progress per update, fresh or stale; the
+minutes each run took to first validate at each `--reach` accuracy; and the samples' token entropy by step.
 With `--out DIR` the runs stay in DIR, and a later invocation with the same DIR and overrides reads the finished runs
 there rather than running them again: more settings (`--k 1 --corrections tis mask`) or seeds join the tables and the
 plot of the first, and a killed invocation goes on where it stopped.
@@ -169,6 +170,7 @@ class Curve:
     accuracy: list[float]
     sampled_by: list[int] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
+    entropy: list[float | None] = field(default_factory=list)  # each trained step's samples' mean token entropy
 
     def reward_by_version(self, first: int, last: int) -> float | None:
         """The mean training reward of the steps sampled by versions first..last (None: no such step)."""
@@ -179,6 +181,10 @@ class Curve:
         """The last validation at or before `limit` minutes: (its step, its accuracy)."""
         index = max(i for i, t in enumerate(self.minutes) if t <= limit + 1e-9)
         return self.steps[index], self.accuracy[index]
+
+    def minutes_to(self, target: float) -> float | None:
+        """The minutes at the first validation at or above `target` accuracy (None: never reached)."""
+        return next((t for t, accuracy in zip(self.minutes, self.accuracy) if accuracy >= target), None)
 
 
 def setting_name(k: int, correction: str) -> str:
@@ -193,7 +199,7 @@ def curve_of(run_dir: Path, setting: str, seed: int, k: int) -> Curve:
     return Curve(setting, seed, [row["step"] for row in validated], [minutes[row["step"]] for row in validated],
                  [row["val/accuracy"] for row in validated],
                  [row["step"] - 1 - round(row.get("off_policy/version_lag", 0)) for row in trained],
-                 [row["reward/mean"] for row in trained])
+                 [row["reward/mean"] for row in trained], [row.get("entropy") for row in trained])
 
 
 def mean_of(values: list[float | None]) -> str:
@@ -219,7 +225,8 @@ def finished(out: Path, name: str, config: str) -> bool:
 
 
 def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, sync_steps: int, every: int,
-           jobs: int, overrides: list[str], plot: Path | None, out: Path | None = None) -> None:
+           jobs: int, overrides: list[str], plot: Path | None, out: Path | None = None,
+           reach: tuple[float, ...] = ()) -> None:
     """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`, the runs in
     `out` (a new temporary folder by default); the finished runs already there with the same configs are read again."""
     import os
@@ -286,6 +293,22 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
         print_table(table, title=f"held-out greedy accuracy at the wall-clock of the same seed's k = 0 run ({times} "
                                  f"min for {sync_steps} steps, a trainer and a rollout worker on a device each), the last "
                                  f"validation by then; {jobs} run(s) at a time on {os.cpu_count()} cores")
+    for target in reach:  # time to an accuracy: what pipelining buys where the settings end level
+        table = []
+        for setting, group in of.items():
+            reached = [run.minutes_to(target) for run in group]
+            table.append({"setting": setting,
+                          "minutes, per seed": ", ".join("-" if t is None else f"{t:.1f}" for t in reached),
+                          "mean of those reached": mean_of(reached)})
+        print_table(table, title=f"minutes to the first validation at {100 * target:g}% held-out accuracy or more "
+                                 "(a trainer and a rollout worker on a device each; -: not reached)")
+    # the samples' mean token entropy by step: near 0, most groups answer alike and carry no advantage
+    blocks = [(first, min(first + every - 1, steps)) for first in range(1, steps + 1, every)]
+    print_table([{"setting": setting, **{f"steps {a}..{b}": mean_of([value for run in group
+                                                                     for step, value in enumerate(run.entropy, start=1)
+                                                                     if a <= step <= b])
+                                         for a, b in blocks}} for setting, group in of.items()],
+                title="the samples' mean token entropy (`entropy`) by step, mean over the seeds' steps")
     if plot is not None:
         draw_curves(of, plot, overrides)
         print(f"\nplot: {plot}")
@@ -342,6 +365,8 @@ def main() -> None:
     learnt.add_argument("--every", type=int, default=4, help="validate every this many steps (greedy: draws nothing)")
     learnt.add_argument("--jobs", type=int, default=1, help="runs at a time (each with one thread when > 1)")
     learnt.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG")
+    learnt.add_argument("--reach", type=float, nargs="+", default=[0.5, 0.6],
+                        help="held-out accuracies (fractions) whose time to reach is tabled per run")
     learnt.add_argument("--out", type=Path, default=None,
                         help="the runs' folder (default: a new temporary one); its finished runs of the same configs "
                              "are read, not run again: a second invocation adds seeds or settings to a first's")
@@ -355,11 +380,13 @@ def main() -> None:
     elif args.what == "workers":
         several_workers(args.steps, args.workers, args.overrides)
     else:
+        if not all(0 < target <= 1 for target in args.reach):
+            parser.error(f"--reach takes accuracies as fractions in (0, 1], got {args.reach}")
         if args.steps % args.every or args.sync_steps % args.every:
             parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
                          f"({args.every}): every run validates at the same steps")
         curves(args.seeds, args.k, args.corrections, args.steps, args.sync_steps, args.every, args.jobs, args.overrides,
-               args.plot, args.out)
+               args.plot, args.out, args.reach)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,11 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     assert by_version.rows[0]["versions 2..2"] == "-" and 0 <= float(by_version.rows[1]["versions 2..2"]) <= 1
     at_time = table(output, "held-out greedy accuracy at the wall-clock of the same seed's k = 0 run")
     assert at_time.column("steps done")[0] == "2"  # k = 0's own last step; k = 1's is whatever it reached by then
+    to_half = table(output, "minutes to the first validation at 50% held-out accuracy or more")
+    assert to_half.column("setting") == ["k = 0", "k = 1, decoupled"] and len(to_half.rows[0]["minutes, per seed"]) > 0
+    entropy = table(output, "the samples' mean token entropy (`entropy`) by step")
+    assert entropy.columns == ["setting", "steps 1..2", "steps 3..4"] and entropy.rows[0]["steps 3..4"] == "-"
+    assert float(entropy.rows[1]["steps 3..4"]) > 0
     assert plot.stat().st_size > 10_000
     again = run_script("async_rl.py", *curves, "--k", 0)  # the finished k = 0 run is read, not run again
     assert f"read again from {runs}: 1 finished run(s)" in again

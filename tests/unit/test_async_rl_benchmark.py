@@ -48,10 +48,11 @@ def test_each_trained_step_is_credited_to_the_version_that_sampled_it(tmp_path):
     rows = [{"step": 0, "val/accuracy": 0.25}]
     rows += [{"step": s, "reward/mean": r, "time/generate": 2, "time/train": 3, "off_policy/version_lag": lag}
              for s, r, lag in ((1, 0.2, 0.0), (2, 0.4, 1.0), (3, 0.9, 1.0))]
+    rows[1]["entropy"], rows[3]["entropy"] = 0.8, 0.3  # (step 2 logged none)
     rows[-1]["val/accuracy"] = 0.5
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     curve = curve_of(tmp_path, "k = 1, decoupled", 0, k=1)
-    assert curve.sampled_by == [0, 0, 1] and curve.reward == [0.2, 0.4, 0.9]
+    assert curve.sampled_by == [0, 0, 1] and curve.reward == [0.2, 0.4, 0.9] and curve.entropy == [0.8, None, 0.3]
     assert curve.steps == [0, 3] and curve.accuracy == [0.25, 0.5] and curve.minutes == [0.0, 11 / 60]
     assert round(curve.reward_by_version(0, 0), 9) == 0.3 and curve.reward_by_version(1, 3) == 0.9
     assert curve.reward_by_version(2, 3) is None
@@ -66,3 +67,10 @@ def test_a_finished_run_of_the_same_config_is_read_again_and_one_of_another_is_r
     assert finished(tmp_path, "seed0_k1_tis", "a: 1\n")
     with pytest.raises(SystemExit, match="seed0_k1_tis holds a finished run of another config"):
         finished(tmp_path, "seed0_k1_tis", "a: 2\n")
+
+
+def test_the_time_to_an_accuracy_is_that_of_the_first_validation_reaching_it():
+    curve = Curve("k = 0", 0, [0, 8, 16, 24], [0.0, 3.0, 6.5, 9.0], [0.25, 0.6, 0.55, 0.7])
+    assert curve.minutes_to(0.6) == 3.0  # reached at step 8; the dip at 16 does not undo it
+    assert curve.minutes_to(0.65) == 9.0
+    assert curve.minutes_to(0.71) is None
