@@ -182,6 +182,11 @@ class Curve:
         index = max(i for i, t in enumerate(self.minutes) if t <= limit + 1e-9)
         return self.steps[index], self.accuracy[index]
 
+    def entropy_over(self, first: int, last: int) -> list[float]:
+        """The samples' mean token entropy of each trained step first..last that logged one (step 1 is entropy[0])."""
+        return [value for step, value in enumerate(self.entropy, start=1)
+                if first <= step <= last and value is not None]
+
     def minutes_to(self, target: float) -> float | None:
         """The minutes at the first validation at or above `target` accuracy (None: never reached)."""
         return next((t for t, accuracy in zip(self.minutes, self.accuracy) if accuracy >= target), None)
@@ -303,11 +308,10 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
         print_table(table, title=f"minutes to the first validation at {100 * target:g}% held-out accuracy or more "
                                  "(a trainer and a rollout worker on a device each; -: not reached)")
     # the samples' mean token entropy by step: near 0, most groups answer alike and carry no advantage
-    blocks = [(first, min(first + every - 1, steps)) for first in range(1, steps + 1, every)]
-    print_table([{"setting": setting, **{f"steps {a}..{b}": mean_of([value for run in group
-                                                                     for step, value in enumerate(run.entropy, start=1)
-                                                                     if a <= step <= b])
-                                         for a, b in blocks}} for setting, group in of.items()],
+    spans = [(first, min(first + every - 1, steps)) for first in range(1, steps + 1, every)]
+    print_table([{"setting": setting,
+                  **{f"steps {a}..{b}": mean_of([value for run in group for value in run.entropy_over(a, b)])
+                     for a, b in spans}} for setting, group in of.items()],
                 title="the samples' mean token entropy (`entropy`) by step, mean over the seeds' steps")
     if plot is not None:
         draw_curves(of, plot, overrides)

@@ -56,6 +56,7 @@ def test_each_trained_step_is_credited_to_the_version_that_sampled_it(tmp_path):
     assert curve.steps == [0, 3] and curve.accuracy == [0.25, 0.5] and curve.minutes == [0.0, 11 / 60]
     assert round(curve.reward_by_version(0, 0), 9) == 0.3 and curve.reward_by_version(1, 3) == 0.9
     assert curve.reward_by_version(2, 3) is None
+    assert curve.entropy_over(1, 2) == [0.8] and curve.entropy_over(2, 3) == [0.3] and curve.entropy_over(4, 9) == []
 
 
 def test_a_finished_run_of_the_same_config_is_read_again_and_one_of_another_is_refused(tmp_path):
