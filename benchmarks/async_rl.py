@@ -13,6 +13,11 @@ part the update did not hide at k >= 1) and the update with the weight sync (`ti
 (generate + train) / max(generate, train) from the k = 0 run. Every run takes the same prompts and seeds; from step 2
 on, k >= 1 trains on other (older) samples, so completion lengths, hence times, differ a little.
 
+`speed --interruptible` runs each k >= 1 a second time with `ray.interruptible` (oxrl/cluster/interruptible.py): the
+weight sync reaches the worker while it samples the step ahead rather than after it, and the tokens it samples after
+the sync are the new version's (`off_policy/fresher_tokens`: their share; `off_policy/token_version_lag`: the
+tokens' mean lag behind the version trained on them, against the step's scheduled lag k).
+
 `workers`: several rollout workers, each sampling a whole step of its own (`ray.rollout_split: steps`): for each N of
 `--workers`, N workers at rl.max_staleness max(1, N - 1) (so N steps can be in flight), against k = 0 with one worker.
 The ideal speed-up of N workers is (generate + train) / max(train, generate / N) from the k = 0 run, reached only
@@ -94,26 +99,34 @@ def ray_rows(configs: dict, cpus: int) -> dict:
         ray.shutdown()
 
 
-def speed(steps: int, ks: list[int], overrides: list[str]) -> None:
+def speed(steps: int, ks: list[int], overrides: list[str], interruptible: bool = False) -> None:
     out = Path(tempfile.mkdtemp(prefix="oxrl-async-speed-"))
-    # the trainer and the worker own a core each
-    rows = ray_rows({k: demo_config(out, f"k{k}", k, 0, steps, True, overrides) for k in ks}, cpus=2)
+    configs = {f"k = {k}": demo_config(out, f"k{k}", k, 0, steps, True, overrides) for k in ks}
+    if interruptible:  # each k >= 1 again with its sync reaching the worker mid-step (`ray.interruptible`)
+        for k in [k for k in ks if k]:
+            cfg = configs[f"k = {k}, interruptible"] = demo_config(out, f"k{k}i", k, 0, steps, True, overrides)
+            cfg["ray"]["interruptible"] = True
+    rows = ray_rows(configs, cpus=2)  # the trainer and the worker own a core each
     from benchmarks.common import print_table
 
-    per_minute = {k: 60 / statistics.mean(row["time/step"] for row in rows[k]) for k in ks}
-    table = [{"metric": key, **{f"k = {k}": summary(rows[k], key) for k in ks}}
+    per_minute = {key: 60 / statistics.mean(row["time/step"] for row in rows[key]) for key in rows}
+    table = [{"metric": key, **{name: summary(rows[name], key) for name in rows}}
              for key in ("time/step", "time/generate", "time/train", "time/weight_sync")]
-    table.append({"metric": "steps/min", **{f"k = {k}": f"{per_minute[k]:.3f}" for k in ks}})
+    for key in ("off_policy/fresher_tokens", "off_policy/token_version_lag"):  # (interruptible runs log them)
+        if any(key in row for group in rows.values() for row in group):
+            table.append({"metric": key, **{name: summary(rows[name], key, unit="") for name in rows}})
+    table.append({"metric": "steps/min", **{name: f"{per_minute[name]:.3f}" for name in rows}})
     print_table(table, title=f"demo GRPO step under Ray, 1 trainer + 1 rollout worker on a core each, {steps - 1} timed "
-                             "steps per k (mean, min..max)")
+                             "steps per setting (mean, min..max)")
     if 0 in ks:  # (the ideal needs the synchronous run's halves)
-        generate = statistics.mean(row["time/generate"] for row in rows[0])
-        train = statistics.mean(row["time/train"] for row in rows[0])
+        generate = statistics.mean(row["time/generate"] for row in rows["k = 0"])
+        train = statistics.mean(row["time/train"] for row in rows["k = 0"])
         ideal = (generate + train) / max(generate, train)
         print(f"\nideal speed-up (generate + train) / max(generate, train) at k = 0: {ideal:.2f}x")
-    for k in ks[1:]:
-        print(f"k = {k}: {per_minute[k] / per_minute[ks[0]]:.2f}x the steps per minute of k = {ks[0]}; version lag "
-              f"{sorted({row.get('off_policy/version_lag', 0.0) for row in rows[k]})}")
+    first = f"k = {ks[0]}"
+    for name in [name for name in rows if name != first]:
+        print(f"{name}: {per_minute[name] / per_minute[first]:.2f}x the steps per minute of {first}; version lag "
+              f"{sorted({row.get('off_policy/version_lag', 0.0) for row in rows[name]})}")
 
 
 def several_workers(steps: int, counts: list[int], overrides: list[str]) -> None:
@@ -356,6 +369,8 @@ def main() -> None:
     fast = sub.add_parser("speed")
     fast.add_argument("--steps", type=int, default=6, help="steps per k; the first is a warm-up")
     fast.add_argument("--k", type=int, nargs="+", default=[0, 1, 2])
+    fast.add_argument("--interruptible", action="store_true",
+                      help="also run each k >= 1 with ray.interruptible (syncs reach the worker mid-step)")
     several = sub.add_parser("workers")
     several.add_argument("--steps", type=int, default=6, help="steps per layout; the first is a warm-up")
     several.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
@@ -380,7 +395,7 @@ def main() -> None:
     if args.what in ("speed", "workers") and args.steps < 2:
         parser.error("--steps must be at least 2: the first is a warm-up")
     if args.what == "speed":
-        speed(args.steps, args.k, args.overrides)
+        speed(args.steps, args.k, args.overrides, args.interruptible)
     elif args.what == "workers":
         several_workers(args.steps, args.workers, args.overrides)
     else:

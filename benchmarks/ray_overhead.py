@@ -74,11 +74,11 @@ def run(out: Path, steps: int, launcher: str, overrides: list[str]) -> list[dict
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def summary(rows: list[dict], key: str) -> str:
+def summary(rows: list[dict], key: str, unit: str = " s") -> str:
     values = [row[key] for row in rows if key in row]
     if not values:
         return "-"
-    return f"{statistics.mean(values):.2f} s ({min(values):.2f}..{max(values):.2f})"
+    return f"{statistics.mean(values):.2f}{unit} ({min(values):.2f}..{max(values):.2f})"
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ def lower_half(prompt, completion, completion_ids):
 class StaleRolloutWorker(RolloutWorker):
     """Takes part in every broadcast but keeps its old weights: the probe must catch it."""
 
-    def receive_weights(self, specs, bucket_bytes, probe):
+    def receive_weights(self, specs, bucket_bytes, probe, version):
         for _ in self.channel.receive(specs, bucket_bytes):
             pass
         self.synced = True
@@ -26,11 +26,11 @@ class StaleRolloutWorker(RolloutWorker):
 class SlowRolloutWorker(RolloutWorker):
     """Samples after a pause: long enough to be killed with a request in flight."""
 
-    def generate(self, prompts, params, vision=None):
+    def generate(self, prompts, params, vision=None, version=0):
         import time
 
         time.sleep(5.0)
-        return super().generate(prompts, params, vision)
+        return super().generate(prompts, params, vision, version)
 
 
 def grpo_update_on_a_ray_rank(cfg, remote):
@@ -56,3 +56,20 @@ def run_rl_noting_nodes(cfg, remote):
     node_of = lambda actor: ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))  # noqa: E731
     return {"result": result, "trainer": ray.get_runtime_context().get_node_id(),
             "rollout": [node_of(actor) for actor in remote.rollout], "reward": [node_of(actor) for actor in remote.reward]}
+
+
+class SlowRoundsRolloutWorker(RolloutWorker):
+    """Pauses 0.5 s before each round of decoding after the first: a request of a few rounds lasts long enough for
+    a sync to land in it (`ray.interruptible`)."""
+
+    def __init__(self, cfg, index):
+        import time
+
+        super().__init__(cfg, index)
+        next_round = self.engine._next_round
+
+        def slowly(*args):
+            time.sleep(0.5)
+            return next_round(*args)
+
+        self.engine._next_round = slowly

@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 
+from oxrl.cluster.interruptible import ACTOR_OPTIONS
 from oxrl.cluster.placement import check_fits, placements, reserve
 from oxrl.cluster.remote_engine import RemoteWorkers, WorkerError
 from oxrl.cluster.workers import RewardWorker, RolloutWorker, TrainerWorker
@@ -118,9 +119,9 @@ def _attempt(ray, cfg: Config, entry, rebuilt: bool):
                     cfg.rl.rollout.engine, cfg.ray.reward.count, cfg.ray.layout, ray.cluster_resources(),
                     {group: _nodes_of(ray, pg) for group, pg in reserved.items()})
 
-        def start(cls, group: str, index: int, *args, restarts: int = 0):
+        def start(cls, group: str, index: int, *args, restarts: int = 0, **declared):
             bundle, cpus, gpus = by_group[group].workers[index]
-            actor = ray.remote(cls).options(
+            actor = (ray.remote(**declared)(cls) if declared else ray.remote(cls)).options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=restarts,
                 # Reward workers hold no state: Ray retries their calls itself. A rollout worker's retry
                 # needs the current weights first, which the trainer does (oxrl/cluster/remote_engine.py).
@@ -131,7 +132,8 @@ def _attempt(ray, cfg: Config, entry, rebuilt: bool):
             actors.append(actor)
             return actor
 
-        rollout = [start(RolloutWorker, "rollout", i, cfg, i, restarts=cfg.ray.max_restarts)
+        beside = ACTOR_OPTIONS if cfg.ray.interruptible else {}  # weights received while sampling
+        rollout = [start(RolloutWorker, "rollout", i, cfg, i, restarts=cfg.ray.max_restarts, **beside)
                    for i in range(cfg.ray.rollout.count)]
         reward = [start(RewardWorker, "reward", i, cfg, restarts=cfg.ray.max_restarts) for i in range(cfg.ray.reward.count)]
         _wait_started(ray, rollout, cfg.ray.call_timeout_s)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from oxrl.cluster.interruptible import WEIGHTS_GROUP
 from oxrl.cluster.weight_channel import (
     ROOT, GroupAddress, WeightChannel, channel_backend, free_port, node_address, specs_of,
 )
@@ -204,8 +205,12 @@ class RayRolloutEngine:
             outcome = _from_rank0(self.strategy, lambda: self._results(ticket, vision))
             if outcome is not None:
                 break
-            # A worker was restarted: the request's weights go to its group again (`_start`), and it is sampled again.
-            if version == self.syncs and version not in self.kept:
+            # A worker was restarted: the request's weights go to its group again (`_start`), and it is sampled again
+            # (interruptible: from the live weights, `_send`; its tokens only get fresher).
+            if self.settings.interruptible:
+                logger.warning("rollout request %d is sampled again from the live weights (version %d; it was submitted "
+                               "under %d): under ray.interruptible its tokens only get fresher", ticket, self.syncs, version)
+            elif version == self.syncs and version not in self.kept:
                 self.sync_weights(self.model)  # the live weights are the request's: every rank takes part in the gather
                 version = self.syncs
                 self.requests[ticket] = (*self.requests[ticket][:3], version)
@@ -222,8 +227,10 @@ class RayRolloutEngine:
         return outcome
 
     def _forget_versions(self) -> None:
-        """Only the current version and those of requests in flight stay kept."""
-        needed = {self.syncs} | {request[3] for request in self.requests.values()}
+        """Only the current version and those of requests in flight stay kept (interruptible: the current one, which
+        a lost request is sampled again from)."""
+        needed = {self.syncs} | ({request[3] for request in self.requests.values()}
+                                 if not self.settings.interruptible else set())
         for version in [v for v in self.kept if v not in needed]:
             del self.kept[version]
         self.counted &= {ref for _, ref in self._in_flight()}
@@ -247,13 +254,14 @@ class RayRolloutEngine:
             busy[g] += 1
         g = min(range(len(self.groups)), key=lambda i: (busy[i], self.groups[i].last_ticket))
         group = self.groups[g]
-        gap = self._push_version(g, version) if group.held != version else None
+        weights = self.syncs if self.settings.interruptible else version  # (interruptible: the live ones, `collect`)
+        gap = self._push_version(g, weights) if group.held != weights else None
         parts = slices(len(prompts), len(group.members))
         refs = []
         for worker, part in zip(group.members, parts):
             seeded = replace(params, seed=None if params.seed is None else params.seed + part.start)
             refs.append(self.workers.rollout[worker].generate.remote([prompts[i] for i in part], seeded,
-                                                                    [vision[i] for i in part]))
+                                                                    [vision[i] for i in part], version))
         self.pending[ticket] = (g, parts, refs)
         group.last_ticket = ticket
         return gap
@@ -348,20 +356,24 @@ class RayRolloutEngine:
 
     def _push_state(self, g: int, version: int, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float:
         """Rank 0: `state` broadcast to group g and verified, again after a member's restart; the largest probe gap."""
-        while (gap := self._push(self.groups[g], without_value_head(state), trainer_probe)) is None:
+        while (gap := self._push(self.groups[g], without_value_head(state), trainer_probe, version)) is None:
             pass
         self.groups[g].held = version
         return gap
 
-    def _push(self, group: WeightGroup, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor) -> float | None:
+    def _push(self, group: WeightGroup, state: dict[str, torch.Tensor], trainer_probe: torch.Tensor,
+              version: int) -> float | None:
         """Broadcast to the group's workers and compare probes; None when a restarted worker needs the push again."""
         settings = self.settings
         self._note_deaths_ahead(group)
         specs = specs_of(state)
         bucket_bytes = int(settings.sync_bucket_mb * 2**20)
+        # `ray.interruptible`: the workers take it beside the request they are sampling (oxrl/cluster/interruptible.py)
+        beside = {"concurrency_group": WEIGHTS_GROUP} if settings.interruptible else {}
         try:
             self._connect(group)
-            refs = [self.workers.rollout[i].receive_weights.remote(specs, bucket_bytes, self.probe)
+            refs = [self.workers.rollout[i].receive_weights.options(**beside).remote(specs, bucket_bytes, self.probe,
+                                                                                     version)
                     for i in group.members]
             try:
                 group.channel.send(state, specs, bucket_bytes)

@@ -65,6 +65,7 @@ class RolloutWorker:
 
         _worker_logging()
         self.index = index
+        self.inbox = None  # `ray.interruptible`: where received weights wait for the sampling thread
         rollout = cfg.rl.rollout
         device = torch.device("cpu") if rollout.engine == "vllm" else _device()  # vLLM holds its own GPU copy
         self.tokenizer = load_tokenizer(cfg.model)
@@ -84,8 +85,15 @@ class RolloutWorker:
             from oxrl.models.precision import autocast_for
 
             # The trainers' precision, so the log-probs it reports are of the numbers they recompute.
-            self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size,
-                                   autocast=autocast_for(cfg.train.mixed_precision, device.type))
+            precision = autocast_for(cfg.train.mixed_precision, device.type)
+            if cfg.ray.interruptible:  # new weights reach it while it samples (oxrl/cluster/interruptible.py)
+                from oxrl.cluster.interruptible import InterruptibleEngine, WeightInbox
+
+                self.inbox = WeightInbox(self.model, lambda ids: self.engine.probe_logprobs(ids))
+                self.engine = InterruptibleEngine(self.model, self.tokenizer, rollout.max_batch_size, autocast=precision,
+                                                  inbox=self.inbox)
+            else:
+                self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size, autocast=precision)
         self.channel: WeightChannel | None = None
         self.joined = self.synced = False  # a restarted worker is neither: it must not sample its initial weights
 
@@ -106,9 +114,10 @@ class RolloutWorker:
         self.joined = True
 
     @torch.no_grad()
-    def receive_weights(self, specs: list[TensorSpec], bucket_bytes: int, probe: list[int]) -> list[float]:
-        """Take the broadcast weights (into vLLM, or into this worker's model) and return the probe's log-probs
-        under what the engine now samples from."""
+    def receive_weights(self, specs: list[TensorSpec], bucket_bytes: int, probe: list[int], version: int) -> list[float]:
+        """Take the broadcast weights of `version` (into vLLM, or into this worker's model) and return the probe's
+        log-probs under what the engine now samples from. `ray.interruptible`: this runs beside a request being
+        sampled, which takes the weights at its next round (`WeightInbox`)."""
         if not self.joined:
             raise NoWeightsError(f"rollout worker {self.index} was restarted and has not joined the weight group")
         if self.into_vllm:
@@ -119,19 +128,28 @@ class RolloutWorker:
         unknown = sorted({s.name for s in specs} - set(own))
         if unknown:
             raise KeyError(f"rollout worker {self.index}: the trainer sent weights this model does not have: {unknown[:5]}")
+        if self.inbox is not None:  # (each bucket is a buffer of its own: the views hold the second copy)
+            probed = self.inbox.deliver(dict(self.channel.receive(specs, bucket_bytes)), version, probe)
+            self.synced = True
+            return probed
         for name, tensor in self.channel.receive(specs, bucket_bytes):
             own[name].copy_(tensor)
         self.synced = True
         return self.engine.probe_logprobs(probe).tolist()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, vision=None) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, vision=None, version: int = 0) -> list[Completion]:
+        """The completions of a request submitted under weights `version` (the trainer's count of syncs): under
+        `ray.interruptible` each token's `newer_by` counts the syncs it came after."""
         if not self.synced:
             raise NoWeightsError(f"rollout worker {self.index} was restarted and holds no weights of the trainer yet")
         if params.seed is not None:  # the hf engine samples from torch's RNG: seed it for the call
             random.seed(params.seed)
             np.random.seed(params.seed % 2**32)
             torch.manual_seed(params.seed)
-        completions = self.engine.generate(prompts, params, vision)
+        if self.inbox is not None:
+            completions = self.engine.generate(prompts, params, vision, since=version)
+        else:
+            completions = self.engine.generate(prompts, params, vision)
         self.engine.offload()
         return [replace(c, vision=None) for c in completions]  # the driver holds each prompt's images
 

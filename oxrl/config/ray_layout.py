@@ -27,6 +27,10 @@ def check_ray_layout(cfg) -> None:
         raise ValueError(f"ray.rollout_split `steps` with rl.max_staleness {k}: at most {k + 1} steps are sampled at "
                          f"once, so {ray.rollout.count - k - 1} of the ray.rollout.count = {ray.rollout.count} workers "
                          f"would sit idle: lower the count to {k + 1} or raise rl.max_staleness")
+    if ray.interruptible and (k < 1 or ray.rollout_split != "prompts" or cfg.rl.rollout.engine != "hf"):
+        raise ValueError(f"ray.interruptible hands new weights to rollout workers sampling a step ahead: it needs "
+                         f"rl.max_staleness >= 1 (it is {k}), ray.rollout_split `prompts` (it is "
+                         f"`{ray.rollout_split}`) and rl.rollout.engine `hf` (it is `{cfg.rl.rollout.engine}`)")
     if cfg.rl.env is not None:
         raise ValueError("rl.env (multi-turn episodes) runs with run.launcher local for now: under `ray` every "
                          "trainer rank would step the environment")

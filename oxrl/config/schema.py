@@ -927,6 +927,12 @@ class RayConfig(Section):
     most rl.max_staleness + 1 steps are in flight, so up to that many workers are of use. Any worker samples a step
     alike (seeded by the run's seed and the step), so a run repeats whatever the number of workers, and equals the
     `prompts` run with one worker."""
+    interruptible: bool = False
+    """Interruptible generation (needs rl.max_staleness >= 1, `prompts` and the `hf` engine): a weight sync reaches the
+    rollout workers while they sample a step ahead, instead of waiting for it; each takes the new weights at its next
+    round of decoding (8 tokens), recomputes its rows' KV cache under them and goes on. Every token keeps the version
+    that sampled it and its log-prob under that version, which the off-policy correction divides by. Tokens are only
+    fresher than the schedule's version; a run no longer repeats exactly (where a sync lands depends on timing)."""
     reward: WorkerGroupConfig = Field(default_factory=lambda: WorkerGroupConfig(count=0))
     """Reward workers (CPU): the step's completions are scored in parallel there; 0 scores them on trainer rank 0."""
     max_restarts: int = Field(1, ge=0)
@@ -1156,9 +1162,7 @@ class Config(Section):
         (oxrl/config/rl_presets.py). A field validator, not a model validator: it sees `algorithm` (validated
         before `rl`) and also runs when `rl` is assigned, before the model validators read the resolved values."""
         algorithm = info.data.get("algorithm")  # absent when it failed its own validation
-        if algorithm is None or algorithm.name not in RL_ALGORITHMS:
-            return rl
-        return resolve(algorithm.name, rl)
+        return resolve(algorithm.name, rl) if algorithm is not None and algorithm.name in RL_ALGORITHMS else rl
 
     @model_validator(mode="after")
     def _every_setting_set_is_read(self) -> "Config":

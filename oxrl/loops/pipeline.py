@@ -32,6 +32,17 @@ from oxrl.models.model_inputs import hf_config
 from oxrl.training.checkpoint import rank_state_name
 
 
+def fresher_tokens(rollout: Rollout, step: int) -> dict[str, float]:
+    """Interruptible generation (`Completion.newer_by`, oxrl/cluster/interruptible.py): the share of the step's sampled
+    tokens that a newer version than its scheduled one sampled, and the tokens' mean lag behind version `step`, which
+    trains on them (the step's `off_policy/version_lag` is its scheduled version's)."""
+    newer = [n for c in rollout.completions for n in c.newer_by or ()]
+    if not newer:
+        return {}
+    return {"off_policy/fresher_tokens": sum(n > 0 for n in newer) / len(newer),
+            "off_policy/token_version_lag": step - rollout.version - sum(newer) / len(newer)}
+
+
 class RolloutPipeline:
     """The steps sampled ahead of the update, each by the version the schedule names.
 
@@ -79,7 +90,7 @@ class RolloutPipeline:
             version, sampling = self.started.pop(step)
             rollout, metrics = self.finish(sampling)
             rollout.version = version
-            self.sampled[step] = Sampled(step, version, rollout, metrics)
+            self.sampled[step] = Sampled(step, version, rollout, {**metrics, **fresher_tokens(rollout, step)})
 
     # ---- checkpoints -----------------------------------------------------------------------------
 

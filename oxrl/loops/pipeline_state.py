@@ -162,6 +162,10 @@ def _sampled(read: _Reader, record: Any, index: int, steps: range, max_staleness
     batch = _prompts(read, record, at, None if prompts_of is None else prompts_of(step))
     completions = [_completion(read, fields, f"{at}.completions[{j}]", batch, vocab_size)
                    for j, fields in enumerate(read.list(read.get(record, "completions", at), f"{at}.completions"))]
+    for j, c in enumerate(completions):  # interruptible generation: fresher than the schedule, never past the step
+        if c.newer_by and not all(0 <= newer <= step - version for newer in c.newer_by):
+            read.fail(f"{at}.completions[{j}].newer_by", f"are {_shown(c.newer_by)}, not numbers of updates from 0 to "
+                      f"{step - version} (from the step's scheduled version {version} to {step}, which trains on it)")
     rewards = read.floats(read.list(read.get(record, "rewards", at), f"{at}.rewards", len(completions)), f"{at}.rewards")
     rows = read.list(read.get(record, "token_rewards", at), f"{at}.token_rewards", len(completions))
     token_rewards = [torch.tensor(read.floats(read.list(row, f"{at}.token_rewards[{j}]", c.num_sampled),
@@ -205,10 +209,12 @@ def _completion(read: _Reader, fields: Any, at: str, batch: RLPromptBatch | None
     if mask is not None and not (isinstance(mask, list) and all(type(m) is bool for m in mask)):
         read.fail(f"{at}.loss_mask", f"is {_shown(mask)}, not a list of true/false")
     read.integers(fields.get("context_starts", []), f"{at}.context_starts", 1)
+    if fields.get("newer_by") is not None:  # (`ray.interruptible`; their range is checked by `_sampled`)
+        read.integers(fields["newer_by"], f"{at}.newer_by")
     if fields.get("context_vision"):  # images are never written to this file (they are the prompts')
         read.fail(f"{at}.context_vision", "holds values; oxRL writes none here")
     if set(fields) - {"prompt_index", "prompt_ids", "completion_ids", "logprobs", "finish_reason", "text", "loss_mask",
-                      "context_starts", "context_vision"}:
+                      "context_starts", "context_vision", "newer_by"}:
         read.fail(at, f"has fields oxRL does not write: {sorted(set(fields))}")
     try:
         completion = Completion(**{key: value for key, value in fields.items() if key != "context_vision"})

@@ -50,6 +50,10 @@ class Completion:
     vision: VisionInputs | None = None
     # The images of each restarted context (one per `context_starts` entry; a VLA episode's later frames), or empty.
     context_vision: list[VisionInputs | None] = field(default_factory=list)
+    # Interruptible generation (`ray.interruptible`, oxrl/cluster/interruptible.py): for each sampled token, how many
+    # updates newer than its request's weights the weights that sampled it were (its `logprobs` entry is theirs).
+    # None: the request's weights sampled them all.
+    newer_by: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
@@ -59,6 +63,8 @@ class Completion:
                              f"log-probs for {self.num_sampled} sampled tokens")
         if any(not 0 < start < len(self.completion_ids) for start in self.context_starts):
             raise ValueError(f"context_starts {self.context_starts} must lie inside the completion (1..{len(self.completion_ids) - 1})")
+        if self.newer_by is not None and len(self.newer_by) != self.num_sampled:
+            raise ValueError(f"newer_by ({len(self.newer_by)}) needs one value per sampled token ({self.num_sampled})")
         if self.context_vision and len(self.context_vision) != len(self.context_starts):
             raise ValueError(f"context_vision ({len(self.context_vision)}) needs one entry per context start "
                              f"({len(self.context_starts)})")

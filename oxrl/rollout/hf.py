@@ -119,12 +119,8 @@ def static_decoder(model, decode: str, synced: bool) -> StaticDecoder | None:
 def eos_token_ids(model, tokenizer) -> set[int]:
     """Tokens that end a completion: the tokenizer's EOS and the model's generation-config EOS ids
     (chat models often end a turn with a token that is not the tokenizer's EOS)."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(configured)
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)  # an id, a list or None
+    ids = {tokenizer.eos_token_id, *([configured] if isinstance(configured, int) else configured or [])}
     return {i for i in ids if i is not None}
 
 
@@ -285,6 +281,7 @@ class HFEngine:
             attention = torch.cat([attention, attention.new_ones(attention.shape[0], new.shape[1])], 1)[going]
             extra = token_type_inputs(model, input_ids)
             alive = alive[going]
+            cache = self._next_round(model, input_ids, attention, cache, decoded)
         width = max(sum(piece.numel() for piece in row) for row in tokens)
         out_tokens = torch.full((rows, width), self.pad_id, dtype=torch.long)
         out_logprobs = torch.zeros(rows, width)
@@ -292,6 +289,11 @@ class HFEngine:
             ids, values = torch.cat(tokens[row]), torch.cat(logprobs[row])
             out_tokens[row, : ids.numel()], out_logprobs[row, : values.numel()] = ids, values
         return out_tokens, out_logprobs
+
+    def _next_round(self, model, input_ids: torch.Tensor, attention: torch.Tensor, cache, decoded: int):
+        """The cache the next round continues from, `decoded` tokens into the rows; None: `generate` prefills the rows
+        anew (a seam: interruptible generation takes new weights here, oxrl/cluster/interruptible.py)."""
+        return cache
 
     def _holds_stop(self, ids: list[int], stops: list[str]) -> bool:
         """Whether the text of `ids` holds one of `stops`."""
@@ -330,11 +332,8 @@ class HFEngine:
     def _completion(self, index: int, prompt_ids: list[int], tokens: torch.Tensor, logprobs: torch.Tensor,
                     params: SamplingParams, vision: VisionInputs | None) -> Completion:
         ids = tokens.tolist()
-        length, reason = len(ids), "length"
-        for position, token in enumerate(ids):
-            if token in self.eos_ids:
-                length, reason = position + 1, "eos"
-                break
+        eos = next((position + 1 for position, token in enumerate(ids) if token in self.eos_ids), None)  # its end
+        length, reason = (len(ids), "length") if eos is None else (eos, "eos")
         # A row ended by a stop string is padded while others finish, and the pad token may be an EOS token: the
         # stop string's end comes first, and nothing after it was sampled.
         stop_end = self._stop_end(ids[:length], params.stop)

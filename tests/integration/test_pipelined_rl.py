@@ -281,6 +281,14 @@ DAMAGED_SAMPLES = {
                                 r"sampled\[0\]\.completions\[0\] has no 'text'"),
     "a step missing": (_set("sampled", lambda records: records[:1]), r"pipeline\.sampled holds 1 steps, not the 2"),
     "next_step out of the schedule": (_set("next_step", 40), r"pipeline\.next_step is 40, not a step from 2 to 4"),
+    # interruptible generation's tags: step 4 (0-based 3) is scheduled for version 1, so its tokens are 0..2 newer
+    "tokens newer than the step's update": (
+        _set("sampled.1.completions.0", lambda c: {**c, "newer_by": [3] * len(c["logprobs"])}),
+        r"sampled\[1\]\.completions\[0\]\.newer_by are \[3, .*not numbers of updates from 0 to 2"),
+    "a token's tag missing": (_set("sampled.0.completions.1", lambda c: {**c, "newer_by": [0] * (len(c["logprobs"]) - 1)}),
+                              r"sampled\[0\]\.completions\[1\] is inconsistent: newer_by \(\d+\) needs one value per"),
+    "a tag as text": (_set("sampled.0.completions.0", lambda c: {**c, "newer_by": ["1"] * len(c["logprobs"])}),
+                      r"sampled\[0\]\.completions\[0\]\.newer_by\[0\] is '1', not an integer"),
 }
 
 

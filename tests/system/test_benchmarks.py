@@ -243,10 +243,16 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     assert read.rows == [{column: by_steps.rows[0][column] for column in read.columns}]
     require_module("ray", RAY_MISSING)
     # the overrides first: `--k` takes every number after it
-    output = run_script("async_rl.py", "speed", *demo_overrides(model), "--steps", 2, "--k", 1)  # (k = 0: below)
+    output = run_script("async_rl.py", "speed", *demo_overrides(model), "--steps", 2, "--k", 1,  # (k = 0: below)
+                        "--interruptible")
     result = table(output, "demo GRPO step under Ray")
-    assert result.columns == ["metric", "k = 1"]
-    assert result.column("metric") == ["time/step", "time/generate", "time/train", "time/weight_sync", "steps/min"]
+    assert result.columns == ["metric", "k = 1", "k = 1, interruptible"]
+    assert result.column("metric") == ["time/step", "time/generate", "time/train", "time/weight_sync",
+                                       "off_policy/fresher_tokens", "off_policy/token_version_lag", "steps/min"]
+    fresher, lag = result.rows[4], result.rows[5]
+    assert fresher["k = 1"] == lag["k = 1"] == "-"  # tokens carry their versions only when interruptible
+    assert 0 <= float(fresher["k = 1, interruptible"].split()[0]) <= 1
+    assert 0 <= float(lag["k = 1, interruptible"].split()[0]) <= 1  # (k = 1: at most one update behind)
     output = run_script("async_rl.py", "workers", *demo_overrides(model), "--steps", 2, "--workers", 2)
     result = table(output, "GRPO step under Ray, 1 trainer + N rollout workers taking whole steps")
     assert result.columns == ["metric", "k = 0, 1 worker", "k = 1, 2 workers"]

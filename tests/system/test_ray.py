@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,9 @@ def _config(tmp_path: Path, **overrides) -> Config:
     ({"ray": {"rollout_split": "steps", "rollout": {"count": 3}},
       "rl": {"max_staleness": 1, "off_policy_correction": "decoupled"}},
      r"at most 2 steps are sampled at once, so 1 of the ray.rollout.count = 3 workers would sit idle"),
+    ({"ray": {"interruptible": True}}, r"ray.interruptible .* needs rl.max_staleness >= 1 \(it is 0\)"),
+    ({"ray": {"interruptible": True, "rollout_split": "steps"},
+      "rl": {"max_staleness": 1, "off_policy_correction": "decoupled"}}, r"ray.rollout_split `prompts` \(it is `steps`\)"),
 ])
 def test_layouts_the_config_refuses(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -208,9 +212,13 @@ def _engine(cfg: Config, classes, restarts: int = 1, lora: bool = False, **setti
     from oxrl.models.load import load_model, load_tokenizer
     from oxrl.training.strategy import SingleDevice
 
+    from oxrl.cluster.interruptible import ACTOR_OPTIONS
+
     settings = cfg.ray.model_copy(update={"max_restarts": restarts, **settings})
-    actors = [ray.remote(cls).options(num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i)
-              for i, cls in enumerate(classes)]
+    cfg = cfg.model_copy(update={"ray": settings})  # what the driver gives the workers
+    beside = ACTOR_OPTIONS if settings.interruptible else {}
+    actors = [(ray.remote(**beside)(cls) if beside else ray.remote(cls)).options(
+        num_cpus=0.5, max_restarts=restarts, max_task_retries=0).remote(cfg, i) for i, cls in enumerate(classes)]
     model = load_model(cfg.model, torch.device("cpu"), LoraConfig(enabled=True, rank=4) if lora else None)
     strategy = SingleDevice(torch.device("cpu"), "no")
     strategy.prepare(model, None)
@@ -435,6 +443,75 @@ def test_a_sync_waits_for_a_worker_busy_with_another_step_only_when_every_worker
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def _by_version(old, new, completions) -> list[torch.Tensor]:
+    """Each token's log-prob as the trainer scores it under the weights its `newer_by` names (0: `old`, 1: `new`)."""
+    from oxrl.loops.rl_update import score_logprobs
+
+    before, after = score_logprobs(old, completions, 8, 1.0), score_logprobs(new, completions, 8, 1.0)
+    return [torch.where(torch.tensor(c.newer_by) > 0, b, a) for c, a, b in zip(completions, before, after)]
+
+
+LONG = replace(PARAMS, max_new_tokens=40)  # five rounds of 8 tokens, 0.5 s apart (SlowRoundsRolloutWorker)
+
+
+def test_interruptible_a_sync_lands_in_the_request_being_sampled_and_its_later_tokens_are_the_new_weights(
+        ray_cluster, model_cfg):
+    """`ray.interruptible`, rl.max_staleness >= 1: a sync made while the worker samples a request of version 1 returns
+    before the request is done; the request's tokens from the next round on are sampled by version 2, each with its
+    log-prob under the weights that sampled it."""
+    import copy
+
+    from tests.ray_workers import SlowRoundsRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [SlowRoundsRolloutWorker], interruptible=True)
+    engine.keep_versions = True
+    try:
+        engine.collect(engine.submit(PROMPTS, LONG))  # the worker up, holding version 1
+        old = copy.deepcopy(model)
+        ticket = engine.submit(PROMPTS, LONG)
+        time.sleep(0.8)  # into its second round
+        _nudge(model, 5)
+        metrics = engine.sync_weights(model)
+        (_, _, refs), = engine.pending.values()
+        assert not ray.wait(refs, timeout=0)[0]  # the sync did not wait for the request
+        assert metrics["weight_sync/probe_gap"] < 1e-5  # the worker answered under the new weights
+        completions = engine.collect(ticket)
+        tags = [n for c in completions for n in c.newer_by]
+        assert 0 in tags and 1 in tags and set(tags) == {0, 1}, tags
+        for c in completions:  # (the rows decode in step: each swaps at the same token)
+            assert c.newer_by == sorted(c.newer_by)
+        for c, expected in zip(completions, _by_version(old, model, completions)):
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+        assert sorted(engine.kept) == [2]  # interruptible keeps only the live version
+    finally:
+        ray.kill(actors[0])
+
+
+def test_interruptible_a_worker_killed_with_a_step_in_flight_samples_it_again_from_the_live_weights(
+        ray_cluster, model_cfg, oxrl_log):
+    """`ray.interruptible`: a request of version 1 whose worker is killed, then a sync to version 2: the request
+    is sampled again, from version 2 (every token one update newer than its request's), without stopping the run."""
+    from tests.ray_workers import SlowRolloutWorker
+
+    engine, model, actors = _engine(model_cfg, [SlowRolloutWorker], restarts=1, interruptible=True)
+    engine.keep_versions = True
+    try:
+        engine.collect(engine.submit(PROMPTS, PARAMS))
+        pid = ray.get(actors[0].ready.remote())
+        ticket = engine.submit(PROMPTS, PARAMS)
+        os.kill(pid, signal.SIGKILL)  # while it pauses before sampling
+        _nudge(model, 6)
+        engine.sync_weights(model)
+        completions = engine.collect(ticket)
+        assert "sampled again from the live weights (version 2; it was submitted under 1)" in oxrl_log.text
+        assert all(c.newer_by == [1] * len(c.completion_ids) for c in completions)
+        for c, expected in zip(completions, _by_version(model, model, completions)):
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+        assert engine.restarts == [1]
+    finally:
+        ray.kill(actors[0])
 
 
 def test_under_rollout_split_steps_a_worker_killed_with_a_step_in_flight_is_recovered_alike(ray_cluster, model_cfg,
