@@ -59,17 +59,19 @@ def run_rl_noting_nodes(cfg, remote):
 
 
 class SlowRoundsRolloutWorker(RolloutWorker):
-    """Pauses 0.5 s before each round of decoding after the first: a request of a few rounds lasts long enough for
-    a sync to land in it (`ray.interruptible`)."""
+    """Its engine pauses 0.5 s before each round of decoding after the first: a request of a few rounds lasts long
+    enough for a sync to land in it (`ray.interruptible`)."""
 
     def __init__(self, cfg, index):
         import time
 
+        from oxrl.cluster.interruptible import InterruptibleEngine
+
+        class SlowRounds(InterruptibleEngine):
+            def _next_round(self, *args):
+                time.sleep(0.5)
+                return super()._next_round(*args)
+
         super().__init__(cfg, index)
-        next_round = self.engine._next_round
-
-        def slowly(*args):
-            time.sleep(0.5)
-            return next_round(*args)
-
-        self.engine._next_round = slowly
+        self.engine = SlowRounds(self.model, self.tokenizer, cfg.rl.rollout.max_batch_size,
+                                 autocast=self.engine.autocast, inbox=self.inbox)
