@@ -36,6 +36,12 @@ minutes each run took to first validate at each `--reach` accuracy; and the samp
 With `--out DIR` the runs stay in DIR, and a later invocation with the same DIR and overrides reads the finished runs
 there rather than running them again: more settings (`--k 1 --corrections tis mask`) or seeds join the tables and the
 plot of the first, and a killed invocation goes on where it stopped.
+
+`curves --interruptible` adds each k >= 1 setting run under Ray with `ray.interruptible` (a trainer and a rollout
+worker on a core each, one run at a time after the others): its weight syncs reach the worker mid-step, so what it
+samples depends on timing and its accuracy is measured, not derived. Its minutes are its own measured steps
+(`time/step`, validation not counted), the layout the other runs' minutes are modelled for; its table of tokens
+sampled by the newer weights (`off_policy/fresher_tokens`, `off_policy/token_version_lag`) is printed beside.
 """
 
 from __future__ import annotations
@@ -184,6 +190,8 @@ class Curve:
     sampled_by: list[int] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
     entropy: list[float | None] = field(default_factory=list)  # each trained step's samples' mean token entropy
+    fresher: list[float] = field(default_factory=list)  # interruptible: each step's share of newer-weights tokens
+    token_lag: list[float] = field(default_factory=list)  # interruptible: each step's tokens' mean lag (updates)
 
     def reward_by_version(self, first: int, last: int) -> float | None:
         """The mean training reward of the steps sampled by versions first..last (None: no such step)."""
@@ -205,19 +213,24 @@ class Curve:
         return next((t for t, accuracy in zip(self.minutes, self.accuracy) if accuracy >= target), None)
 
 
-def setting_name(k: int, correction: str) -> str:
-    return "k = 0" if k == 0 else f"k = {k}, {correction}"
+def setting_name(k: int, correction: str, interruptible: bool = False) -> str:
+    return "k = 0" if k == 0 else f"k = {k}, {correction}" + (", interruptible" if interruptible else "")
 
 
-def curve_of(run_dir: Path, setting: str, seed: int, k: int) -> Curve:
+def curve_of(run_dir: Path, setting: str, seed: int, k: int, measured: bool = False) -> Curve:
+    """A run's curve; its minutes modelled from its halves (`pipelined_minutes`), or where it ran under Ray on the
+    layout they are modelled for (`measured`), its own steps' minutes."""
     rows = rows_of(run_dir)
     trained = [row for row in rows if row["step"] > 0]
-    minutes = [0.0] + pipelined_minutes(trained, k)
+    ends = [sum(row["time/step"] for row in trained[:s]) / 60 for s in range(1, len(trained) + 1)]
+    minutes = [0.0] + (ends if measured else pipelined_minutes(trained, k))
     validated = [row for row in rows if "val/accuracy" in row]
     return Curve(setting, seed, [row["step"] for row in validated], [minutes[row["step"]] for row in validated],
                  [row["val/accuracy"] for row in validated],
                  [row["step"] - 1 - round(row.get("off_policy/version_lag", 0)) for row in trained],
-                 [row["reward/mean"] for row in trained], [row.get("entropy") for row in trained])
+                 [row["reward/mean"] for row in trained], [row.get("entropy") for row in trained],
+                 [row["off_policy/fresher_tokens"] for row in trained if "off_policy/fresher_tokens" in row],
+                 [row["off_policy/token_version_lag"] for row in trained if "off_policy/token_version_lag" in row])
 
 
 def mean_of(values: list[float | None]) -> str:
@@ -244,9 +257,10 @@ def finished(out: Path, name: str, config: str) -> bool:
 
 def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, sync_steps: int, every: int,
            jobs: int, overrides: list[str], plot: Path | None, out: Path | None = None,
-           reach: tuple[float, ...] = ()) -> None:
+           reach: tuple[float, ...] = (), interruptible: bool = False) -> None:
     """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`, the runs in
-    `out` (a new temporary folder by default); the finished runs already there with the same configs are read again."""
+    `out` (a new temporary folder by default); the finished runs already there with the same configs are read again.
+    `interruptible`: each k >= 1 setting again under Ray with `ray.interruptible`, one run at a time."""
     import os
 
     from benchmarks.common import print_table
@@ -254,13 +268,18 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
     out.mkdir(parents=True, exist_ok=True)
-    settings = {setting_name(k, correction): (k, correction)
-                for k in ks for correction in (corrections if k else ["-"])}
+    settings = {}  # each setting's (k, correction, whether interruptible under Ray)
+    for k in ks:
+        for correction in corrections if k else ["-"]:
+            for mid_step in [False, True] if k and interruptible else [False]:
+                settings[setting_name(k, correction, mid_step)] = (k, correction, mid_step)
 
     def config_of(setting: str, seed: int) -> tuple[str, str]:
-        k, correction = settings[setting]
-        name = f"seed{seed}_k{k}_{correction}".replace("-", "none")
-        cfg = demo_config(out, name, k, seed, None, False, overrides)
+        k, correction, mid_step = settings[setting]
+        name = f"seed{seed}_k{k}_{correction}".replace("-", "none") + ("_interruptible" if mid_step else "")
+        cfg = demo_config(out, name, k, seed, None, mid_step, overrides)
+        if mid_step:
+            cfg["ray"]["interruptible"] = True
         cfg["train"]["max_steps"] = steps if k else sync_steps  # at equal time a pipelined run makes more steps
         cfg["rl"]["validation_every"] = every
         if k:
@@ -276,13 +295,18 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
             path = out / f"{name}.yaml"
             path.write_text(config)
             again = ["run.overwrite=true"] if (out / name).exists() else []  # an unfinished run: killed or crashed
-            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 else {}
+            # (a Ray run's actors take one thread each, as a second local job does)
+            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 or settings[setting][2] else {}
             subprocess.run([sys.executable, "-m", "oxrl", "train", str(path), *again], check=True,
                            env={**os.environ, **threads}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return curve_of(out / name, setting, seed, settings[setting][0])
+        k, _, mid_step = settings[setting]
+        return curve_of(out / name, setting, seed, k, measured=mid_step)
 
+    local = [job for job in jobs_of if not settings[job[0]][2]]
     with ThreadPoolExecutor(jobs) as pool:
-        runs = list(pool.map(one, jobs_of))
+        done_locally = dict(zip(local, pool.map(one, local)))
+    # the Ray runs after: each takes both cores, its trainer and its rollout worker one each
+    runs = [done_locally[job] if job in done_locally else one(job) for job in jobs_of]
     if done:
         print(f"read again from {out}: {len(done)} finished run(s) of the same configs")
     (out / "curves.json").write_text(json.dumps([dataclasses.asdict(run) for run in runs], indent=1))
@@ -326,6 +350,14 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
                   **{f"steps {a}..{b}": mean_of([value for run in group for value in run.entropy_over(a, b)])
                      for a, b in spans}} for setting, group in of.items()],
                 title="the samples' mean token entropy (`entropy`) by step, mean over the seeds' steps")
+    mid_step = [setting for setting, group in of.items() if any(run.fresher for run in group)]
+    if mid_step:  # how much of each step the newer weights sampled, and how far behind the tokens were
+        print_table([{"setting": setting,
+                      "fresher tokens": spread([statistics.mean(run.fresher) for run in of[setting]]),
+                      "token lag (updates)": mean_of([statistics.mean(run.token_lag) for run in of[setting]]),
+                      "scheduled lag": str(settings[setting][0])} for setting in mid_step],
+                    title="interruptible runs: the share of tokens sampled by weights newer than their request's "
+                          "(each run's mean over its steps; mean (min..max) over seeds) and the tokens' mean lag")
     if plot is not None:
         draw_curves(of, plot, overrides)
         print(f"\nplot: {plot}")
@@ -386,6 +418,8 @@ def main() -> None:
     learnt.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG")
     learnt.add_argument("--reach", type=float, nargs="+", default=[0.5, 0.6],
                         help="held-out accuracies (fractions) whose time to reach is tabled per run")
+    learnt.add_argument("--interruptible", action="store_true",
+                        help="also run each k >= 1 setting under Ray with ray.interruptible (one run at a time)")
     learnt.add_argument("--out", type=Path, default=None,
                         help="the runs' folder (default: a new temporary one); its finished runs of the same configs "
                              "are read, not run again: a second invocation adds seeds or settings to a first's")
@@ -405,7 +439,7 @@ def main() -> None:
             parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
                          f"({args.every}): every run validates at the same steps")
         curves(args.seeds, args.k, args.corrections, args.steps, args.sync_steps, args.every, args.jobs, args.overrides,
-               args.plot, args.out, args.reach)
+               args.plot, args.out, args.reach, args.interruptible)
 
 
 if __name__ == "__main__":
