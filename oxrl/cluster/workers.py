@@ -84,16 +84,18 @@ class RolloutWorker:
             from oxrl.rollout.hf import HFEngine
             from oxrl.models.precision import autocast_for
 
-            # The trainers' precision, so the log-probs it reports are of the numbers they recompute.
-            precision = autocast_for(cfg.train.mixed_precision, device.type)
+            # The trainers' precision, so the log-probs it reports are of the numbers they recompute and each sync's
+            # probe is checked against theirs (rl.rollout.precision `bf16`, a copy to sample from, is refused under
+            # Ray: its log-probs miss the check's tolerance); and rl.rollout.decode, as the engine in one process.
+            decoding = {"autocast": autocast_for(cfg.train.mixed_precision, device.type), "decode": rollout.decode}
             if cfg.ray.interruptible:  # new weights reach it while it samples (oxrl/cluster/interruptible.py)
                 from oxrl.cluster.interruptible import InterruptibleEngine, WeightInbox
 
                 self.inbox = WeightInbox(self.model, lambda ids: self.engine.probe_logprobs(ids))
-                self.engine = InterruptibleEngine(self.model, self.tokenizer, rollout.max_batch_size, autocast=precision,
+                self.engine = InterruptibleEngine(self.model, self.tokenizer, rollout.max_batch_size, **decoding,
                                                   inbox=self.inbox)
             else:
-                self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size, autocast=precision)
+                self.engine = HFEngine(self.model, self.tokenizer, rollout.max_batch_size, **decoding)
         self.channel: WeightChannel | None = None
         self.joined = self.synced = False  # a restarted worker is neither: it must not sample its initial weights
 

@@ -31,6 +31,11 @@ def check_ray_layout(cfg) -> None:
         raise ValueError(f"ray.interruptible hands new weights to rollout workers sampling a step ahead: it needs "
                          f"rl.max_staleness >= 1 (it is {k}), ray.rollout_split `prompts` (it is "
                          f"`{ray.rollout_split}`) and rl.rollout.engine `hf` (it is `{cfg.rl.rollout.engine}`)")
+    if cfg.rl.rollout.engine == "hf" and cfg.rl.rollout.precision == "bf16":
+        raise ValueError("rl.rollout.precision `bf16` (a bf16 copy to sample from) is for one process: Ray's rollout "
+                         "workers decode from the model itself in the trainers' precision, each weight sync checked "
+                         "against the trainers' log-probs, which a bf16 copy's miss beyond the check's tolerance: use "
+                         "`auto` (under Ray: `trainer`) or `trainer`")
     if cfg.rl.env is not None:
         raise ValueError("rl.env (multi-turn episodes) runs with run.launcher local for now: under `ray` every "
                          "trainer rank would step the environment")

@@ -589,7 +589,9 @@ class RolloutConfig(Section):
     sampling speed at batch 32 on a 2-core CPU with native bf16, eager attention there; the engine/trainer gap is
     reported every step as `logprob_mismatch/*`, and `rl.off_policy_correction` corrects for it). `auto`: `bf16` on a
     CPU with native bf16 when the weights are not sharded and `rl.strict_on_policy` is off, else `trainer`. Greedy
-    decoding (held-out accuracy) always runs on the trained weights."""
+    decoding (held-out accuracy) always runs on the trained weights. Under `run.launcher: ray` the rollout workers
+    decode from the model itself (`auto` is `trainer` there; `bf16` is refused: each sync's log-probs are checked
+    against the trainers' own)."""
 
     @field_validator("engine")
     @classmethod
@@ -1237,9 +1239,10 @@ class Config(Section):
     @property
     def engine_precision(self) -> str:
         """`rl.rollout.precision` as the engine takes it: `auto` samples from the trained weights under
-        rl.strict_on_policy, which the online algorithms do not read (they run no policy-gradient update)."""
-        precision = self.rl.rollout.precision
-        return "trainer" if precision == "auto" and self.read("rl.strict_on_policy", False) else precision
+        rl.strict_on_policy, which the online algorithms do not read (they run no policy-gradient update), and on
+        Ray's rollout workers (oxrl/cluster/workers.py)."""
+        trained = self.read("rl.strict_on_policy", False) or self.run.launcher == "ray"
+        return "trainer" if self.rl.rollout.precision == "auto" and trained else self.rl.rollout.precision
 
     @property
     def completion_tokens(self) -> int:

@@ -187,11 +187,12 @@ def test_bf16_with_sharded_weights_is_refused():
         build.samples_in_bf16(RolloutConfig(precision="bf16"), strategy(shards=True))
 
 
-def test_strict_on_policy_samples_from_the_trained_weights():
+def test_strict_on_policy_and_ray_workers_sample_from_the_trained_weights():
     from oxrl.config.schema import Config, RLConfig
 
     grpo = {"model": {"name_or_path": "m"}, "algorithm": {"name": "grpo"}}
     assert Config(**grpo, rl={"strict_on_policy": True}).engine_precision == "trainer"  # auto gives way
+    assert Config(**grpo, run={"launcher": "ray"}).engine_precision == "trainer"  # (the workers' probe check)
     assert Config(**grpo).engine_precision == "auto"
     with pytest.raises(ValueError, match="strict_on_policy.*bf16"):
         RLConfig(strict_on_policy=True, rollout={"precision": "bf16"})

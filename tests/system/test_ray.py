@@ -102,6 +102,8 @@ def _config(tmp_path: Path, **overrides) -> Config:
     ({"ray": {"interruptible": True}}, r"ray.interruptible .* needs rl.max_staleness >= 1 \(it is 0\)"),
     ({"ray": {"interruptible": True, "rollout_split": "steps"},
       "rl": {"max_staleness": 1, "off_policy_correction": "decoupled"}}, r"ray.rollout_split `prompts` \(it is `steps`\)"),
+    ({"rl": {"rollout": {"precision": "bf16"}}}, r"rl.rollout.precision `bf16` .* is for one process: Ray's rollout "
+                                                r"workers decode from the model itself"),
 ])
 def test_layouts_the_config_refuses(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -268,6 +270,19 @@ def test_every_sync_is_verified_on_every_worker_and_a_stale_worker_is_caught(ray
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+@pytest.mark.parametrize("decode, static", [("static", True), ("generate", False)])
+def test_a_rollout_worker_decodes_as_rl_rollout_decode_says(model_cfg, decode, static):
+    """`rl.rollout.decode` reaches a rollout worker's engine: `static`, a static KV cache, as the engine in one
+    process. (On a CPU the two decoders' log-probs agree to a unit in the last place, as do two processes', so which
+    one sampled cannot be told from the samples: the engine is looked at.)"""
+    from oxrl.cluster.workers import RolloutWorker
+
+    cfg = model_cfg.model_copy(update={"rl": model_cfg.rl.model_copy(update={
+        "rollout": model_cfg.rl.rollout.model_copy(update={"decode": decode})})})
+    worker = RolloutWorker(cfg, 0)  # (built in this process: the engine is made by the constructor)
+    assert (worker.engine.static is not None) is static
 
 
 def test_lora_adapters_reach_the_workers_merged_into_their_plain_weights(ray_cluster, model_cfg):
