@@ -26,7 +26,8 @@ torch with 1 thread; Ray is given one logical CPU per actor.
 
 `curves`: held-out greedy accuracy (the demo's 64 prompts, every `--every` steps) against steps and against
 wall-clock, for k = 0 and each k >= 1 with each `--corrections`, over `--seeds`, each run in a process of its own
-(the schedule, hence what is learnt, is the one Ray runs; the samples differ only in how they are seeded). The k = 0
+(the schedule, hence what is learnt, is the one Ray runs; the samples differ in how they are seeded and, on a CPU
+with native bf16, in what samples them: one process's bf16 copy, the trained weights on Ray's workers). The k = 0
 runs make the demo's 16 steps, the pipelined ones 24 (about what they make in the same time). The wall-clock is
 modelled from each run's own measured halves (`pipelined_minutes`: a trainer and a rollout worker on a device each),
 since on this 2-core machine runs that share the cores cannot be timed as they would run apart. `--jobs 2` runs two
@@ -55,6 +56,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 import yaml
@@ -222,8 +224,8 @@ def curve_of(run_dir: Path, setting: str, seed: int, k: int, measured: bool = Fa
     layout they are modelled for (`measured`), its own steps' minutes."""
     rows = rows_of(run_dir)
     trained = [row for row in rows if row["step"] > 0]
-    ends = [sum(row["time/step"] for row in trained[:s]) / 60 for s in range(1, len(trained) + 1)]
-    minutes = [0.0] + (ends if measured else pipelined_minutes(trained, k))
+    ends = accumulate(row["time/step"] / 60 for row in trained) if measured else pipelined_minutes(trained, k)
+    minutes = [0.0, *ends]
     validated = [row for row in rows if "val/accuracy" in row]
     return Curve(setting, seed, [row["step"] for row in validated], [minutes[row["step"]] for row in validated],
                  [row["val/accuracy"] for row in validated],

@@ -59,6 +59,21 @@ def test_each_trained_step_is_credited_to_the_version_that_sampled_it(tmp_path):
     assert curve.entropy_over(1, 2) == [0.8] and curve.entropy_over(2, 3) == [0.3] and curve.entropy_over(4, 9) == []
 
 
+def test_an_interruptible_run_is_timed_by_its_own_steps_and_keeps_its_fresher_tokens(tmp_path):
+    # under Ray on the layout the other runs' minutes are modelled for: its own steps' minutes, validation not counted
+    rows = [{"step": 0, "val/accuracy": 0.25}]
+    rows += [{"step": s, "reward/mean": 0.5, "time/generate": 9, "time/train": 9, "time/step": t,
+              "off_policy/version_lag": 1.0, "off_policy/fresher_tokens": f, "off_policy/token_version_lag": 1 - f}
+             for s, t, f in ((1, 30, 0.0), (2, 6, 0.75), (3, 24, 0.5))]
+    rows[-1]["val/accuracy"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    curve = curve_of(tmp_path, "k = 1, decoupled, interruptible", 0, k=1, measured=True)
+    assert curve.minutes == [0.0, 1.0]  # (30 + 6 + 24) s, not the halves' model
+    assert curve.fresher == [0.0, 0.75, 0.5] and curve.token_lag == [1.0, 0.25, 0.5]
+    # modelled from its halves instead: 9 s of sampling, then each 9 s update with the next step's sampling hidden
+    assert curve_of(tmp_path, "k = 1, decoupled", 0, k=1).minutes == pytest.approx([0.0, 36 / 60])
+
+
 def test_a_finished_run_of_the_same_config_is_read_again_and_one_of_another_is_refused(tmp_path):
     assert not finished(tmp_path, "seed0_k1_tis", "a: 1\n")  # never run
     (tmp_path / "seed0_k1_tis.yaml").write_text("a: 1\n")
