@@ -293,15 +293,15 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
 
     def one(job: tuple[str, int]) -> Curve:
         (setting, seed), (name, config) = job, jobs_of[job]
+        k, _, mid_step = settings[setting]
         if job not in done:
             path = out / f"{name}.yaml"
             path.write_text(config)
             again = ["run.overwrite=true"] if (out / name).exists() else []  # an unfinished run: killed or crashed
             # (a Ray run's actors take one thread each, as a second local job does)
-            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 or settings[setting][2] else {}
+            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 or mid_step else {}
             subprocess.run([sys.executable, "-m", "oxrl", "train", str(path), *again], check=True,
                            env={**os.environ, **threads}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        k, _, mid_step = settings[setting]
         return curve_of(out / name, setting, seed, k, measured=mid_step)
 
     local = [job for job in jobs_of if not settings[job[0]][2]]

@@ -74,4 +74,4 @@ class SlowRoundsRolloutWorker(RolloutWorker):
 
         super().__init__(cfg, index)
         self.engine = SlowRounds(self.model, self.tokenizer, cfg.rl.rollout.max_batch_size,
-                                 autocast=self.engine.autocast, inbox=self.inbox)
+                                 autocast=self.engine.autocast, decode=cfg.rl.rollout.decode, inbox=self.inbox)
