@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/async_rl.py curves --jobs 2 --plot docs/images/pipelined_rl_curves.png
     .venv/bin/python benchmarks/async_rl.py speed model.name_or_path=DIR --steps 2 --k 0 1   # demo overrides first
     .venv/bin/python benchmarks/async_rl.py workers --workers 1 2 3
+    .venv/bin/python benchmarks/async_rl.py curves --k 1 --launch ray interruptible rl.prompts_per_step=4 \
+        rl.rollout.max_batch_size=4   # interruptible generation against the default, sampling the slower half
 
 `speed`: under Ray with one trainer rank and one rollout worker, each on a core of its own (Ray's cluster is given 2
 logical CPUs, every actor runs torch with 1 thread), in this process. Reported per k over the timed steps: steps per
@@ -38,11 +40,13 @@ With `--out DIR` the runs stay in DIR, and a later invocation with the same DIR 
 there rather than running them again: more settings (`--k 1 --corrections tis mask`) or seeds join the tables and the
 plot of the first, and a killed invocation goes on where it stopped.
 
-`curves --interruptible` adds each k >= 1 setting run under Ray with `ray.interruptible` (a trainer and a rollout
-worker on a core each, one run at a time after the others): its weight syncs reach the worker mid-step, so what it
-samples depends on timing and its accuracy is measured, not derived. Its minutes are its own measured steps
-(`time/step`, validation not counted), the layout the other runs' minutes are modelled for; its table of tokens
-sampled by the newer weights (`off_policy/fresher_tokens`, `off_policy/token_version_lag`) is printed beside.
+`curves --launch` says how each setting runs: `local` (the default: one process, its minutes modelled), `ray` (under
+Ray, a trainer and a rollout worker on a core each, one run at a time after the local ones; its minutes are its own
+measured steps, `time/step` with validation not counted, the layout the local runs' minutes are modelled for) and
+`interruptible` (each k >= 1 setting under Ray with `ray.interruptible`: its weight syncs reach the worker mid-step,
+so what it samples depends on timing and its accuracy is measured, not derived; its table of tokens sampled by the
+newer weights, `off_policy/fresher_tokens` and `off_policy/token_version_lag`, is printed beside). Interruptible
+runs are compared with `ray` runs of the same settings: a one-process run takes another path from step 1 (above).
 """
 
 from __future__ import annotations
@@ -215,8 +219,9 @@ class Curve:
         return next((t for t, accuracy in zip(self.minutes, self.accuracy) if accuracy >= target), None)
 
 
-def setting_name(k: int, correction: str, interruptible: bool = False) -> str:
-    return "k = 0" if k == 0 else f"k = {k}, {correction}" + (", interruptible" if interruptible else "")
+def setting_name(k: int, correction: str, launch: str = "local") -> str:
+    name = "k = 0" if k == 0 else f"k = {k}, {correction}"
+    return name + {"local": "", "ray": ", Ray", "interruptible": ", interruptible"}[launch]
 
 
 def curve_of(run_dir: Path, setting: str, seed: int, k: int, measured: bool = False) -> Curve:
@@ -259,10 +264,10 @@ def finished(out: Path, name: str, config: str) -> bool:
 
 def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, sync_steps: int, every: int,
            jobs: int, overrides: list[str], plot: Path | None, out: Path | None = None,
-           reach: tuple[float, ...] = (), interruptible: bool = False) -> None:
-    """Held-out accuracy against steps and against (modelled) wall-clock for each setting over `seeds`, the runs in
-    `out` (a new temporary folder by default); the finished runs already there with the same configs are read again.
-    `interruptible`: each k >= 1 setting again under Ray with `ray.interruptible`, one run at a time."""
+           reach: tuple[float, ...] = (), launches: tuple[str, ...] = ("local",)) -> None:
+    """Held-out accuracy against steps and against wall-clock for each setting over `seeds`, the runs in `out` (a new
+    temporary folder by default); the finished runs already there with the same configs are read again. Each
+    setting runs as each of `launches` says (the module's docstring); the Ray runs one at a time, after the others."""
     import os
 
     from benchmarks.common import print_table
@@ -270,17 +275,18 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="oxrl-async-curves-"))
     out.mkdir(parents=True, exist_ok=True)
-    settings = {}  # each setting's (k, correction, whether interruptible under Ray)
+    settings = {}  # each setting's (k, correction, launch)
     for k in ks:
         for correction in corrections if k else ["-"]:
-            for mid_step in [False, True] if k and interruptible else [False]:
-                settings[setting_name(k, correction, mid_step)] = (k, correction, mid_step)
+            for launch in launches:
+                if k or launch != "interruptible":  # (at k = 0 no step is in flight at a sync)
+                    settings[setting_name(k, correction, launch)] = (k, correction, launch)
 
     def config_of(setting: str, seed: int) -> tuple[str, str]:
-        k, correction, mid_step = settings[setting]
-        name = f"seed{seed}_k{k}_{correction}".replace("-", "none") + ("_interruptible" if mid_step else "")
-        cfg = demo_config(out, name, k, seed, None, mid_step, overrides)
-        if mid_step:
+        k, correction, launch = settings[setting]
+        name = f"seed{seed}_k{k}_{correction}".replace("-", "none") + ("" if launch == "local" else f"_{launch}")
+        cfg = demo_config(out, name, k, seed, None, launch != "local", overrides)
+        if launch == "interruptible":
             cfg["ray"]["interruptible"] = True
         cfg["train"]["max_steps"] = steps if k else sync_steps  # at equal time a pipelined run makes more steps
         cfg["rl"]["validation_every"] = every
@@ -293,18 +299,18 @@ def curves(seeds: list[int], ks: list[int], corrections: list[str], steps: int, 
 
     def one(job: tuple[str, int]) -> Curve:
         (setting, seed), (name, config) = job, jobs_of[job]
-        k, _, mid_step = settings[setting]
+        k, _, launch = settings[setting]
         if job not in done:
             path = out / f"{name}.yaml"
             path.write_text(config)
             again = ["run.overwrite=true"] if (out / name).exists() else []  # an unfinished run: killed or crashed
             # (a Ray run's actors take one thread each, as a second local job does)
-            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 or mid_step else {}
+            threads = {"OMP_NUM_THREADS": "1"} if jobs > 1 or launch != "local" else {}
             subprocess.run([sys.executable, "-m", "oxrl", "train", str(path), *again], check=True,
                            env={**os.environ, **threads}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return curve_of(out / name, setting, seed, k, measured=mid_step)
+        return curve_of(out / name, setting, seed, k, measured=launch != "local")
 
-    local = [job for job in jobs_of if not settings[job[0]][2]]
+    local = [job for job in jobs_of if settings[job[0]][2] == "local"]
     with ThreadPoolExecutor(jobs) as pool:
         done_locally = dict(zip(local, pool.map(one, local)))
     # the Ray runs after: each takes both cores, its trainer and its rollout worker one each
@@ -420,8 +426,9 @@ def main() -> None:
     learnt.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG")
     learnt.add_argument("--reach", type=float, nargs="+", default=[0.5, 0.6],
                         help="held-out accuracies (fractions) whose time to reach is tabled per run")
-    learnt.add_argument("--interruptible", action="store_true",
-                        help="also run each k >= 1 setting under Ray with ray.interruptible (one run at a time)")
+    learnt.add_argument("--launch", nargs="+", default=["local"], choices=["local", "ray", "interruptible"],
+                        help="how each setting runs: in one process (its minutes modelled), under Ray, or (k >= 1) "
+                             "under Ray with ray.interruptible; the Ray runs one at a time, their minutes measured")
     learnt.add_argument("--out", type=Path, default=None,
                         help="the runs' folder (default: a new temporary one); its finished runs of the same configs "
                              "are read, not run again: a second invocation adds seeds or settings to a first's")
@@ -441,7 +448,7 @@ def main() -> None:
             parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
                          f"({args.every}): every run validates at the same steps")
         curves(args.seeds, args.k, args.corrections, args.steps, args.sync_steps, args.every, args.jobs, args.overrides,
-               args.plot, args.out, args.reach, args.interruptible)
+               args.plot, args.out, args.reach, tuple(args.launch))
 
 
 if __name__ == "__main__":

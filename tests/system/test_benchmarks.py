@@ -253,17 +253,17 @@ def smoke_async_rl(model: Path, tmp_path: Path) -> None:
     assert fresher["k = 1"] == lag["k = 1"] == "-"  # tokens carry their versions only when interruptible
     assert 0 <= float(fresher["k = 1, interruptible"].split()[0]) <= 1
     assert 0 <= float(lag["k = 1, interruptible"].split()[0]) <= 1  # (k = 1: at most one update behind)
-    # the finished k = 1 run read again, its interruptible twin run under Ray
-    output = run_script("async_rl.py", *curves, "--k", 1, "--interruptible")
+    # the finished k = 1 run read again, its twins run under Ray: the default schedule, then interruptible
+    output = run_script("async_rl.py", *curves, "--k", 1, "--launch", "local", "ray", "interruptible")
     by_steps = table(output, "held-out greedy accuracy against steps")
-    assert by_steps.column("setting") == ["k = 1, decoupled", "k = 1, decoupled, interruptible"]
-    assert all(by_steps.rows[1][f"step {step}"].endswith(")") for step in (0, 2, 4))
-    assert by_steps.rows[1]["step 0"] == by_steps.rows[0]["step 0"]  # the same model before any update
+    assert by_steps.column("setting") == ["k = 1, decoupled", "k = 1, decoupled, Ray", "k = 1, decoupled, interruptible"]
+    assert all(row[f"step {step}"].endswith(")") for row in by_steps.rows[1:] for step in (0, 2, 4))
+    assert by_steps.rows[1]["step 0"] == by_steps.rows[2]["step 0"] == by_steps.rows[0]["step 0"]  # before any update
     tokens = table(output, "interruptible runs: the share of tokens sampled by weights newer than their request's")
     assert tokens.column("setting") == ["k = 1, decoupled, interruptible"] and tokens.column("scheduled lag") == ["1"]
     assert 0 <= float(tokens.rows[0]["fresher tokens"].split("%")[0]) <= 100
     assert 0 <= float(tokens.rows[0]["token lag (updates)"]) <= 1
-    assert (runs / "seed0_k1_decoupled_interruptible" / "summary.json").is_file()
+    assert all((runs / f"seed0_k1_decoupled_{launch}" / "summary.json").is_file() for launch in ("ray", "interruptible"))
     output = run_script("async_rl.py", "workers", *demo_overrides(model), "--steps", 2, "--workers", 2)
     result = table(output, "GRPO step under Ray, 1 trainer + N rollout workers taking whole steps")
     assert result.columns == ["metric", "k = 0, 1 worker", "k = 1, 2 workers"]
