@@ -5,8 +5,8 @@
     .venv/bin/python benchmarks/async_rl.py curves --jobs 2 --plot docs/images/pipelined_rl_curves.png
     .venv/bin/python benchmarks/async_rl.py speed model.name_or_path=DIR --steps 2 --k 0 1   # demo overrides first
     .venv/bin/python benchmarks/async_rl.py workers --workers 1 2 3
-    .venv/bin/python benchmarks/async_rl.py curves --k 1 --launch ray interruptible rl.prompts_per_step=4 \
-        rl.rollout.max_batch_size=4   # interruptible generation against the default, sampling the slower half
+    .venv/bin/python benchmarks/async_rl.py curves rl.prompts_per_step=4 rl.rollout.max_batch_size=4 --k 1 \
+        --launch ray interruptible   # interruptible generation against the default, sampling the slower half
 
 `speed`: under Ray with one trainer rank and one rollout worker, each on a core of its own (Ray's cluster is given 2
 logical CPUs, every actor runs torch with 1 thread), in this process. Reported per k over the timed steps: steps per

@@ -30,10 +30,14 @@ def probe_ids(model, tokenizer) -> list[int]:
 
 @torch.no_grad()
 def trainer_probe_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, in fp32 [len - 1]."""
+    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, in fp32 [len - 1]. In the
+    weights' own precision whatever autocast the calling thread is under: an interruptible worker's sampling thread
+    takes new weights (and scores the probe) inside its engine's autocast, the trainer outside any."""
     was_training = model.training
     model.eval()
-    batch = pack([Example([Sequence(ids, [False] + [True] * (len(ids) - 1))])]).to(next(model.parameters()).device)
-    values = token_logprobs(model, batch)[1:].float().cpu()
+    device = next(model.parameters()).device
+    batch = pack([Example([Sequence(ids, [False] + [True] * (len(ids) - 1))])]).to(device)
+    with torch.autocast(device.type, enabled=False):
+        values = token_logprobs(model, batch)[1:].float().cpu()
     model.train(was_training)
     return values

@@ -11,7 +11,9 @@ import torch
 
 import oxrl.rollout.hf as hf
 from oxrl.cluster.interruptible import InterruptibleEngine, WeightInbox
+from oxrl.data.types import Example, Sequence, pack
 from oxrl.loops.rl_update import score_logprobs
+from oxrl.models.logprobs import token_logprobs
 from oxrl.rollout.base import SamplingParams
 from oxrl.rollout.hf import HFEngine
 from oxrl.rollout.probe import trainer_probe_logprobs
@@ -82,6 +84,36 @@ def test_weights_that_arrive_mid_request_sample_every_later_token_with_their_own
     torch.testing.assert_close(trainer_probe_logprobs(engine.model, PROBE), trainer_probe_logprobs(new, PROBE))
     later = engine.generate(PROMPTS[:1], PARAMS, since=1)
     assert all(set(c.newer_by) == {0} for c in later)
+
+
+def test_weights_taken_mid_request_answer_the_probe_as_the_trainer_scores_it_outside_autocast(monkeypatch):
+    """The sampling thread takes new weights, and scores the probe, inside its engine's autocast (bf16 where the
+    trainer trains in it); the trainer scores the probe outside any. The answer must be the weights' own numbers:
+    bf16 rounding read as a gap put SmolLM2-135M's syncs at 0.043-0.051 against the tolerance of 0.05, and a run
+    stopped with WeightSyncError."""
+    monkeypatch.setattr(hf, "ROUND_TOKENS", 4)
+    model = make_tiny_llama(seed=3).eval()
+    new = nudged(model, 5)
+
+    class ArrivesAfterTheFirstRound(InterruptibleEngine):
+        def _next_round(self, model, input_ids, attention, cache, decoded):
+            if decoded == 4:
+                self.inbox.staged = (new.state_dict(), 1, PROBE)
+            return super()._next_round(model, input_ids, attention, cache, decoded)
+
+    holder = {}
+    inbox = WeightInbox(model, lambda ids: holder["engine"].probe_logprobs(ids))
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731 (the engine takes a context factory)
+    engine = holder["engine"] = ArrivesAfterTheFirstRound(model, TinyTokenizer(), inbox=inbox, autocast=bf16)
+    engine.eos_ids = {127}
+    torch.manual_seed(0)
+    engine.generate(PROMPTS, PARAMS, since=0)
+    assert inbox.version == 1  # taken on the sampling thread, inside the engine's autocast
+    expected = trainer_probe_logprobs(new, PROBE)
+    torch.testing.assert_close(torch.tensor(inbox.probed), expected, atol=0, rtol=0)
+    with bf16():  # (not vacuous: under the engine's autocast the same weights give other numbers)
+        rounded = token_logprobs(new, pack([Example([Sequence(PROBE, [False] + [True] * 4)])]))[1:].float()
+    assert not torch.equal(rounded, expected)
 
 
 def test_a_request_that_starts_after_a_sync_counts_it():
