@@ -30,9 +30,9 @@ def probe_ids(model, tokenizer) -> list[int]:
 
 @torch.no_grad()
 def trainer_probe_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, in fp32 [len - 1]. In the
-    weights' own precision whatever autocast the calling thread is under: an interruptible worker's sampling thread
-    takes new weights (and scores the probe) inside its engine's autocast, the trainer outside any."""
+    """log p(ids[t] | ids[<t]) for t >= 1 under the trainer's model, at temperature 1, returned in fp32 [len - 1].
+    Computed in the weights' own precision whatever autocast the calling thread is under: an interruptible worker's
+    sampling thread takes new weights (and scores the probe) inside its engine's autocast, the trainer outside any."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
