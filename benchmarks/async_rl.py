@@ -444,6 +444,9 @@ def main() -> None:
     else:
         if not all(0 < target <= 1 for target in args.reach):
             parser.error(f"--reach takes accuracies as fractions in (0, 1], got {args.reach}")
+        if not any(args.k) and set(args.launch) == {"interruptible"}:
+            parser.error("--launch interruptible runs only k >= 1 settings (at k = 0 no step is in flight at a sync): "
+                         f"with --k {' '.join(map(str, args.k))} nothing would run; add a k >= 1, or local or ray")
         if args.steps % args.every or args.sync_steps % args.every:
             parser.error(f"--steps ({args.steps}) and --sync-steps ({args.sync_steps}) must be multiples of --every "
                          f"({args.every}): every run validates at the same steps")

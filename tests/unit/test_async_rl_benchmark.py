@@ -2,10 +2,11 @@
 worked out by hand."""
 
 import json
+import sys
 
 import pytest
 
-from benchmarks.async_rl import Curve, curve_of, finished, pipelined_minutes
+from benchmarks.async_rl import Curve, curve_of, finished, main, pipelined_minutes
 
 
 def halves(generate: list[float], train: list[float]) -> list[dict]:
@@ -90,3 +91,12 @@ def test_the_time_to_an_accuracy_is_that_of_the_first_validation_reaching_it():
     assert curve.minutes_to(0.6) == 3.0  # reached at step 8; the dip at 16 does not undo it
     assert curve.minutes_to(0.65) == 9.0
     assert curve.minutes_to(0.71) is None
+
+
+def test_curves_refuses_a_launch_that_runs_no_setting(monkeypatch, capsys):
+    """`--launch interruptible` skips k = 0 (nothing is in flight at its syncs): with only k = 0 nothing would run,
+    and the tables would fail on no runs; refused before anything starts."""
+    monkeypatch.setattr(sys, "argv", ["async_rl.py", "curves", "--k", "0", "--launch", "interruptible"])
+    with pytest.raises(SystemExit):
+        main()
+    assert "--launch interruptible runs only k >= 1 settings" in capsys.readouterr().err
