@@ -7,6 +7,9 @@ environment's own score before and after each, for one seed or several (`--seeds
     .venv/bin/python benchmarks/vla_simulators.py panda-push --out runs/vla-panda
     .venv/bin/python benchmarks/vla_simulators.py panda-reach --out runs/vla-panda-reach --demos 480 --sft-steps 600 \
         --state-bins 100 --grpo-steps 10 --reward success --prompts-per-step 8 --seeds 0 1 2
+    .venv/bin/python benchmarks/vla_simulators.py panda-reach --out runs/vla-panda-reach-rl --demos 480 --sft-steps 600 \
+        --state-bins 100 --grpo-steps 16 --reward success --prompts-per-step 8 --episodes-per-state 8 --execute 1 \
+        --held-out 96 --validate-every 4 --seeds 0 1 2
     .venv/bin/python benchmarks/vla_simulators.py pusht --out /tmp/vla --demos 2 --sft-steps 1 --grpo-steps 1 --held-out 1 --max-chunks 2 --tokenizer DIR
     .venv/bin/python benchmarks/vla_simulators.py pusht --grpo-steps 0 --state-bins 100 \
         --env-kwargs '{"block_pose": true, "relative": 96}' --lerobot-python ~/.cache/oxrl/venv-lerobot/bin/python
@@ -20,7 +23,9 @@ the scripted expert's own score is the ceiling. After cloning it also
 measures how far (in action bins) the cloned model's first action is from the expert's on the expert's own episodes
 from the held-out states, beside policies that ignore the block (`first_action_error`), and with --lerobot-python
 trains LeRobot's ACT on the same demonstrations for as long as cloning took (benchmarks/lerobot_anchor.py).
-Prints one JSON line per stage and seed, then the seeds' mean of each stage and every seed's results as one line.
+The GRPO stage also reports its sampled reward a step and, with --validate-every, its held-out success along the
+way (step 0: the cloned model). Prints one JSON line per stage and seed, then the seeds' mean of each stage and
+every seed's results as one line.
 """
 
 from __future__ import annotations
@@ -162,7 +167,11 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=8, help="0: stop after behaviour cloning")
     parser.add_argument("--grpo-lr", type=float, default=3e-4, help="GRPO's learning rate")
-    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO's initial states a step, 4 episodes each")
+    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO's initial states a step")
+    parser.add_argument("--episodes-per-state", type=int, default=4, help="GRPO's group: episodes from each state")
+    parser.add_argument("--validate-every", type=int, default=None,
+                        help="GRPO validates greedy on the held-out states every this many steps (the curve is "
+                             "reported with the GRPO stage); default: only after it")
     parser.add_argument("--reward", choices=EPISODE_REWARDS, default="env_max", help="vla.reward, GRPO's reward")
     parser.add_argument("--held-out", type=int, default=24, help="held-out initial states evaluated")
     lengths = ", ".join(f"{name} {vla['max_chunks']}" for name, vla in VLA.items())
@@ -241,6 +250,7 @@ def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: 
     the cloned model, each scored on the held-out states, one JSON line each. `digits`: the GGUF file whose digit
     embeddings the policy starts from (`--digits smollm2`)."""
     from oxrl.config.load import load_config
+    from oxrl.logging.metrics import read_metrics
     from oxrl.runner import run
     from tests.vlm_fixtures import save_tiny_qwen2_vl
 
@@ -251,8 +261,9 @@ def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: 
     out.mkdir(parents=True, exist_ok=True)
     model = save_tiny_qwen2_vl(out / "model", tokenizer, seed=seed, width="vllm", digits=digits)
     rl = {"task_size": 256, "validation_size": args.held_out, "prompts_per_step": args.prompts_per_step,
-          "rollout": {"n": 4}, "validation_every": None}
-    grpo = config(out, model, "grpo", "grpo", vla, seed, rl=rl, data={"max_length": 512},
+          "rollout": {"n": args.episodes_per_state}, "validation_every": None}
+    grpo = config(out, model, "grpo", "grpo", vla, seed, rl={**rl, "validation_every": args.validate_every},
+                  data={"max_length": 512},
                   train={"max_steps": max(args.grpo_steps, 1), "micro_batch_size_per_device": 32,
                          "optim": {"lr": args.grpo_lr}})
     # every stage is scored by the simulator's own measure, whichever reward GRPO trains on
@@ -275,9 +286,14 @@ def stages(args, vla: dict, demos: Path, held_out_demos: Path, tokenizer, seed: 
         grpo_tree["model"]["name_or_path"] = str(cloned)
         grpo.write_text(yaml.safe_dump(grpo_tree))
         started = time.perf_counter()
-        tuned = run(load_config(grpo)).final_model_dir
-        report("grpo", {**evaluate(tuned, scored, args.held_out),
-                        "train_seconds": round(time.perf_counter() - started, 1)})
+        tuned = run(load_config(grpo))
+        seconds = round(time.perf_counter() - started, 1)
+        # the held-out success at each validation (--validate-every), step 0 the cloned model's
+        logged = read_metrics(tuned.run_dir)
+        curve = {row["step"]: row["val/accuracy"] for row in logged if "val/accuracy" in row}
+        sampled = [round(row["reward/mean"], 3) for row in logged if "reward/mean" in row]
+        report("grpo", {**evaluate(tuned.final_model_dir, scored, args.held_out), "train_seconds": seconds,
+                        **({"validation": curve} if curve else {}), "sampled_reward": sampled})
     return results
 
 

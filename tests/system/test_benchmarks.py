@@ -301,7 +301,8 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     output = run_script("vla_simulators.py", "panda-push", "--out", tmp_path / "vla", "--demos", 2, "--sft-steps", 1,
                         "--grpo-steps", 1, "--held-out", 1, "--max-chunks", 2, "--tokenizer", model,
                         "--seeds", 0, 1, "--state-bins", 10, "--reward", "success", "--grpo-lr", 1e-3,
-                        "--execute", 1, "--digits", "smollm2", *anchor)
+                        "--execute", 1, "--digits", "smollm2", "--episodes-per-state", 2, "--validate-every", 1,
+                        *anchor)
     result = json.loads(output.strip().splitlines()[-1])  # the script's results: one JSON line
     runs, summary = result["seeds"], result["summary"]
     stages = ["scripted_expert", "untrained", "behaviour_cloned", "first_action_bins",
@@ -311,6 +312,11 @@ def smoke_vla_simulators(model: Path, tmp_path: Path) -> None:
     grpo = yaml.safe_load((tmp_path / "vla" / "seed-1" / "grpo.yaml").read_text())  # the GRPO settings asked for
     assert grpo["run"]["seed"] == 1 and grpo["train"]["optim"]["lr"] == 1e-3
     assert grpo["vla"]["reward"] == "success" and grpo["vla"]["state_bins"] == 10 and grpo["vla"]["execute"] == 1
+    assert grpo["rl"]["rollout"]["n"] == 2 and grpo["rl"]["validation_every"] == 1
+    for run in runs.values():  # the held-out curve: the cloned model (step 0), then each validation
+        assert list(run["grpo"]["validation"]) == ["0", "1"] and len(run["grpo"]["sampled_reward"]) == 1
+        assert run["grpo"]["validation"]["1"] == run["grpo"]["success"]  # the last validation is the evaluation's
+        assert run["grpo"]["validation"]["0"] == run["behaviour_cloned"]["success"]
     # --digits smollm2: the policy started from the random one but for its 10 digit tokens' embeddings
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
