@@ -196,6 +196,11 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a folder with tokenizer files (default: the bundled SmolLM2's, read from its GGUF file)")
     args = parser.parse_args()
+    # refused before any demonstration is recorded (the GRPO config would refuse them only after cloning)
+    if args.episodes_per_state < 2 or args.prompts_per_step < 1 or (args.validate_every is not None and args.validate_every < 1):
+        parser.error(f"--episodes-per-state >= 2 (a group needs two episodes), --prompts-per-step >= 1 and "
+                     f"--validate-every >= 1; got {args.episodes_per_state}, {args.prompts_per_step} and "
+                     f"{args.validate_every}")
     digits = None
     if args.digits == "smollm2":
         from tests.conftest import bundled_gguf

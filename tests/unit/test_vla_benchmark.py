@@ -1,10 +1,12 @@
 """benchmarks/vla_simulators.py's first-action diagnostic, against bins counted by hand, and its `--digits smollm2`
-policy (tests/vlm_fixtures.py's `pretrained_digits`)."""
+policy (tests/vlm_fixtures.py's `pretrained_digits`), and its refusal of GRPO settings no run could take."""
+
+import sys
 
 import numpy as np
 import pytest
 
-from benchmarks.vla_simulators import bins_off
+from benchmarks.vla_simulators import bins_off, main
 from oxrl.vla.action_tokens import ActionTokenizer
 
 
@@ -42,3 +44,12 @@ def test_pretrained_digits_gives_the_random_policys_digit_tokens_smollm2s_geomet
 
     assert first_component_follows_the_values(after[digits]) > 0.9
     assert first_component_follows_the_values(before[digits]) < 0.5
+
+
+@pytest.mark.parametrize("bad", [["--episodes-per-state", "1"], ["--prompts-per-step", "0"], ["--validate-every", "0"]])
+def test_grpo_settings_no_run_could_take_are_refused_before_any_demonstration_is_recorded(bad, tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setattr(sys, "argv", ["vla_simulators.py", "panda-reach", "--out", str(tmp_path / "vla"), *bad])
+    with pytest.raises(SystemExit):
+        main()
+    assert "--episodes-per-state >= 2" in capsys.readouterr().err and not (tmp_path / "vla").exists()
